@@ -1,0 +1,42 @@
+// swift-tools-version:6.0
+// mtmfs — a FUSE filesystem that mounts an app's credential vault, settings plist and
+// SQLite cache as one tree. Dependency direction (each arrow: "is used by"):
+//   C shims → Posix → FuseLowLevel → MountedTree → mtmfs (CLI)
+//   C shims → Posix → stores (SettingsStore, CacheStore, …) → MountedTree
+import PackageDescription
+
+let package = Package(
+    name: "mtmfs",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "mtmfs", targets: ["mtmfs"]),
+    ],
+    targets: [
+        // System libraries: a module map and a shim header each.
+        .systemLibrary(name: "CFuse", pkgConfig: "fuse3",
+                       providers: [.apt(["libfuse3-dev"])]),
+        .systemLibrary(name: "CSQLite", providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CSodium", pkgConfig: "libsodium",
+                       providers: [.apt(["libsodium-dev"])]),
+        // libc calls Swift cannot make directly (variadic prctl, syslog).
+        .systemLibrary(name: "CPosixShims"),
+
+        // The one place where libc is called: Errno, syscalls, atomic files, logging.
+        .target(name: "Posix", dependencies: ["CPosixShims"]),
+        // libfuse's low-level API as a Swift protocol with errno results.
+        .target(name: "FuseLowLevel", dependencies: ["CFuse", "Posix"]),
+        // Stores, each usable without a mount.
+        .target(name: "SettingsStore", dependencies: ["Posix"],
+                resources: [.copy("Resources/Settings.plist")]),
+        .target(name: "CacheStore", dependencies: ["CSQLite", "Posix"]),
+        // The mounted tree: root, control files, and the routing to each store.
+        .target(name: "MountedTree",
+                dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore"]),
+        // Command line only.
+        .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "Posix"]),
+
+        .testTarget(name: "PosixTests", dependencies: ["Posix"]),
+        .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["mtmfs", "Posix"]),
+    ]
+)

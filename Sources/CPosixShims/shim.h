@@ -1,0 +1,30 @@
+#ifndef MTMFS_CPOSIXSHIMS_SHIM_H
+#define MTMFS_CPOSIXSHIMS_SHIM_H
+// Variadic libc functions re-exported as plain ones, which Swift can call.
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <syslog.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+static inline int mtmfs_prctl_set_dumpable(int dumpable) {
+    return prctl(PR_SET_DUMPABLE, (unsigned long)dumpable, 0UL, 0UL, 0UL);
+}
+
+static inline void mtmfs_syslog(int priority, const char *message) {
+    syslog(priority, "%s", message);
+}
+
+static inline int mtmfs_disable_core_files(void) {
+    struct rlimit limit = { 0, 0 };
+    return setrlimit(RLIMIT_CORE, &limit);
+}
+
+static inline int mtmfs_open(const char *path, int flags, unsigned int mode) {
+    return open(path, flags, (mode_t)mode);
+}
+
+static inline int mtmfs_openat(int dirfd, const char *path, int flags, unsigned int mode) {
+    return openat(dirfd, path, flags, (mode_t)mode);
+}
+#endif

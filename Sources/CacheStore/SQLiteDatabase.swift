@@ -1,0 +1,82 @@
+import CSQLite
+import Posix
+
+/// An SQLite failure: the result code, SQLite's message and the statement that failed.
+public struct SQLiteError: Error, CustomStringConvertible, Sendable {
+    public let code: Int32
+    public let message: String
+    public let sql: String?
+
+    public var description: String {
+        "SQLite error \(code) (\(message))" + (sql.map { " in `\($0)`" } ?? "")
+    }
+}
+
+/// One SQLite connection (`sqlite3*`), closed on deinit.
+///
+/// Thread-safety: none of its own; SQLite is built serialized, but statements and
+/// transactions must be used from one thread at a time (the owner locks around them).
+public final class SQLiteDatabase {
+    let handle: OpaquePointer
+
+    /// Opens (or creates, with `create`) the database at `path`.
+    public init(path: String, create: Bool = false) throws(SQLiteError) {
+        var db: OpaquePointer?
+        let flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX
+        let rc = sqlite3_open_v2(path, &db, flags, nil)
+        guard rc == SQLITE_OK, let db else {
+            let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            sqlite3_close_v2(db)
+            throw SQLiteError(code: rc, message: message, sql: nil)
+        }
+        handle = db
+    }
+
+    deinit { sqlite3_close_v2(handle) }
+
+    /// Runs one or more statements that return no rows.
+    public func execute(_ sql: String) throws(SQLiteError) {
+        var errorMessage: UnsafeMutablePointer<CChar>?
+        let rc = sqlite3_exec(handle, sql, nil, nil, &errorMessage)
+        guard rc == SQLITE_OK else {
+            let message = errorMessage.map { String(cString: $0) } ?? String(cString: sqlite3_errstr(rc))
+            sqlite3_free(errorMessage)
+            throw SQLiteError(code: rc, message: message, sql: sql)
+        }
+    }
+
+    /// The first column of the first row of a query, as text.
+    public func scalarText(_ sql: String) throws(SQLiteError) -> String? {
+        var statement: OpaquePointer?
+        var rc = sqlite3_prepare_v2(handle, sql, -1, &statement, nil)
+        guard rc == SQLITE_OK else { throw error(rc, sql) }
+        defer { sqlite3_finalize(statement) }
+        rc = sqlite3_step(statement)
+        if rc == SQLITE_DONE { return nil }
+        guard rc == SQLITE_ROW else { throw error(rc, sql) }
+        return sqlite3_column_text(statement, 0).map { String(cString: $0) }
+    }
+
+    func error(_ rc: Int32, _ sql: String?) -> SQLiteError {
+        SQLiteError(code: rc, message: String(cString: sqlite3_errmsg(handle)), sql: sql)
+    }
+}
+
+/// The cache store's database file (`cache.sqlite`).
+public enum CacheDatabase {
+    /// SQLite `application_id` of an mtmfs cache ("MTMC").
+    public static let applicationID: Int32 = 0x4D54_4D43
+
+    /// Creates an empty cache database in WAL mode, durable before it returns.
+    public static func createEmpty(at path: String) throws(SQLiteError) {
+        let db = try SQLiteDatabase(path: path, create: true)
+        try db.execute("PRAGMA journal_mode=WAL; PRAGMA application_id=\(applicationID);")
+        // SQLite creates files 0644 (less the umask); the store is private. The -wal and
+        // -shm files copy the database's mode.
+        do {
+            try Syscall.chmod(path, mode: 0o600)
+        } catch {
+            throw SQLiteError(code: SQLITE_CANTOPEN, message: "chmod 0600: \(error)", sql: nil)
+        }
+    }
+}

@@ -1,0 +1,292 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Posix
+
+/// A FUSE inode number (`fuse_ino_t`). The root of a mount is always 1.
+public typealias InodeNumber = UInt64
+
+/// A point in time with nanoseconds, as stored in `struct stat`.
+public struct Timestamp: Hashable, Sendable, Comparable {
+    public var seconds: Int64
+    public var nanoseconds: Int64
+
+    public init(seconds: Int64, nanoseconds: Int64 = 0) {
+        self.seconds = seconds
+        self.nanoseconds = nanoseconds
+    }
+
+    /// The current `CLOCK_REALTIME` time.
+    public static func now() -> Timestamp {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Timestamp(seconds: Int64(ts.tv_sec), nanoseconds: Int64(ts.tv_nsec))
+    }
+
+    public static func < (a: Timestamp, b: Timestamp) -> Bool {
+        (a.seconds, a.nanoseconds) < (b.seconds, b.nanoseconds)
+    }
+
+    var cValue: timespec { timespec(tv_sec: Int(seconds), tv_nsec: Int(nanoseconds)) }
+}
+
+/// What `stat` shows for one inode. `mode` includes the file-type bits (`S_IFDIR`, …).
+public struct Attributes: Hashable, Sendable {
+    public var inode: InodeNumber
+    public var mode: mode_t
+    public var linkCount: UInt32
+    public var uid: uid_t
+    public var gid: gid_t
+    public var size: UInt64
+    /// 512-byte blocks actually used; defaults to the size rounded up.
+    public var blocks: UInt64
+    public var accessTime: Timestamp
+    public var modificationTime: Timestamp
+    public var changeTime: Timestamp
+
+    public init(inode: InodeNumber, mode: mode_t, linkCount: UInt32 = 1, uid: uid_t, gid: gid_t,
+                size: UInt64 = 0, blocks: UInt64? = nil, accessTime: Timestamp,
+                modificationTime: Timestamp, changeTime: Timestamp) {
+        self.inode = inode
+        self.mode = mode
+        self.linkCount = linkCount
+        self.uid = uid
+        self.gid = gid
+        self.size = size
+        self.blocks = blocks ?? (size + 511) / 512
+        self.accessTime = accessTime
+        self.modificationTime = modificationTime
+        self.changeTime = changeTime
+    }
+
+    public var isDirectory: Bool { mode & S_IFMT == S_IFDIR }
+    public var isRegularFile: Bool { mode & S_IFMT == S_IFREG }
+}
+
+/// How long the kernel may trust what it was told about a name and its attributes.
+///
+/// This is the per-subtree caching switch: secrets use `.none` (or long timeouts with
+/// explicit invalidation), a store that invalidates on every change may use `.long`.
+public struct CachePolicy: Hashable, Sendable {
+    /// Seconds the kernel may keep a name → inode answer (and a negative answer).
+    public var entryTimeout: Double
+    /// Seconds the kernel may keep attributes.
+    public var attributeTimeout: Double
+
+    public init(entryTimeout: Double, attributeTimeout: Double) {
+        self.entryTimeout = entryTimeout
+        self.attributeTimeout = attributeTimeout
+    }
+
+    /// Nothing is cached: every access reaches the daemon.
+    public static let none = CachePolicy(entryTimeout: 0, attributeTimeout: 0)
+    /// One second, libfuse's default: changes made behind the kernel's back show within it.
+    public static let short = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
+    /// An hour: for trees whose owner invalidates the kernel's copy on every change.
+    public static let long = CachePolicy(entryTimeout: 3600, attributeTimeout: 3600)
+}
+
+/// The answer to a lookup: an inode the kernel now holds one more reference to.
+public struct Entry: Hashable, Sendable {
+    public var attributes: Attributes
+    public var cache: CachePolicy
+    public var generation: UInt64
+
+    public init(attributes: Attributes, cache: CachePolicy, generation: UInt64 = 0) {
+        self.attributes = attributes
+        self.cache = cache
+        self.generation = generation
+    }
+
+    public var inode: InodeNumber { attributes.inode }
+}
+
+/// Who made a request (`fuse_req_ctx`).
+public struct RequestContext: Hashable, Sendable {
+    public var uid: uid_t
+    public var gid: gid_t
+    public var pid: pid_t
+    public var umask: mode_t
+
+    public init(uid: uid_t, gid: gid_t, pid: pid_t, umask: mode_t) {
+        self.uid = uid
+        self.gid = gid
+        self.pid = pid
+        self.umask = umask
+    }
+}
+
+/// What an `open`, `create` or `opendir` hands back to the kernel.
+public struct OpenedFile: Hashable, Sendable {
+    /// The file system's own handle; passed back on read, write, flush, release.
+    public var handle: UInt64
+    /// Bypass the page cache: every read and write reaches the daemon.
+    public var directIO: Bool
+    /// Keep the page cache from an earlier open (the file system invalidates it on change).
+    public var keepCache: Bool
+    /// The file has no meaningful offset (pipes, control files).
+    public var nonSeekable: Bool
+
+    public init(handle: UInt64 = 0, directIO: Bool = false, keepCache: Bool = false,
+                nonSeekable: Bool = false) {
+        self.handle = handle
+        self.directIO = directIO
+        self.keepCache = keepCache
+        self.nonSeekable = nonSeekable
+    }
+}
+
+/// One name in a directory listing, with the entry `readdirplus` hands to the kernel.
+public struct DirectoryEntry: Hashable, Sendable {
+    public var name: String
+    public var entry: Entry
+
+    public init(name: String, entry: Entry) {
+        self.name = name
+        self.entry = entry
+    }
+}
+
+/// The attribute changes of one `setattr` call; `nil` leaves a field as it is.
+public struct AttributeChanges: Hashable, Sendable {
+    public var mode: mode_t?
+    public var uid: uid_t?
+    public var gid: gid_t?
+    public var size: UInt64?
+    public var accessTime: Timestamp?
+    public var modificationTime: Timestamp?
+
+    public init(mode: mode_t? = nil, uid: uid_t? = nil, gid: gid_t? = nil, size: UInt64? = nil,
+                accessTime: Timestamp? = nil, modificationTime: Timestamp? = nil) {
+        self.mode = mode
+        self.uid = uid
+        self.gid = gid
+        self.size = size
+        self.accessTime = accessTime
+        self.modificationTime = modificationTime
+    }
+}
+
+/// File system statistics (`statvfs`).
+public struct FileSystemStatistics: Hashable, Sendable {
+    public var blockSize: UInt64 = 4096
+    public var blocks: UInt64 = 0
+    public var freeBlocks: UInt64 = 0
+    public var availableBlocks: UInt64 = 0
+    public var files: UInt64 = 0
+    public var freeFiles: UInt64 = 0
+    public var maximumNameLength: UInt64 = 255
+
+    public init() {}
+}
+
+/// Flags of `rename(2)` / `renameat2(2)`.
+public struct RenameFlags: OptionSet, Hashable, Sendable {
+    public let rawValue: UInt32
+    public init(rawValue: UInt32) { self.rawValue = rawValue }
+    /// `RENAME_NOREPLACE`
+    public static let noReplace = RenameFlags(rawValue: 1)
+    /// `RENAME_EXCHANGE`
+    public static let exchange = RenameFlags(rawValue: 2)
+}
+
+/// A file system served through libfuse's low-level (inode-based) API.
+///
+/// Each method is one FUSE request. Implementations answer with a value or throw the
+/// `Errno` the caller should see; the defaults answer as a read-only tree without that
+/// operation would. Requests arrive concurrently on several threads and must never block
+/// on an actor or a `Task`: implementations protect their state with locks.
+///
+/// Reference counting: every `Entry` returned by `lookup`, `mkdir`, `mknod`, `symlink`,
+/// `link` and `create`, and every non-dot entry handed out by a `readdirplus`
+/// (`countLookup(of:)`), is one reference that the kernel later drops with `forget`.
+public protocol FileSystem: AnyObject, Sendable {
+    func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry
+    func forget(inode: InodeNumber, lookups: UInt64)
+    func countLookup(of inode: InodeNumber)
+    func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy)
+    func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
+                       context: RequestContext) throws(Errno) -> (Attributes, CachePolicy)
+    func readLink(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> String
+    func makeNode(parent: InodeNumber, name: String, mode: mode_t, device: dev_t,
+                  context: RequestContext) throws(Errno) -> Entry
+    func makeDirectory(parent: InodeNumber, name: String, mode: mode_t,
+                       context: RequestContext) throws(Errno) -> Entry
+    func unlink(parent: InodeNumber, name: String, context: RequestContext) throws(Errno)
+    func removeDirectory(parent: InodeNumber, name: String, context: RequestContext) throws(Errno)
+    func makeSymbolicLink(target: String, parent: InodeNumber, name: String,
+                          context: RequestContext) throws(Errno) -> Entry
+    func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
+                flags: RenameFlags, context: RequestContext) throws(Errno)
+    func link(_ inode: InodeNumber, newParent: InodeNumber, newName: String,
+              context: RequestContext) throws(Errno) -> Entry
+    func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile
+    func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
+                context: RequestContext) throws(Errno) -> (Entry, OpenedFile)
+    func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
+              context: RequestContext) throws(Errno) -> [UInt8]
+    func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
+               flags: Int32, context: RequestContext) throws(Errno) -> Int
+    func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno)
+    func release(_ inode: InodeNumber, handle: UInt64, flags: Int32)
+    func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno)
+    func openDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno)
+    /// The whole listing of a directory, taken once per `opendir` (a snapshot the kernel
+    /// pages through), without "." and "..".
+    func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry]
+    func statistics(_ inode: InodeNumber) throws(Errno) -> FileSystemStatistics
+    func setExtendedAttribute(_ inode: InodeNumber, name: String, value: [UInt8], flags: Int32,
+                              context: RequestContext) throws(Errno)
+    func extendedAttribute(_ inode: InodeNumber, name: String,
+                           context: RequestContext) throws(Errno) -> [UInt8]
+    func extendedAttributeNames(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [String]
+    func removeExtendedAttribute(_ inode: InodeNumber, name: String,
+                                 context: RequestContext) throws(Errno)
+    /// Called once, on the way out of the loop (unmount or signal): flush everything.
+    func shutDown()
+}
+
+public extension FileSystem {
+    func forget(inode: InodeNumber, lookups: UInt64) {}
+    func countLookup(of inode: InodeNumber) {}
+    func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
+                       context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
+        throw .permissionDenied
+    }
+    func readLink(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> String {
+        throw .invalidArgument
+    }
+    func makeNode(parent: InodeNumber, name: String, mode: mode_t, device: dev_t,
+                  context: RequestContext) throws(Errno) -> Entry { throw .permissionDenied }
+    func makeDirectory(parent: InodeNumber, name: String, mode: mode_t,
+                       context: RequestContext) throws(Errno) -> Entry { throw .permissionDenied }
+    func unlink(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
+        throw .permissionDenied
+    }
+    func removeDirectory(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
+        throw .permissionDenied
+    }
+    func makeSymbolicLink(target: String, parent: InodeNumber, name: String,
+                          context: RequestContext) throws(Errno) -> Entry { throw .permissionDenied }
+    func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
+                flags: RenameFlags, context: RequestContext) throws(Errno) { throw .permissionDenied }
+    func link(_ inode: InodeNumber, newParent: InodeNumber, newName: String,
+              context: RequestContext) throws(Errno) -> Entry { throw .permissionDenied }
+    func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
+                context: RequestContext) throws(Errno) -> (Entry, OpenedFile) { throw .permissionDenied }
+    func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
+               flags: Int32, context: RequestContext) throws(Errno) -> Int { throw .badFileDescriptor }
+    func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {}
+    func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {}
+    func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {}
+    func openDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) {}
+    func statistics(_ inode: InodeNumber) throws(Errno) -> FileSystemStatistics { FileSystemStatistics() }
+    func setExtendedAttribute(_ inode: InodeNumber, name: String, value: [UInt8], flags: Int32,
+                              context: RequestContext) throws(Errno) { throw .notSupported }
+    func extendedAttribute(_ inode: InodeNumber, name: String,
+                           context: RequestContext) throws(Errno) -> [UInt8] { throw .noData }
+    func extendedAttributeNames(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [String] { [] }
+    func removeExtendedAttribute(_ inode: InodeNumber, name: String,
+                                 context: RequestContext) throws(Errno) { throw .noData }
+    func shutDown() {}
+}

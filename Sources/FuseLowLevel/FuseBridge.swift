@@ -1,0 +1,402 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CFuse
+import Posix
+
+/// Turns libfuse low-level callbacks into calls on a `FileSystem` and its answers (or
+/// thrown `Errno`) into replies. The only file that speaks libfuse's request API.
+///
+/// Callbacks are C function pointers: they find the bridge through the session's user
+/// data and never capture anything. Every request gets exactly one reply.
+final class FuseBridge: Sendable {
+    let fileSystem: any FileSystem
+    let kernel: KernelOptions
+
+    init(fileSystem: any FileSystem, kernel: KernelOptions) {
+        self.fileSystem = fileSystem
+        self.kernel = kernel
+    }
+
+    /// A directory being read: the snapshot taken at `opendir`, paged through by offset.
+    final class DirectoryStream {
+        let entries: [DirectoryEntry]
+        let inode: InodeNumber
+        init(inode: InodeNumber, entries: [DirectoryEntry]) {
+            self.inode = inode
+            self.entries = entries
+        }
+    }
+
+    static func operations() -> fuse_lowlevel_ops {
+        var ops = fuse_lowlevel_ops()
+        ops.`init` = { userdata, conn in
+            guard let userdata, let conn else { return }
+            let bridge = Unmanaged<FuseBridge>.fromOpaque(userdata).takeUnretainedValue()
+            bridge.configure(conn)
+        }
+        ops.destroy = { userdata in
+            guard let userdata else { return }
+            Unmanaged<FuseBridge>.fromOpaque(userdata).takeUnretainedValue().fileSystem.shutDown()
+        }
+        ops.lookup = { req, parent, name in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                FuseBridge.replyEntry(req, try fs.lookup(parent: parent, name: try FuseBridge.decode(name), context: context))
+            }
+        }
+        ops.forget = { req, inode, lookups in
+            FuseBridge.bridge(req).fileSystem.forget(inode: inode, lookups: lookups)
+            fuse_reply_none(req)
+        }
+        ops.forget_multi = { req, count, forgets in
+            let fs = FuseBridge.bridge(req).fileSystem
+            for index in 0..<count {
+                let forget = forgets![index]
+                fs.forget(inode: forget.ino, lookups: forget.nlookup)
+            }
+            fuse_reply_none(req)
+        }
+        ops.getattr = { req, inode, _ in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                let (attributes, cache) = try fs.attributes(of: inode, context: context)
+                FuseBridge.replyAttributes(req, attributes, cache)
+            }
+        }
+        ops.setattr = { req, inode, attr, toSet, fi in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                let changes = FuseBridge.attributeChanges(attr!.pointee, toSet)
+                let handle = fi.map { $0.pointee.fh }
+                let (attributes, cache) = try fs.setAttributes(of: inode, changes, handle: handle,
+                                                               context: context)
+                FuseBridge.replyAttributes(req, attributes, cache)
+            }
+        }
+        ops.readlink = { req, inode in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                _ = fuse_reply_readlink(req, try fs.readLink(inode, context: context))
+            }
+        }
+        ops.mknod = { req, parent, name, mode, device in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                FuseBridge.replyEntry(req, try fs.makeNode(parent: parent, name: try FuseBridge.decode(name), mode: mode,
+                                                device: device, context: context))
+            }
+        }
+        ops.mkdir = { req, parent, name, mode in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                FuseBridge.replyEntry(req, try fs.makeDirectory(parent: parent, name: try FuseBridge.decode(name),
+                                                     mode: mode, context: context))
+            }
+        }
+        ops.unlink = { req, parent, name in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                try fs.unlink(parent: parent, name: try FuseBridge.decode(name), context: context)
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.rmdir = { req, parent, name in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                try fs.removeDirectory(parent: parent, name: try FuseBridge.decode(name), context: context)
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.symlink = { req, target, parent, name in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                FuseBridge.replyEntry(req, try fs.makeSymbolicLink(target: try FuseBridge.decode(target), parent: parent,
+                                                        name: try FuseBridge.decode(name), context: context))
+            }
+        }
+        ops.rename = { req, parent, name, newParent, newName, flags in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                try fs.rename(parent: parent, name: try FuseBridge.decode(name), newParent: newParent,
+                              newName: try FuseBridge.decode(newName), flags: RenameFlags(rawValue: flags),
+                              context: context)
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.link = { req, inode, newParent, newName in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                FuseBridge.replyEntry(req, try fs.link(inode, newParent: newParent, newName: try FuseBridge.decode(newName),
+                                            context: context))
+            }
+        }
+        ops.open = { req, inode, fi in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                let opened = try fs.open(inode, flags: fi!.pointee.flags, context: context)
+                FuseBridge.apply(opened, to: fi!)
+                _ = fuse_reply_open(req, fi)
+            }
+        }
+        ops.create = { req, parent, name, mode, fi in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                let (entry, opened) = try fs.create(parent: parent, name: try FuseBridge.decode(name), mode: mode,
+                                                    flags: fi!.pointee.flags, context: context)
+                FuseBridge.apply(opened, to: fi!)
+                var parameters = FuseBridge.entryParameters(entry)
+                _ = fuse_reply_create(req, &parameters, fi)
+            }
+        }
+        ops.read = { req, inode, size, offset, fi in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                let bytes = try fs.read(inode, handle: fi!.pointee.fh, offset: UInt64(offset),
+                                        size: size, context: context)
+                _ = bytes.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress, $0.count) }
+            }
+        }
+        ops.write = { req, inode, buffer, size, offset, fi in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                let data = UnsafeRawBufferPointer(start: buffer, count: size)
+                let written = try fs.write(inode, handle: fi!.pointee.fh, offset: UInt64(offset),
+                                           data: data, flags: fi!.pointee.flags, context: context)
+                _ = fuse_reply_write(req, written)
+            }
+        }
+        ops.flush = { req, inode, fi in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                try fs.flush(inode, handle: fi!.pointee.fh, context: context)
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.release = { req, inode, fi in
+            FuseBridge.bridge(req).fileSystem.release(inode, handle: fi!.pointee.fh, flags: fi!.pointee.flags)
+            fuse_reply_err(req, 0)
+        }
+        ops.fsync = { req, inode, dataOnly, fi in
+            FuseBridge.respond(req) { fs, _ throws(Errno) in
+                try fs.synchronize(inode, handle: fi!.pointee.fh, dataOnly: dataOnly != 0)
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.opendir = { req, inode, fi in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                try fs.openDirectory(inode, context: context)
+                let stream = DirectoryStream(inode: inode,
+                                             entries: try fs.listDirectory(inode, context: context))
+                fi!.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(stream).toOpaque()))
+                _ = fuse_reply_open(req, fi)
+            }
+        }
+        ops.readdir = { req, _, size, offset, fi in
+            FuseBridge.replyDirectory(req, fi!.pointee.fh, size: size, offset: offset, plus: false)
+        }
+        ops.readdirplus = { req, _, size, offset, fi in
+            FuseBridge.replyDirectory(req, fi!.pointee.fh, size: size, offset: offset, plus: true)
+        }
+        ops.releasedir = { req, _, fi in
+            if let pointer = UnsafeRawPointer(bitPattern: UInt(fi!.pointee.fh)) {
+                Unmanaged<DirectoryStream>.fromOpaque(pointer).release()
+            }
+            fuse_reply_err(req, 0)
+        }
+        ops.fsyncdir = { req, _, _, _ in fuse_reply_err(req, 0) }
+        ops.statfs = { req, inode in
+            FuseBridge.respond(req) { fs, _ throws(Errno) in
+                let stats = try fs.statistics(inode)
+                var out = statvfs()
+                out.f_bsize = UInt(stats.blockSize)
+                out.f_frsize = UInt(stats.blockSize)
+                out.f_blocks = fsblkcnt_t(stats.blocks)
+                out.f_bfree = fsblkcnt_t(stats.freeBlocks)
+                out.f_bavail = fsblkcnt_t(stats.availableBlocks)
+                out.f_files = fsfilcnt_t(stats.files)
+                out.f_ffree = fsfilcnt_t(stats.freeFiles)
+                out.f_favail = fsfilcnt_t(stats.freeFiles)
+                out.f_namemax = UInt(stats.maximumNameLength)
+                _ = fuse_reply_statfs(req, &out)
+            }
+        }
+        ops.setxattr = { req, inode, name, value, size, flags in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                let bytes = value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
+                try fs.setExtendedAttribute(inode, name: try FuseBridge.decode(name), value: bytes, flags: flags,
+                                            context: context)
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.getxattr = { req, inode, name, size in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                let value = try fs.extendedAttribute(inode, name: try FuseBridge.decode(name), context: context)
+                try FuseBridge.replySized(req, value, limit: size)
+            }
+        }
+        ops.listxattr = { req, inode, size in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                var list: [UInt8] = []
+                for name in try fs.extendedAttributeNames(inode, context: context) {
+                    list += Array(name.utf8) + [0]
+                }
+                try FuseBridge.replySized(req, list, limit: size)
+            }
+        }
+        ops.removexattr = { req, inode, name in
+            FuseBridge.respond(req) { fs, context throws(Errno) in
+                try fs.removeExtendedAttribute(inode, name: try FuseBridge.decode(name), context: context)
+                fuse_reply_err(req, 0)
+            }
+        }
+        return ops
+    }
+
+    private func configure(_ conn: UnsafeMutablePointer<fuse_conn_info>) {
+        let capable = conn.pointee.capable
+        var want = conn.pointee.want
+        if kernel.readDirectoryPlus && capable & UInt32(FUSE_CAP_READDIRPLUS) != 0 {
+            want |= UInt32(FUSE_CAP_READDIRPLUS)
+            want &= ~UInt32(FUSE_CAP_READDIRPLUS_AUTO)
+        }
+        if kernel.writebackCache && capable & UInt32(FUSE_CAP_WRITEBACK_CACHE) != 0 {
+            want |= UInt32(FUSE_CAP_WRITEBACK_CACHE)
+        }
+        conn.pointee.want = want
+        conn.pointee.time_gran = 1
+    }
+
+    // MARK: - Helpers shared by the callbacks
+
+    @inline(__always)
+    private static func bridge(_ req: fuse_req_t?) -> FuseBridge {
+        Unmanaged<FuseBridge>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+    }
+
+    /// Runs one request: the body replies on success; a thrown `Errno` becomes the reply.
+    @inline(__always)
+    private static func respond(_ req: fuse_req_t?,
+                                _ body: (any FileSystem, RequestContext) throws(Errno) -> Void) {
+        let fs = bridge(req).fileSystem
+        let raw = fuse_req_ctx(req)!.pointee
+        let context = RequestContext(uid: raw.uid, gid: raw.gid, pid: raw.pid, umask: raw.umask)
+        do {
+            try body(fs, context)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    /// A name from the kernel; names that are not UTF-8 are refused with EILSEQ.
+    private static func decode(_ name: UnsafePointer<CChar>?) throws(Errno) -> String {
+        guard let name, let string = String(validatingCString: name) else { throw .illegalByteSequence }
+        return string
+    }
+
+    private static func makeStat(_ a: Attributes) -> stat {
+        var st = stat()
+        st.st_ino = __ino_t(a.inode)
+        st.st_mode = a.mode
+        st.st_nlink = UInt(a.linkCount)
+        st.st_uid = a.uid
+        st.st_gid = a.gid
+        st.st_size = off_t(clamping: a.size)
+        st.st_blocks = blkcnt_t(clamping: a.blocks)
+        st.st_blksize = 4096
+        st.st_atim = a.accessTime.cValue
+        st.st_mtim = a.modificationTime.cValue
+        st.st_ctim = a.changeTime.cValue
+        return st
+    }
+
+    private static func entryParameters(_ entry: Entry) -> fuse_entry_param {
+        var parameters = fuse_entry_param()
+        parameters.ino = entry.inode
+        parameters.generation = entry.generation
+        parameters.attr = makeStat(entry.attributes)
+        parameters.attr_timeout = entry.cache.attributeTimeout
+        parameters.entry_timeout = entry.cache.entryTimeout
+        return parameters
+    }
+
+    private static func replyEntry(_ req: fuse_req_t?, _ entry: Entry) {
+        var parameters = entryParameters(entry)
+        _ = fuse_reply_entry(req, &parameters)
+    }
+
+    private static func replyAttributes(_ req: fuse_req_t?, _ attributes: Attributes, _ cache: CachePolicy) {
+        var st = makeStat(attributes)
+        _ = fuse_reply_attr(req, &st, cache.attributeTimeout)
+    }
+
+    /// getxattr/listxattr: size 0 asks for the length; a smaller buffer gets ERANGE.
+    private static func replySized(_ req: fuse_req_t?, _ bytes: [UInt8], limit: Int) throws(Errno) {
+        if limit == 0 {
+            _ = fuse_reply_xattr(req, bytes.count)
+        } else if bytes.count > limit {
+            throw .outOfRange
+        } else {
+            _ = bytes.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress, $0.count) }
+        }
+    }
+
+    private static func apply(_ opened: OpenedFile, to fi: UnsafeMutablePointer<fuse_file_info>) {
+        fi.pointee.fh = opened.handle
+        fi.pointee.direct_io = opened.directIO ? 1 : 0
+        fi.pointee.keep_cache = opened.keepCache ? 1 : 0
+        fi.pointee.nonseekable = opened.nonSeekable ? 1 : 0
+    }
+
+    private static func attributeChanges(_ attr: stat, _ toSet: Int32) -> AttributeChanges {
+        var changes = AttributeChanges()
+        if toSet & FUSE_SET_ATTR_MODE != 0 { changes.mode = attr.st_mode }
+        if toSet & FUSE_SET_ATTR_UID != 0 { changes.uid = attr.st_uid }
+        if toSet & FUSE_SET_ATTR_GID != 0 { changes.gid = attr.st_gid }
+        if toSet & FUSE_SET_ATTR_SIZE != 0 { changes.size = UInt64(max(0, attr.st_size)) }
+        if toSet & FUSE_SET_ATTR_ATIME_NOW != 0 {
+            changes.accessTime = .now()
+        } else if toSet & FUSE_SET_ATTR_ATIME != 0 {
+            changes.accessTime = Timestamp(seconds: Int64(attr.st_atim.tv_sec),
+                                           nanoseconds: Int64(attr.st_atim.tv_nsec))
+        }
+        if toSet & FUSE_SET_ATTR_MTIME_NOW != 0 {
+            changes.modificationTime = .now()
+        } else if toSet & FUSE_SET_ATTR_MTIME != 0 {
+            changes.modificationTime = Timestamp(seconds: Int64(attr.st_mtim.tv_sec),
+                                                 nanoseconds: Int64(attr.st_mtim.tv_nsec))
+        }
+        return changes
+    }
+
+    /// Packs the snapshot from `offset` into one reply of at most `size` bytes. Offsets:
+    /// 0 is ".", 1 is "..", 2 + i is entry i; each entry carries the offset of the next.
+    private static func replyDirectory(_ req: fuse_req_t?, _ handle: UInt64, size: Int, offset: off_t,
+                                       plus: Bool) {
+        guard let pointer = UnsafeRawPointer(bitPattern: UInt(handle)) else {
+            fuse_reply_err(req, EBADF)
+            return
+        }
+        let stream = Unmanaged<DirectoryStream>.fromOpaque(pointer).takeUnretainedValue()
+        let fs = bridge(req).fileSystem
+        let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
+        defer { buffer.deallocate() }
+        var used = 0
+        var index = Int(max(0, offset))
+        let total = stream.entries.count + 2
+        while index < total {
+            let name: String
+            var st = stat()
+            var parameters = fuse_entry_param()
+            if index < 2 {
+                name = index == 0 ? "." : ".."
+                st.st_ino = __ino_t(index == 0 ? stream.inode : 1)
+                st.st_mode = S_IFDIR
+                parameters.attr = st  // ino 0: the kernel makes no dentry for dots
+            } else {
+                let entry = stream.entries[index - 2]
+                name = entry.name
+                if plus {
+                    parameters = entryParameters(entry.entry)
+                } else {
+                    st.st_ino = __ino_t(entry.entry.inode)
+                    st.st_mode = entry.entry.attributes.mode & S_IFMT
+                }
+            }
+            let next = off_t(index + 1)
+            let needed = name.withCString { cName in
+                plus ? fuse_add_direntry_plus(req, buffer + used, size - used, cName, &parameters, next)
+                     : fuse_add_direntry(req, buffer + used, size - used, cName, &st, next)
+            }
+            if needed > size - used { break }
+            used += needed
+            if plus && index >= 2 { fs.countLookup(of: parameters.ino) }
+            index += 1
+        }
+        _ = fuse_reply_buf(req, buffer, used)
+    }
+}

@@ -1,0 +1,122 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import FuseLowLevel
+import Posix
+import Synchronization
+
+/// The `.mtmfs/` directory: small control files whose contents are computed on open
+/// (`status`) or whose writes are commands (`unlock`, `lock`).
+///
+/// Reads see a snapshot taken at open, so a reader paging through `status` never sees two
+/// versions mixed. Nothing here is cached by the kernel (direct I/O, zero timeouts).
+/// Thread-safety: the handle table is behind a mutex; the providers must be thread-safe.
+public final class ControlTree: Subtree {
+    /// One control file.
+    public struct File: Sendable {
+        public var name: String
+        public var mode: mode_t
+        /// Produces the contents at open; nil for a write-only file.
+        public var contents: (@Sendable () -> String)?
+        /// Receives each write (the bytes as written); throws to refuse it.
+        public var command: (@Sendable ([UInt8]) throws(Errno) -> Void)?
+
+        public init(name: String, mode: mode_t, contents: (@Sendable () -> String)? = nil,
+                    command: (@Sendable ([UInt8]) throws(Errno) -> Void)? = nil) {
+            self.name = name
+            self.mode = mode
+            self.contents = contents
+            self.command = command
+        }
+    }
+
+    public let name = ".mtmfs"
+    public let space = InodeSpace.control
+    let files: [File]
+    let ownership: Ownership
+    private let handles = Mutex<(next: UInt64, open: [UInt64: [UInt8]])>((1, [:]))
+
+    public init(files: [File], ownership: Ownership) {
+        self.files = files
+        self.ownership = ownership
+    }
+
+    /// File i has local inode number i + 2 (1 is the directory).
+    private func file(_ inode: InodeNumber) throws(Errno) -> File {
+        let index = Int(space.local(inode)) - 2
+        guard index >= 0, index < files.count else { throw .noSuchFileOrDirectory }
+        return files[index]
+    }
+
+    private func attributes(ofFile index: Int) -> Attributes {
+        let file = files[index]
+        let size = file.contents.map { UInt64($0().utf8.count) } ?? 0
+        return ownership.file(space.inode(UInt64(index + 2)), mode: file.mode, size: size, modified: .now())
+    }
+
+    public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {
+        guard parent == space.root else { throw .notDirectory }
+        guard let index = files.firstIndex(where: { $0.name == name }) else { throw .noSuchFileOrDirectory }
+        return Entry(attributes: attributes(ofFile: index), cache: .none)
+    }
+
+    public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
+        if inode == space.root { return (ownership.directory(inode, mode: 0o755), .none) }
+        _ = try file(inode)
+        return (attributes(ofFile: Int(space.local(inode)) - 2), .none)
+    }
+
+    public func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
+                              context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
+        // `echo x > .mtmfs/lock` truncates first: accept a truncation, refuse the rest.
+        guard changes.mode == nil, changes.uid == nil, changes.gid == nil else { throw .notPermitted }
+        return try attributes(of: inode, context: context)
+    }
+
+    public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
+        if inode == space.root { throw .isDirectory }
+        let file = try file(inode)
+        let accessMode = flags & O_ACCMODE
+        let wantsRead = accessMode == O_RDONLY || accessMode == O_RDWR
+        let wantsWrite = accessMode == O_WRONLY || accessMode == O_RDWR
+        if wantsRead && file.contents == nil { throw .permissionDenied }
+        if wantsWrite && file.command == nil { throw .permissionDenied }
+        let snapshot = wantsRead ? Array(file.contents!().utf8) : []
+        let handle = handles.withLock { state in
+            let handle = state.next
+            state.next += 1
+            state.open[handle] = snapshot
+            return handle
+        }
+        return OpenedFile(handle: handle, directIO: true)
+    }
+
+    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
+                     context: RequestContext) throws(Errno) -> [UInt8] {
+        try handles.withLock { (state) throws(Errno) -> [UInt8] in
+            guard let snapshot = state.open[handle] else { throw .badFileDescriptor }
+            guard offset < UInt64(snapshot.count) else { return [] }
+            let start = Int(offset)
+            return Array(snapshot[start..<min(snapshot.count, start + size)])
+        }
+    }
+
+    public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
+                      flags: Int32, context: RequestContext) throws(Errno) -> Int {
+        let file = try file(inode)
+        guard let command = file.command else { throw .badFileDescriptor }
+        try command(Array(data))
+        return data.count
+    }
+
+    public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
+        _ = handles.withLock { $0.open.removeValue(forKey: handle) }
+    }
+
+    public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {
+        guard inode == space.root else { throw .notDirectory }
+        return files.indices.map { index in
+            DirectoryEntry(name: files[index].name, entry: Entry(attributes: attributes(ofFile: index), cache: .none))
+        }
+    }
+}

@@ -1,0 +1,123 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CacheStore
+import Posix
+import SettingsStore
+
+/// What can be wrong with a data directory, each with a message that says what to do.
+public enum DataDirectoryError: Error, CustomStringConvertible, Sendable {
+    case missing(String)
+    case notADirectory(String)
+    case unreadable(String, Errno)
+    case notInitialized(String)
+    case alreadyInitialized(String)
+    case cannotCreate(String, String)
+
+    public var description: String {
+        switch self {
+        case .missing(let path):
+            return "no store at \(path): run `mtmfs init --data-dir \(path)` first"
+        case .notADirectory(let path):
+            return "data directory \(path) is not a directory: choose another with --data-dir"
+        case .unreadable(let path, let error):
+            return "data directory \(path) is unreadable (\(error)): fix its permissions (chmod 700)"
+        case .notInitialized(let path):
+            return "\(path) holds no mtmfs store: run `mtmfs init --data-dir \(path)` first"
+        case .alreadyInitialized(let path):
+            return "\(path) already holds an mtmfs store: mount it, or choose another --data-dir"
+        case .cannotCreate(let path, let reason):
+            return "cannot create the store in \(path): \(reason)"
+        }
+    }
+}
+
+/// The directory that holds one mtmfs store: the vault, `Settings.plist` and `cache.sqlite`.
+///
+/// `initialize()` creates it (mode 0700) with the shipped default settings and an empty
+/// cache database; `check()` says whether a mount can use it.
+public struct DataDirectory: Hashable, Sendable {
+    public let path: String
+
+    public init(path: String) {
+        var trimmed = path
+        while trimmed.count > 1 && trimmed.hasSuffix("/") { trimmed.removeLast() }
+        self.path = trimmed
+    }
+
+    /// `$XDG_DATA_HOME/mtmfs`, else `~/.local/share/mtmfs`.
+    public static func defaultPath(environment: [String: String]) -> String {
+        if let data = environment["XDG_DATA_HOME"], data.hasPrefix("/") { return data + "/mtmfs" }
+        let home = environment["HOME"] ?? "/"
+        return (home == "/" ? "" : home) + "/.local/share/mtmfs"
+    }
+
+    public var settingsPath: String { path + "/Settings.plist" }
+    public var cachePath: String { path + "/cache.sqlite" }
+    public var vaultPath: String { path + "/vault" }
+
+    /// Creates the directory and the stores. An existing empty directory is used (and set
+    /// to 0700); one that already holds a store is refused.
+    public func initialize() throws(DataDirectoryError) {
+        do {
+            let st = try Syscall.stat(path)
+            guard st.st_mode & S_IFMT == S_IFDIR else { throw DataDirectoryError.notADirectory(path) }
+            if FileExistence.exists(settingsPath) || FileExistence.exists(cachePath) {
+                throw DataDirectoryError.alreadyInitialized(path)
+            }
+        } catch let error as DataDirectoryError {
+            throw error
+        } catch {
+            do {
+                try Self.makeDirectories(path)
+            } catch {
+                throw .cannotCreate(path, error.description)
+            }
+        }
+        do {
+            try Syscall.chmod(path, mode: 0o700)
+            try AtomicFile.replace(settingsPath, with: DefaultSettings.propertyList(), mode: 0o600)
+            try CacheDatabase.createEmpty(at: cachePath)
+        } catch {
+            throw .cannotCreate(path, "\(error)")
+        }
+    }
+
+    /// Succeeds when a mount can use this directory.
+    public func check() throws(DataDirectoryError) {
+        let st: stat
+        do {
+            st = try Syscall.stat(path)
+        } catch {
+            if error == .noSuchFileOrDirectory { throw .missing(path) }
+            throw .unreadable(path, error)
+        }
+        guard st.st_mode & S_IFMT == S_IFDIR else { throw .notADirectory(path) }
+        do {
+            try Syscall.access(path, R_OK | W_OK | X_OK)
+            _ = try Syscall.listDirectory(path)
+        } catch {
+            throw .unreadable(path, error)
+        }
+        guard FileExistence.exists(settingsPath), FileExistence.exists(cachePath) else {
+            throw .notInitialized(path)
+        }
+    }
+
+    /// `mkdir -p`, the last component 0700, the ones it adds 0700 too.
+    static func makeDirectories(_ path: String) throws(Errno) {
+        var current = path.hasPrefix("/") ? "" : "."
+        for component in path.split(separator: "/") {
+            current += "/" + component
+            do {
+                try Syscall.mkdir(current, mode: 0o700)
+            } catch where error == .fileExists {
+                continue
+            }
+        }
+    }
+}
+
+enum FileExistence {
+    static func exists(_ path: String) -> Bool { (try? Syscall.lstat(path)) != nil }
+}

@@ -1,0 +1,92 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import FuseLowLevel
+import Posix
+
+/// One mtmfs mount: the data directory's stores assembled into the tree and served.
+///
+/// `run` blocks until the mount ends (unmount, SIGTERM, SIGINT, SIGHUP), flushes every
+/// store and returns the exit status.
+public final class MtmfsMount: Sendable {
+    public let dataDirectory: DataDirectory
+    public let mountPoint: String
+    let fuse: FuseMount
+    let startedAt: Timestamp
+
+    /// Checks the data directory and mounts. `options` are extra FUSE `-o` options.
+    public init(dataDirectory: DataDirectory, mountPoint: String, options: [String]) throws(MountError) {
+        do {
+            try dataDirectory.check()
+        } catch {
+            throw MountError(error.description)
+        }
+        self.dataDirectory = dataDirectory
+        self.mountPoint = mountPoint
+        let ownership = Ownership.currentProcess()
+        self.startedAt = ownership.since
+        let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint)
+        let control = ControlTree(files: [
+            ControlTree.File(name: "status", mode: 0o444, contents: { statusLines.render() }),
+        ], ownership: ownership)
+        let root = RootTree(subtrees: [
+            EmptyDirectoryTree(name: "accounts", space: .accounts, ownership: ownership),
+            EmptyDirectoryTree(name: "settings", space: .settings, ownership: ownership),
+            EmptyDirectoryTree(name: "cache", space: .cache, ownership: ownership),
+            control,
+        ], ownership: ownership, statistics: { Self.statistics(of: dataDirectory.path) })
+        let fuseOptions = ["fsname=" + Self.escapeOption(dataDirectory.path), "subtype=mtmfs",
+                           "default_permissions"] + options
+        self.fuse = try FuseMount(fileSystem: root, mountPoint: mountPoint, options: fuseOptions)
+    }
+
+    /// Serves until the mount ends; `onReady` is called once the mount answers.
+    public func run(onReady: @escaping @Sendable () -> Void) -> Int32 {
+        Log.info("mounted \(dataDirectory.path) on \(mountPoint)")
+        let status = fuse.run(onReady: onReady)
+        Log.info("unmounted \(mountPoint)")
+        return status
+    }
+
+    /// Ends the mount as SIGTERM would.
+    public func stop() { fuse.exit() }
+
+    /// libfuse option values escape commas and backslashes with a backslash.
+    static func escapeOption(_ value: String) -> String {
+        value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: ",", with: "\\,")
+    }
+
+    /// Space of the file system that holds the data directory: the stores live there.
+    static func statistics(of path: String) -> FileSystemStatistics {
+        var stats = FileSystemStatistics()
+        var raw = statvfs()
+        guard statvfs(path, &raw) == 0 else { return stats }
+        stats.blockSize = UInt64(raw.f_frsize)
+        stats.blocks = UInt64(raw.f_blocks)
+        stats.freeBlocks = UInt64(raw.f_bfree)
+        stats.availableBlocks = UInt64(raw.f_bavail)
+        stats.files = UInt64(raw.f_files)
+        stats.freeFiles = UInt64(raw.f_ffree)
+        return stats
+    }
+}
+
+/// The `key=value` lines of `.mtmfs/status`.
+struct StatusReport: Sendable {
+    let dataDirectory: DataDirectory
+    let mountPoint: String
+
+    func render() -> String {
+        let lines = [
+            "state=locked",
+            "auto_lock_in=0",
+            "accounts=0",
+            "version=\(MtmfsVersion.string)",
+            "data_dir=\(dataDirectory.path)",
+            "mount_point=\(mountPoint)",
+            "pid=\(getpid())",
+        ]
+        return lines.joined(separator: "\n") + "\n"
+    }
+}

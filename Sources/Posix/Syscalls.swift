@@ -1,0 +1,131 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CPosixShims
+
+/// The one seam through which mtmfs calls libc for files and processes.
+///
+/// Each function returns its result or throws the `Errno` the call set, retrying `EINTR`
+/// where the call may be restarted. No `-1` check appears anywhere else.
+public enum Syscall {
+    /// Runs `body` until it returns something other than -1 with `EINTR`; -1 becomes a thrown `Errno`.
+    @inline(__always)
+    public static func valueOrErrno<T: FixedWidthInteger>(
+        retryOnInterrupt: Bool = true, _ body: () -> T
+    ) throws(Errno) -> T {
+        while true {
+            let result = body()
+            if result != -1 { return result }
+            let error = Errno.current
+            if retryOnInterrupt && error == .interrupted { continue }
+            throw error
+        }
+    }
+
+    public static func open(_ path: String, _ flags: Int32, mode: mode_t = 0) throws(Errno) -> Int32 {
+        try valueOrErrno { mtmfs_open(path, flags | O_CLOEXEC, UInt32(mode)) }
+    }
+
+    public static func openat(_ dirfd: Int32, _ path: String, _ flags: Int32, mode: mode_t = 0) throws(Errno) -> Int32 {
+        try valueOrErrno { mtmfs_openat(dirfd, path, flags | O_CLOEXEC, UInt32(mode)) }
+    }
+
+    public static func close(_ fd: Int32) {
+        // close is never retried on Linux: the descriptor is gone even on EINTR.
+        _ = Glibc.close(fd)
+    }
+
+    /// Writes all of `bytes`, looping over short writes.
+    public static func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(Errno) {
+        var offset = 0
+        while offset < bytes.count {
+            let n = try valueOrErrno { Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset) }
+            offset += n
+        }
+    }
+
+    public static func writeAll(_ fd: Int32, _ bytes: [UInt8]) throws(Errno) {
+        let result: Result<Void, Errno> = bytes.withUnsafeBytes { buffer in
+            do throws(Errno) { try writeAll(fd, buffer); return .success(()) } catch { return .failure(error) }
+        }
+        try result.get()
+    }
+
+    /// Reads until end of file.
+    public static func readAll(_ fd: Int32) throws(Errno) -> [UInt8] {
+        var result: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = try chunk.withUnsafeMutableBytes { buffer in
+                Result { () throws(Errno) in try valueOrErrno { Glibc.read(fd, buffer.baseAddress!, buffer.count) } }
+            }.get()
+            if n == 0 { return result }
+            result.append(contentsOf: chunk[0..<n])
+        }
+    }
+
+    public static func fsync(_ fd: Int32) throws(Errno) {
+        _ = try valueOrErrno { Glibc.fsync(fd) }
+    }
+
+    public static func rename(_ from: String, _ to: String) throws(Errno) {
+        _ = try valueOrErrno { Glibc.rename(from, to) }
+    }
+
+    public static func unlink(_ path: String) throws(Errno) {
+        _ = try valueOrErrno { Glibc.unlink(path) }
+    }
+
+    public static func mkdir(_ path: String, mode: mode_t) throws(Errno) {
+        _ = try valueOrErrno { Glibc.mkdir(path, mode) }
+    }
+
+    public static func chmod(_ path: String, mode: mode_t) throws(Errno) {
+        _ = try valueOrErrno { Glibc.chmod(path, mode) }
+    }
+
+    public static func stat(_ path: String) throws(Errno) -> stat {
+        var st = Glibc.stat()
+        _ = try valueOrErrno { fstatat(AT_FDCWD, path, &st, 0) }
+        return st
+    }
+
+    public static func lstat(_ path: String) throws(Errno) -> stat {
+        var st = Glibc.stat()
+        _ = try valueOrErrno { fstatat(AT_FDCWD, path, &st, AT_SYMLINK_NOFOLLOW) }
+        return st
+    }
+
+    public static func access(_ path: String, _ mode: Int32) throws(Errno) {
+        _ = try valueOrErrno { Glibc.access(path, mode) }
+    }
+
+    /// The names in a directory, without "." and "..".
+    public static func listDirectory(_ path: String) throws(Errno) -> [String] {
+        guard let dir = opendir(path) else { throw Errno.current }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
+            }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names
+    }
+
+    public static func pipe() throws(Errno) -> (read: Int32, write: Int32) {
+        var fds: [Int32] = [0, 0]
+        // pipe2 is hidden behind _GNU_SOURCE; callers create pipes before starting threads.
+        _ = try valueOrErrno { Glibc.pipe(&fds) }
+        for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        return (fds[0], fds[1])
+    }
+
+    /// Makes the process not dumpable (no core file, no ptrace by other users) and sets the
+    /// core-file size limit to zero.
+    public static func forbidCoreDumps() throws(Errno) {
+        _ = try valueOrErrno { mtmfs_prctl_set_dumpable(0) }
+        _ = try valueOrErrno { mtmfs_disable_core_files() }
+    }
+}

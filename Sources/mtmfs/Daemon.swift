@@ -1,0 +1,93 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import FuseLowLevel
+import MountedTree
+import Posix
+
+/// Starting the mount daemon and hearing from it.
+///
+/// `mtmfs mount` starts a copy of itself (`mount --ready-fd 3 …`) in a new session, with
+/// standard input and output on /dev/null and the write end of a pipe as fd 3. The
+/// daemon writes `ready` once the mount answers a stat, or `error: MESSAGE` if it cannot
+/// mount, and closes the pipe. So `mtmfs mount … && ls MOUNT` never races the mount.
+enum Daemon {
+    /// Starts the daemon and waits for its word; returns its pid once the mount is ready.
+    static func start(dataDirectory: String, mountPoint: String, options: [String]) throws(CommandFailure) -> pid_t {
+        let pipe: (read: Int32, write: Int32)
+        do {
+            pipe = try Syscall.pipe()
+        } catch {
+            throw CommandFailure("cannot start the daemon: \(error)")
+        }
+        var arguments = [Paths.executable(), "mount", "--ready-fd", "3", "--data-dir", dataDirectory]
+        for option in options { arguments += ["-o", option] }
+        arguments.append(mountPoint)
+
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        posix_spawn_file_actions_adddup2(&actions, pipe.write, 3)
+
+        var cArguments: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+        defer { cArguments.forEach { free($0) } }
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, arguments[0], &actions, nil, &cArguments, environ)
+        Syscall.close(pipe.write)
+        defer { Syscall.close(pipe.read) }
+        guard rc == 0 else {
+            throw CommandFailure("cannot start the daemon \(arguments[0]): \(Errno(rc))")
+        }
+        let word = String(decoding: (try? Syscall.readAll(pipe.read)) ?? [], as: UTF8.self)
+            .trimmingSuffix("\n")
+        if word == "ready" { return pid }
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+        if word.hasPrefix("error: ") {
+            throw CommandFailure(String(word.dropFirst("error: ".count)))
+        }
+        throw CommandFailure("the daemon exited before the mount was ready (status \(status)); run `mtmfs mount -f …` to see why")
+    }
+
+    /// The daemon side: detach, mount, report, serve until the mount ends.
+    static func serve(dataDirectory: String, mountPoint: String, options: [String],
+                      readyFD: Int32?) throws(CommandFailure) {
+        if let readyFD {
+            setsid()
+            _ = fcntl(readyFD, F_SETFD, FD_CLOEXEC)
+            Log.use(.syslog)
+        }
+        chdir("/")
+        try? Syscall.forbidCoreDumps()
+        let report: @Sendable (String) -> Void = { word in
+            guard let readyFD else { return }
+            try? Syscall.writeAll(readyFD, Array((word + "\n").utf8))
+            Syscall.close(readyFD)
+        }
+        let mount: MtmfsMount
+        do {
+            mount = try MtmfsMount(dataDirectory: DataDirectory(path: dataDirectory), mountPoint: mountPoint,
+                                   options: options)
+        } catch {
+            Log.error(error.description)
+            report("error: \(error.description)")
+            throw CommandFailure(error.description)
+        }
+        let status = mount.run {
+            if readyFD == nil {
+                Terminal.error("mtmfs: \(dataDirectory) mounted on \(mountPoint); Ctrl-C or `mtmfs unmount \(mountPoint)` ends it")
+            }
+            report("ready")
+        }
+        if status != 0 { throw CommandFailure("the FUSE loop ended with an error (\(status))") }
+    }
+}
+
+extension String {
+    func trimmingSuffix(_ suffix: String) -> String {
+        hasSuffix(suffix) ? String(dropLast(suffix.count)) : self
+    }
+}

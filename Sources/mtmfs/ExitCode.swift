@@ -1,0 +1,24 @@
+/// Every exit status of `mtmfs`, in one place.
+enum ExitCode {
+    /// It worked.
+    static let success: Int32 = 0
+    /// It could not be done: a missing store, a busy mount point, a wrong passphrase, …
+    static let failure: Int32 = 1
+    /// The command line is wrong: an unknown option, a missing argument.
+    static let usage: Int32 = 2
+}
+
+/// A failure the user can act on: one line saying what went wrong and what to do.
+struct CommandFailure: Error, CustomStringConvertible {
+    var description: String
+    var exitCode: Int32
+
+    init(_ description: String, exitCode: Int32 = ExitCode.failure) {
+        self.description = description
+        self.exitCode = exitCode
+    }
+
+    static func usage(_ message: String, command: String) -> CommandFailure {
+        CommandFailure("\(message); see `mtmfs \(command) --help`", exitCode: ExitCode.usage)
+    }
+}

@@ -1,0 +1,92 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Posix
+
+/// The kernel's mount table (`/proc/self/mountinfo`), for finding mtmfs mounts.
+enum MountTable {
+    struct Mount: Equatable {
+        var mountPoint: String
+        var fileSystemType: String
+        var source: String
+    }
+
+    static func read() -> [Mount] {
+        guard let fd = try? Syscall.open("/proc/self/mountinfo", O_RDONLY),
+              let bytes = try? Syscall.readAll(fd) else { return [] }
+        Syscall.close(fd)
+        return String(decoding: bytes, as: UTF8.self).split(separator: "\n").compactMap { line in
+            // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL…] - FSTYPE SOURCE SUPEROPTIONS
+            let fields = line.split(separator: " ", omittingEmptySubsequences: false).map(String.init)
+            guard fields.count > 6, let dash = fields.firstIndex(of: "-"), dash + 2 < fields.count else { return nil }
+            return Mount(mountPoint: unescape(fields[4]), fileSystemType: fields[dash + 1],
+                         source: unescape(fields[dash + 2]))
+        }
+    }
+
+    /// Every mtmfs mount (type `fuse.mtmfs`).
+    static func mtmfsMounts() -> [Mount] {
+        read().filter { $0.fileSystemType == "fuse.mtmfs" }
+    }
+
+    static func mtmfsMount(at path: String) -> Mount? {
+        mtmfsMounts().last { $0.mountPoint == path }
+    }
+
+    /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+    static func unescape(_ field: String) -> String {
+        guard field.contains("\\") else { return field }
+        var bytes: [UInt8] = []
+        let raw = Array(field.utf8)
+        var index = 0
+        while index < raw.count {
+            if raw[index] == UInt8(ascii: "\\"), index + 3 < raw.count + 0,
+               let value = UInt8(String(decoding: raw[(index + 1)...(index + 3)], as: UTF8.self), radix: 8) {
+                bytes.append(value)
+                index += 4
+            } else {
+                bytes.append(raw[index])
+                index += 1
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+}
+
+/// Checks that a path can take a new mount, with the message that says what to do.
+enum MountPointCheck {
+    /// Returns the absolute, resolved mount point.
+    static func validate(_ given: String) throws(CommandFailure) -> String {
+        let path = Paths.absolute(given)
+        let st: stat
+        do {
+            st = try Syscall.stat(path)
+        } catch {
+            switch error {
+            case .noSuchFileOrDirectory:
+                throw CommandFailure("mount point \(given) does not exist: create it with `mkdir -p \(given)`")
+            case .notConnected:
+                throw CommandFailure("\(given) is a stale FUSE mount (Transport endpoint is not connected): run `fusermount3 -uz \(given)`")
+            default:
+                throw CommandFailure("cannot use mount point \(given): \(error)")
+            }
+        }
+        let resolved = Paths.resolved(path) ?? path
+        if MountTable.mtmfsMount(at: resolved) != nil {
+            throw CommandFailure("\(given) is already an mtmfs mount: unmount it first with `mtmfs unmount \(given)`")
+        }
+        guard st.st_mode & S_IFMT == S_IFDIR else {
+            throw CommandFailure("mount point \(given) is not a directory: mount on an empty directory")
+        }
+        let names: [String]
+        do {
+            names = try Syscall.listDirectory(resolved)
+        } catch {
+            throw CommandFailure("cannot read mount point \(given): \(error)")
+        }
+        guard names.isEmpty else {
+            throw CommandFailure("mount point \(given) is not empty: mount on an empty directory")
+        }
+        return resolved
+    }
+}

@@ -1,0 +1,36 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import MountedTree
+import Posix
+
+/// Path handling shared by the commands.
+enum Paths {
+    /// The data directory named on the command line, else the default; made absolute.
+    static func dataDirectory(_ given: String?) -> String {
+        absolute(given ?? DataDirectory.defaultPath(environment: ProcessInfo.processInfo.environment))
+    }
+
+    /// `path` made absolute against the working directory, without touching the disk.
+    static func absolute(_ path: String) -> String {
+        if path.hasPrefix("/") { return path }
+        let cwd = FileManager.default.currentDirectoryPath
+        return path == "." ? cwd : cwd + "/" + path
+    }
+
+    /// `realpath(3)`, or nil where a component is missing.
+    static func resolved(_ path: String) -> String? {
+        guard let pointer = realpath(path, nil) else { return nil }
+        defer { free(pointer) }
+        return String(cString: pointer)
+    }
+
+    /// This executable, to start the daemon with.
+    static func executable() -> String {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let length = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+        guard length > 0 else { return CommandLine.arguments[0] }
+        return String(decoding: buffer[0..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+}

@@ -1,0 +1,50 @@
+/// `mtmfs status`: a short human summary of one mount, or of every mtmfs mount.
+struct StatusCommand: Command {
+    static let name = "status"
+    static let abstract = "show mounts: locked or not, auto-lock countdown, store sizes"
+    static let usage = """
+    Usage: mtmfs status [MOUNT]
+
+    Prints one summary per mtmfs mount (or for MOUNT only). Exit 1 when MOUNT is not an
+    mtmfs mount, or when no mtmfs mount is up. The raw key=value form is MOUNT/.mtmfs/status.
+    """
+    static let flags: Set<String> = []
+    static let options: Set<String> = []
+
+    let mountPoint: String?
+
+    init(_ arguments: Arguments) throws(CommandFailure) {
+        mountPoint = try arguments.positionals(0...1, named: "").first
+    }
+
+    func run() throws(CommandFailure) {
+        let mounts: [String]
+        if let mountPoint {
+            let path = Paths.resolved(Paths.absolute(mountPoint)) ?? Paths.absolute(mountPoint)
+            guard MountTable.mtmfsMount(at: path) != nil else {
+                throw CommandFailure("\(mountPoint) is not an mtmfs mount: mount one with `mtmfs mount MOUNT`")
+            }
+            mounts = [path]
+        } else {
+            mounts = MountTable.mtmfsMounts().map(\.mountPoint)
+            guard !mounts.isEmpty else { throw CommandFailure("no mtmfs mount is up: start one with `mtmfs mount MOUNT`") }
+        }
+        for path in mounts {
+            print(Self.summary(path: path, values: StatusFile.read(mountPoint: path)))
+        }
+    }
+
+    static func summary(path: String, values: [String: String]) -> String {
+        guard !values.isEmpty else {
+            return "\(path): not answering (stale mount? run `mtmfs unmount \(path)`)"
+        }
+        var lines = ["\(path): mounted from \(values["data_dir"] ?? "?") (daemon pid \(values["pid"] ?? "?"), mtmfs \(values["version"] ?? "?"))"]
+        let state = values["state"] ?? "?"
+        var accounts = "  accounts: \(state), \(values["accounts"] ?? "0") account(s)"
+        if state == "unlocked", let seconds = values["auto_lock_in"], seconds != "0" {
+            accounts += ", auto-lock in \(seconds) s"
+        }
+        lines.append(accounts)
+        return lines.joined(separator: "\n")
+    }
+}

@@ -1,0 +1,91 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Posix
+
+/// `mtmfs unmount`: unmounts and waits until the daemon has flushed and exited.
+struct UnmountCommand: Command {
+    static let name = "unmount"
+    static let abstract = "unmount and wait until the daemon has flushed and exited"
+    static let usage = """
+    Usage: mtmfs unmount [--lazy] MOUNT
+
+    Unmounts MOUNT (fusermount3 -u) and waits until the daemon has written everything and
+    exited. A stale mount ("Transport endpoint is not connected") is detached lazily.
+
+    Options:
+      --lazy   detach now even if files are open (fusermount3 -uz)
+    """
+    static let flags: Set<String> = ["--lazy", "-z"]
+    static let options: Set<String> = []
+
+    let given: String
+    let path: String
+    let lazy: Bool
+
+    init(_ arguments: Arguments) throws(CommandFailure) {
+        given = try arguments.positionals(1...1, named: "the mount point (mtmfs unmount MOUNT)")[0]
+        let absolute = Paths.absolute(given)
+        // realpath of a stale mount fails: fall back to the path as given.
+        path = Paths.resolved(absolute) ?? absolute
+        lazy = arguments.has("--lazy") || arguments.has("-z")
+    }
+
+    func run() throws(CommandFailure) {
+        guard MountTable.mtmfsMount(at: path) != nil else {
+            throw CommandFailure("\(given) is not an mtmfs mount (see `mtmfs status`)")
+        }
+        let stale = (try? Syscall.stat(path)) == nil && Errno.current == .notConnected
+        let pid = StatusFile.read(mountPoint: path)["pid"].flatMap { pid_t($0) }
+        let (status, output) = Subprocess.run("fusermount3", ["-u"] + (lazy || stale ? ["-z"] : []) + [path])
+        guard status == 0 else {
+            if output.contains("busy") {
+                throw CommandFailure("\(given) is busy: close the files and shells using it (`fuser -vm \(given)`), or use --lazy")
+            }
+            throw CommandFailure("fusermount3 could not unmount \(given): \(output.trimmingCharacters(in: .whitespacesAndNewlines))")
+        }
+        guard let pid else { return }
+        // The daemon flushes its stores on the way out; wait for that (30 s at most).
+        for _ in 0..<3000 {
+            if kill(pid, 0) != 0 && errno == ESRCH { return }
+            usleep(10_000)
+        }
+        throw CommandFailure("unmounted \(given), but the daemon (pid \(pid)) is still running after 30 s")
+    }
+}
+
+/// Reading `.mtmfs/status` of a mount.
+enum StatusFile {
+    static func read(mountPoint: String) -> [String: String] {
+        guard let fd = try? Syscall.open(mountPoint + "/.mtmfs/status", O_RDONLY) else { return [:] }
+        defer { Syscall.close(fd) }
+        guard let bytes = try? Syscall.readAll(fd) else { return [:] }
+        var values: [String: String] = [:]
+        for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n") {
+            guard let equals = line.firstIndex(of: "=") else { continue }
+            values[String(line[..<equals])] = String(line[line.index(after: equals)...])
+        }
+        return values
+    }
+}
+
+/// Runs a helper program and collects its exit status and combined output.
+enum Subprocess {
+    static func run(_ program: String, _ arguments: [String]) -> (Int32, String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = [program] + arguments
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        do {
+            try process.run()
+        } catch {
+            return (127, "cannot run \(program): \(error)")
+        }
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+}
