@@ -37,6 +37,6 @@ let package = Package(
 
         .testTarget(name: "PosixTests", dependencies: ["Posix"]),
         .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree"]),
-        .testTarget(name: "IntegrationTests", dependencies: ["mtmfs", "Posix"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["Posix"]),
     ]
 )

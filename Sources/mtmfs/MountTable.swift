@@ -33,6 +33,13 @@ enum MountTable {
         mtmfsMounts().last { $0.mountPoint == path }
     }
 
+    /// True for a FUSE mount whose daemon is gone. statfs always reaches the daemon, where a
+    /// stat may be answered from the kernel's attribute cache for a while.
+    static func isStale(_ mountPoint: String) -> Bool {
+        var fs = statvfs()
+        return statvfs(mountPoint, &fs) != 0 && errno == ENOTCONN
+    }
+
     /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
     static func unescape(_ field: String) -> String {
         guard field.contains("\\") else { return field }
@@ -73,6 +80,9 @@ enum MountPointCheck {
         }
         let resolved = Paths.resolved(path) ?? path
         if MountTable.mtmfsMount(at: resolved) != nil {
+            if MountTable.isStale(resolved) {
+                throw CommandFailure("\(given) is a stale FUSE mount (Transport endpoint is not connected): run `fusermount3 -uz \(given)`")
+            }
             throw CommandFailure("\(given) is already an mtmfs mount: unmount it first with `mtmfs unmount \(given)`")
         }
         guard st.st_mode & S_IFMT == S_IFDIR else {
