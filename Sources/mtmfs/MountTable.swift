@@ -34,10 +34,11 @@ enum MountTable {
     }
 
     /// True for a FUSE mount whose daemon is gone. statfs always reaches the daemon, where a
-    /// stat may be answered from the kernel's attribute cache for a while.
+    /// stat may be answered from the kernel's attribute cache for a while. The kernel says
+    /// ENOTCONN, or ECONNABORTED for a connection it has just aborted.
     static func isStale(_ mountPoint: String) -> Bool {
         var fs = statvfs()
-        return statvfs(mountPoint, &fs) != 0 && errno == ENOTCONN
+        return statvfs(mountPoint, &fs) != 0 && (errno == ENOTCONN || errno == ECONNABORTED)
     }
 
     /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
@@ -72,7 +73,7 @@ enum MountPointCheck {
             switch error {
             case .noSuchFileOrDirectory:
                 throw CommandFailure("mount point \(given) does not exist: create it with `mkdir -p \(given)`")
-            case .notConnected:
+            case .notConnected, Errno(ECONNABORTED):
                 throw CommandFailure("\(given) is a stale FUSE mount (Transport endpoint is not connected): run `fusermount3 -uz \(given)`")
             default:
                 throw CommandFailure("cannot use mount point \(given): \(error)")
