@@ -55,8 +55,8 @@ struct DemoCommand: Command {
         mtmfs demo: a throwaway store in \(dataDirectory),
         mounted on \(mountPoint).
 
-        $ ls -a \(shown)
-        .mtmfs  \(top)
+        $ ls -A \(shown)
+        \(top)
 
         $ cat \(shown)/.mtmfs/status
         \(status.trimmingSuffix("\n"))
