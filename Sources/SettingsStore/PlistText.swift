@@ -1,0 +1,260 @@
+/// The text form of each settings value (SPEC §4): what `cat` shows and what a write must be.
+///
+/// - bool: reads `true`/`false`; accepts true/false, yes/no, 1/0, on/off in any case
+/// - integer: decimal only (`-12`, `0`; no `+`, no leading zeros), 64-bit signed
+/// - real: the shortest text that reads back to the same double, with `.` or an exponent
+/// - string: the UTF-8 bytes as they are
+/// - date: `YYYY-MM-DDTHH:MM:SSZ` (accepts an offset such as `+02:00` and fractions; stored UTC)
+/// - data: base64
+///
+/// Every read ends with one newline; one trailing `\n` or `\r\n` is stripped on write.
+public enum PlistText {
+    /// The bytes `cat` shows for a scalar value.
+    public static func render(_ value: PlistValue) -> [UInt8] {
+        let text: String
+        switch value {
+        case .bool(let flag): text = flag ? "true" : "false"
+        case .integer(let number): text = String(number)
+        case .real(let number): text = realText(number)
+        case .string(let string): text = string
+        case .date(let seconds): text = dateText(seconds)
+        case .data(let bytes): text = Base64.encode(bytes)
+        case .array, .dictionary: return []
+        }
+        return Array(text.utf8) + [0x0A]
+    }
+
+    /// Parses written bytes as a value of `type`; nil when they do not fit it.
+    public static func parse(_ bytes: [UInt8], as type: PlistType) -> PlistValue? {
+        let body = stripOneNewline(bytes)
+        guard let text = String(validating: body, as: UTF8.self) else { return nil }
+        switch type {
+        case .bool: return parseBool(text).map(PlistValue.bool)
+        case .integer: return parseInteger(text).map(PlistValue.integer)
+        case .real: return parseReal(text).map(PlistValue.real)
+        case .string: return .string(text)
+        case .date: return parseDate(text).map(PlistValue.date)
+        case .data: return Base64.decode(text, ignoringWhitespace: false).map(PlistValue.data)
+        case .array, .dictionary: return nil
+        }
+    }
+
+    /// The type a new key gets from its first value: bool for true/false, integer, real,
+    /// date for the date form, else string. (Data is never guessed: set the xattr.)
+    public static func inferType(of bytes: [UInt8]) -> PlistType {
+        guard let text = String(validating: stripOneNewline(bytes), as: UTF8.self) else { return .string }
+        let lowered = text.lowercased()
+        if lowered == "true" || lowered == "false" { return .bool }
+        if parseInteger(text) != nil { return .integer }
+        if text.contains(where: { $0 == "." || $0 == "e" || $0 == "E" }),
+           text.first.map({ $0.isNumber || $0 == "-" || $0 == "." }) == true, parseReal(text) != nil { return .real }
+        if text.count >= 20, parseDate(text) != nil { return .date }
+        return .string
+    }
+
+    static func stripOneNewline(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
+        var end = bytes.count
+        if end > 0 && bytes[end - 1] == 0x0A {
+            end -= 1
+            if end > 0 && bytes[end - 1] == 0x0D { end -= 1 }
+        }
+        return bytes[0..<end]
+    }
+
+    public static func parseBool(_ text: String) -> Bool? {
+        switch text.lowercased() {
+        case "true", "yes", "1", "on": true
+        case "false", "no", "0", "off": false
+        default: nil
+        }
+    }
+
+    /// Decimal only: an optional `-`, then `0` or digits without a leading zero.
+    public static func parseInteger(_ text: String) -> Int64? {
+        let digits = text.hasPrefix("-") ? text.dropFirst() : Substring(text)
+        guard !digits.isEmpty, digits.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { return nil }
+        if digits.count > 1 && digits.hasPrefix("0") { return nil }
+        return Int64(text)
+    }
+
+    /// A decimal or exponent number, `inf`, `-inf` or `nan`; no hex forms, no spaces.
+    public static func parseReal(_ text: String) -> Double? {
+        guard !text.isEmpty, !text.lowercased().contains("x"),
+              text.utf8.allSatisfy({ !($0 == 0x20 || $0 == 0x09) }) else { return nil }
+        return Double(text)
+    }
+
+    /// XML plists written by other tools also use `+infinity` and the like.
+    static func parseRealLenient(_ text: String) -> Double? {
+        switch text.lowercased() {
+        case "inf", "+inf", "infinity", "+infinity": return .infinity
+        case "-inf", "-infinity": return -.infinity
+        case "nan": return .nan
+        default: return Double(text)
+        }
+    }
+
+    public static func realText(_ number: Double) -> String {
+        if number.isNaN { return "nan" }
+        if number.isInfinite { return number < 0 ? "-inf" : "inf" }
+        return number.description  // shortest round-trip; always has "." or "e"
+    }
+
+    // MARK: Dates (seconds since 2001-01-01T00:00:00Z)
+
+    static let referenceDateUnixSeconds: Int64 = 978_307_200
+
+    public static func dateText(_ seconds: Double) -> String {
+        let unix = Int64((seconds + Double(referenceDateUnixSeconds)).rounded(.down))
+        let days = unix >= 0 ? unix / 86_400 : (unix - 86_399) / 86_400
+        let secondOfDay = unix - days * 86_400
+        let (year, month, day) = civil(fromDays: days)
+        func two(_ n: Int64) -> String { n < 10 ? "0\(n)" : "\(n)" }
+        var yearText = String(abs(year))
+        while yearText.count < 4 { yearText = "0" + yearText }
+        return "\(year < 0 ? "-" : "")\(yearText)-\(two(month))-\(two(day))T\(two(secondOfDay / 3600)):\(two(secondOfDay / 60 % 60)):\(two(secondOfDay % 60))Z"
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM|±HHMM)`.
+    public static func parseDate(_ text: String) -> Double? {
+        let chars = Array(text.utf8)
+        func number(_ from: Int, _ count: Int) -> Int64? {
+            guard from + count <= chars.count else { return nil }
+            var value: Int64 = 0
+            for c in chars[from..<from + count] {
+                guard c >= 0x30 && c <= 0x39 else { return nil }
+                value = value * 10 + Int64(c - 0x30)
+            }
+            return value
+        }
+        guard chars.count >= 20, let year = number(0, 4), chars[4] == UInt8(ascii: "-"), let month = number(5, 2),
+              chars[7] == UInt8(ascii: "-"), let day = number(8, 2), chars[10] == UInt8(ascii: "T") || chars[10] == UInt8(ascii: "t"),
+              let hour = number(11, 2), chars[13] == UInt8(ascii: ":"), let minute = number(14, 2),
+              chars[16] == UInt8(ascii: ":"), let second = number(17, 2) else { return nil }
+        guard (1...12).contains(month), day >= 1, day <= daysIn(month: month, year: year),
+              hour < 24, minute < 60, second < 61 else { return nil }
+        var index = 19
+        var fraction = 0.0
+        if index < chars.count && chars[index] == UInt8(ascii: ".") {
+            index += 1
+            var scale = 0.1
+            let start = index
+            while index < chars.count, chars[index] >= 0x30 && chars[index] <= 0x39 {
+                fraction += Double(chars[index] - 0x30) * scale
+                scale /= 10
+                index += 1
+            }
+            guard index > start else { return nil }
+        }
+        guard index < chars.count else { return nil }
+        var offsetSeconds: Int64 = 0
+        if chars[index] == UInt8(ascii: "Z") || chars[index] == UInt8(ascii: "z") {
+            index += 1
+        } else if chars[index] == UInt8(ascii: "+") || chars[index] == UInt8(ascii: "-") {
+            let sign: Int64 = chars[index] == UInt8(ascii: "-") ? -1 : 1
+            index += 1
+            guard let offsetHours = number(index, 2) else { return nil }
+            index += 2
+            if index < chars.count && chars[index] == UInt8(ascii: ":") { index += 1 }
+            guard let offsetMinutes = number(index, 2), offsetHours < 24, offsetMinutes < 60 else { return nil }
+            index += 2
+            offsetSeconds = sign * (offsetHours * 3600 + offsetMinutes * 60)
+        } else {
+            return nil
+        }
+        guard index == chars.count else { return nil }
+        let unix = days(fromCivil: year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offsetSeconds
+        return Double(unix - referenceDateUnixSeconds) + fraction
+    }
+
+    static func daysIn(month: Int64, year: Int64) -> Int64 {
+        switch month {
+        case 2: return (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 ? 29 : 28
+        case 4, 6, 9, 11: return 30
+        default: return 31
+        }
+    }
+
+    /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+    static func days(fromCivil year: Int64, _ month: Int64, _ day: Int64) -> Int64 {
+        let y = month <= 2 ? year - 1 : year
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yearOfEra = y - era * 400
+        let dayOfYear = (153 * (month + (month > 2 ? -3 : 9)) + 2) / 5 + day - 1
+        let dayOfEra = yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear
+        return era * 146_097 + dayOfEra - 719_468
+    }
+
+    static func civil(fromDays days: Int64) -> (Int64, Int64, Int64) {
+        let z = days + 719_468
+        let era = (z >= 0 ? z : z - 146_096) / 146_097
+        let dayOfEra = z - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let mp = (5 * dayOfYear + 2) / 153
+        let day = dayOfYear - (153 * mp + 2) / 5 + 1
+        let month = mp < 10 ? mp + 3 : mp - 9
+        return (yearOfEra + era * 400 + (month <= 2 ? 1 : 0), month, day)
+    }
+}
+
+/// Standard base64 (RFC 4648, with padding).
+public enum Base64 {
+    static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+    static let values: [UInt8] = {
+        var table = [UInt8](repeating: 0xFF, count: 256)
+        for (index, c) in alphabet.enumerated() { table[Int(c)] = UInt8(index) }
+        return table
+    }()
+
+    public static func encode(_ bytes: [UInt8]) -> String {
+        var out: [UInt8] = []
+        out.reserveCapacity((bytes.count + 2) / 3 * 4)
+        var index = 0
+        while index + 3 <= bytes.count {
+            let n = UInt32(bytes[index]) << 16 | UInt32(bytes[index + 1]) << 8 | UInt32(bytes[index + 2])
+            out += [alphabet[Int(n >> 18)], alphabet[Int(n >> 12 & 63)], alphabet[Int(n >> 6 & 63)], alphabet[Int(n & 63)]]
+            index += 3
+        }
+        let rest = bytes.count - index
+        if rest == 1 {
+            let n = UInt32(bytes[index]) << 16
+            out += [alphabet[Int(n >> 18)], alphabet[Int(n >> 12 & 63)], UInt8(ascii: "="), UInt8(ascii: "=")]
+        } else if rest == 2 {
+            let n = UInt32(bytes[index]) << 16 | UInt32(bytes[index + 1]) << 8
+            out += [alphabet[Int(n >> 18)], alphabet[Int(n >> 12 & 63)], alphabet[Int(n >> 6 & 63)], UInt8(ascii: "=")]
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Strict decoding (length a multiple of 4, padding only at the end); white space is
+    /// skipped only when asked (the XML form wraps lines).
+    public static func decode(_ text: String, ignoringWhitespace: Bool) -> [UInt8]? {
+        var symbols = Array(text.utf8)
+        if ignoringWhitespace { symbols.removeAll { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D } }
+        guard symbols.count % 4 == 0 else { return nil }
+        var out: [UInt8] = []
+        out.reserveCapacity(symbols.count / 4 * 3)
+        var index = 0
+        while index < symbols.count {
+            let isLast = index + 4 == symbols.count
+            let a = values[Int(symbols[index])], b = values[Int(symbols[index + 1])]
+            let cSymbol = symbols[index + 2], dSymbol = symbols[index + 3]
+            guard a != 0xFF, b != 0xFF else { return nil }
+            if cSymbol == UInt8(ascii: "=") {
+                guard isLast, dSymbol == UInt8(ascii: "="), b & 0x0F == 0 else { return nil }
+                out.append(a << 2 | b >> 4)
+            } else if dSymbol == UInt8(ascii: "=") {
+                let c = values[Int(cSymbol)]
+                guard isLast, c != 0xFF, c & 0x03 == 0 else { return nil }
+                out += [a << 2 | b >> 4, b << 4 | c >> 2]
+            } else {
+                let c = values[Int(cSymbol)], d = values[Int(dSymbol)]
+                guard c != 0xFF, d != 0xFF else { return nil }
+                out += [a << 2 | b >> 4, b << 4 | c >> 2, c << 6 | d]
+            }
+            index += 4
+        }
+        return out
+    }
+}

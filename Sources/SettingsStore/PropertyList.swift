@@ -1,0 +1,108 @@
+/// One property-list value, with dictionaries kept in file order.
+///
+/// Booleans and integers are distinct cases (Foundation's NSNumber blurs them); dates keep
+/// their sub-second part as seconds since 2001-01-01 UTC, as the binary format stores them.
+public indirect enum PlistValue: Equatable, Sendable {
+    case bool(Bool)
+    case integer(Int64)
+    case real(Double)
+    case string(String)
+    /// Seconds since 2001-01-01T00:00:00Z (the Core Foundation reference date).
+    case date(Double)
+    case data([UInt8])
+    case array([PlistValue])
+    case dictionary(PlistDictionary)
+
+    public var type: PlistType {
+        switch self {
+        case .bool: .bool
+        case .integer: .integer
+        case .real: .real
+        case .string: .string
+        case .date: .date
+        case .data: .data
+        case .array: .array
+        case .dictionary: .dictionary
+        }
+    }
+
+    /// True for dictionaries and arrays (shown as directories).
+    public var isContainer: Bool { type == .array || type == .dictionary }
+}
+
+/// The type names shown in the `user.plist.type` extended attribute.
+public enum PlistType: String, CaseIterable, Sendable {
+    case bool, integer, real, string, date, data, array
+    case dictionary = "dict"
+}
+
+/// A dictionary that keeps its keys in the order they were read or added.
+public struct PlistDictionary: Equatable, Sendable {
+    public private(set) var entries: [(key: String, value: PlistValue)] = []
+
+    public init() {}
+
+    public init(_ entries: [(String, PlistValue)]) {
+        for (key, value) in entries { self[key] = value }
+    }
+
+    public var keys: [String] { entries.map(\.key) }
+    public var count: Int { entries.count }
+
+    public func index(of key: String) -> Int? { entries.firstIndex { $0.key == key } }
+
+    /// Setting an existing key keeps its position; a new key goes at the end; nil removes.
+    public subscript(key: String) -> PlistValue? {
+        get { index(of: key).map { entries[$0].value } }
+        set {
+            if let position = index(of: key) {
+                if let newValue { entries[position].value = newValue } else { entries.remove(at: position) }
+            } else if let newValue {
+                entries.append((key, newValue))
+            }
+        }
+    }
+
+    /// Inserts (or moves) `key` at `position` (clamped to the end).
+    public mutating func insert(_ value: PlistValue, forKey key: String, at position: Int) {
+        if let existing = index(of: key) { entries.remove(at: existing) }
+        entries.insert((key, value), at: min(max(0, position), entries.count))
+    }
+
+    public static func == (a: PlistDictionary, b: PlistDictionary) -> Bool {
+        a.entries.count == b.entries.count
+            && zip(a.entries, b.entries).allSatisfy { $0.key == $1.key && $0.value == $1.value }
+    }
+}
+
+/// The two on-disk encodings; a file is rewritten in the one it was found in.
+public enum PlistFormat: Sendable, Equatable {
+    case xml
+    case binary
+}
+
+/// Why bytes are not a property list.
+public struct PlistError: Error, CustomStringConvertible, Sendable {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+public enum PropertyList {
+    /// Deepest nesting accepted when reading (a deeper file is refused, not a stack overflow).
+    public static let maximumDepth = 512
+
+    /// Decodes XML or binary (`bplist00`) bytes.
+    public static func decode(_ bytes: [UInt8]) throws(PlistError) -> (PlistValue, PlistFormat) {
+        if bytes.starts(with: Array("bplist00".utf8)) {
+            return (try BinaryPropertyList.decode(bytes), .binary)
+        }
+        return (try XMLPropertyList.decode(bytes), .xml)
+    }
+
+    public static func encode(_ value: PlistValue, as format: PlistFormat) -> [UInt8] {
+        switch format {
+        case .xml: XMLPropertyList.encode(value)
+        case .binary: BinaryPropertyList.encode(value)
+        }
+    }
+}
