@@ -26,19 +26,21 @@ public final class MtmfsMount: Sendable {
         self.mountPoint = mountPoint
         let ownership = Ownership.currentProcess()
         self.startedAt = ownership.since
+        let notifier = KernelCacheNotifier()
         let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint)
         let control = ControlTree(files: [
             ControlTree.File(name: "status", mode: 0o444, contents: { statusLines.render() }),
         ], ownership: ownership)
         let root = RootTree(subtrees: [
             EmptyDirectoryTree(name: "accounts", space: .accounts, ownership: ownership),
-            EmptyDirectoryTree(name: "settings", space: .settings, ownership: ownership),
+            SettingsTree(plistPath: dataDirectory.settingsPath, ownership: ownership, notifier: notifier),
             EmptyDirectoryTree(name: "cache", space: .cache, ownership: ownership),
             control,
         ], ownership: ownership, statistics: { Self.statistics(of: dataDirectory.path) })
         let fuseOptions = ["fsname=" + Self.escapeOption(dataDirectory.path), "subtype=mtmfs",
                            "default_permissions"] + options
         self.fuse = try FuseMount(fileSystem: root, mountPoint: mountPoint, options: fuseOptions)
+        notifier.attach(fuse)
     }
 
     /// Serves until the mount ends; `onReady` is called once the mount answers.

@@ -27,9 +27,9 @@ public enum SettingsError: Error, CustomStringConvertible, Sendable {
 /// `Settings.plist` on disk: its root dictionary in key order, the format it was found in,
 /// and the identity of the version read (to notice another program's change).
 ///
-/// Saves are atomic and durable (`AtomicFile`), in the format found. Thread-safety: none;
-/// the owner serializes access.
-public final class SettingsDocument {
+/// Saves are atomic and durable (`AtomicFile`), in the format found. Thread-safety: none of
+/// its own (hence `@unchecked`): the owner serializes every access behind its lock.
+public final class SettingsDocument: @unchecked Sendable {
     public let path: String
     public private(set) var root: PlistDictionary
     public private(set) var format: PlistFormat

@@ -1,0 +1,29 @@
+import Dispatch
+import Synchronization
+
+/// Tells the kernel to drop what it cached of an inode or a name, from any thread.
+///
+/// Subtrees are built before the mount exists, so they hold this and the mount is attached
+/// later. Invalidations are sent from a serial queue of its own, never from inside a
+/// request handler (where the kernel may hold the very locks the invalidation needs).
+public final class KernelCacheNotifier: Sendable {
+    private let mount = Mutex<FuseMount?>(nil)
+    private let queue = DispatchQueue(label: "mtmfs.kernel-cache-notifier")
+
+    public init() {}
+
+    public func attach(_ fuse: FuseMount?) { mount.withLock { $0 = fuse } }
+
+    /// Drops attributes and cached data of `inode`.
+    public func invalidateInode(_ inode: InodeNumber) {
+        queue.async { [self] in mount.withLock { $0 }?.invalidateInode(inode) }
+    }
+
+    /// Drops the name `name` in directory `parent` (and with it the dentry → inode link).
+    public func invalidateEntry(parent: InodeNumber, name: String) {
+        queue.async { [self] in mount.withLock { $0 }?.invalidateEntry(parent: parent, name: name) }
+    }
+
+    /// Waits until every invalidation asked for so far has been sent (for tests and lock).
+    public func drain() { queue.sync {} }
+}
