@@ -36,6 +36,7 @@ let package = Package(
         .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "Posix"]),
 
         .testTarget(name: "PosixTests", dependencies: ["Posix"]),
+        .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),
         .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Posix"]),
     ]

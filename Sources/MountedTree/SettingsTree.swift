@@ -309,6 +309,7 @@ extension SettingsTree {
 
         mutating func load() {
             lastLoadAttempt = Date()
+            AtomicFile.removeStaleTemporaries(of: plistPath)
             do {
                 document = try SettingsDocument(path: plistPath)
                 if let damage { Log.info("settings readable again: \(plistPath) (was: \(damage))") }
@@ -763,10 +764,16 @@ extension SettingsTree {
         mutating func write(_ local: UInt64, at offset: UInt64, _ data: [UInt8], append: Bool) throws(Errno) {
             var node = try node(local)
             guard !node.isDirectory else { throw .isDirectory }
-            let before = content(of: node)
-            var content = before
-            let start = append ? content.count : Int(offset)
-            guard start + data.count <= Self.limit(for: node) else { throw .fileTooLarge }
+            var content = content(of: node)
+            // An empty value reads as "\n"; appending to it starts from nothing, so that
+            // `: > K; echo v >> K` gives "v" as it would in a plain file.
+            if content == [0x0A] && (append || offset == 1) && node.binding != .scratch { content = [] }
+            let start = append ? content.count : min(Int(offset), content.count == 0 ? 0 : Int(offset))
+            guard start + data.count <= Self.limit(for: node) else {
+                // The value is cut short: it must never be committed.
+                if case .key = node.binding { node.rejected = true; nodes[local] = node }
+                throw .fileTooLarge
+            }
             if start > content.count { content += [UInt8](repeating: 0, count: start - content.count) }
             let end = start + data.count
             if end > content.count { content += [UInt8](repeating: 0, count: end - content.count) }

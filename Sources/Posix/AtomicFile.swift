@@ -39,6 +39,20 @@ public enum AtomicFile {
         try syncDirectory(directory)
     }
 
+    /// Removes temporary files that `replace` left for `path` when its process died
+    /// (a kill -9 between create and rename); those of live processes are kept.
+    public static func removeStaleTemporaries(of path: String) {
+        let directory = parentDirectory(of: path)
+        let base = path.split(separator: "/").last.map(String.init) ?? path
+        let prefix = ".\(base).tmp-"
+        guard let names = try? Syscall.listDirectory(directory) else { return }
+        for name in names where name.hasPrefix(prefix) {
+            let pid = name.dropFirst(prefix.count).split(separator: "-").first.flatMap { pid_t($0) }
+            if let pid, pid != getpid(), kill(pid, 0) == 0 || errno != ESRCH { continue }
+            try? Syscall.unlink(directory + "/" + name)
+        }
+    }
+
     /// fsync of a directory, so that a rename or a create in it is durable.
     public static func syncDirectory(_ directory: String) throws(Errno) {
         let dirfd = try Syscall.open(directory, O_RDONLY | O_DIRECTORY)

@@ -1,0 +1,268 @@
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `settings/` through a real mount (SPEC §4).
+@Suite struct SettingsTests {
+    /// The plist as Python's plistlib sees it: `key:type=value` per key, in file order.
+    static func dump(_ dataDirectory: String) -> String {
+        let result = Run.program("python3", ["-c", """
+            import plistlib, sys, datetime
+            with open(sys.argv[1], 'rb') as f: d = plistlib.load(f)
+            def t(v):
+                if isinstance(v, bool): return 'bool'
+                if isinstance(v, int): return 'integer'
+                if isinstance(v, float): return 'real'
+                if isinstance(v, str): return 'string'
+                if isinstance(v, datetime.datetime): return 'date'
+                if isinstance(v, bytes): return 'data'
+                if isinstance(v, list): return 'array'
+                return 'dict'
+            print(' '.join(f'{k}:{t(v)}={v!r}' for k, v in d.items()))
+            """, dataDirectory + "/Settings.plist"])
+        return result.status == 0 ? result.stdout.trimmingCharacters(in: .newlines) : "unreadable: \(result.stderr)"
+    }
+
+    static let defaults = "IsFirstRun:bool=True ActiveServiceAccountUUID:string=''"
+
+    @Test func defaultsAndEachTypesForms() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let s = store.path("settings")
+        #expect(Run.shell("cat \(s)/IsFirstRun").stdout == "true\n")
+        #expect(Run.shell("cat \(s)/ActiveServiceAccountUUID").stdout == "\n")
+        #expect(Run.shell("getfattr --only-values -n user.plist.type \(s)/IsFirstRun").stdout == "bool")
+        let script = """
+            set -e
+            cd \(s)
+            echo 42 > Count; echo -7 > Negative; echo 1.5 > Ratio; echo 'héllo wörld' > Text
+            echo 2024-01-02T05:04:05+02:00 > When
+            touch Blob; setfattr -n user.plist.type -v data Blob; echo AAEC/w== > Blob
+            echo OFF > IsFirstRun
+            for k in Count Negative Ratio Text When Blob IsFirstRun; do printf '%s=' $k; getfattr --only-values -n user.plist.type $k; printf ' '; cat $k; done
+            """
+        let result = Run.shell(script)
+        #expect(result.status == 0, "\(result)")
+        #expect(result.stdout == """
+            Count=integer 42
+            Negative=integer -7
+            Ratio=real 1.5
+            Text=string héllo wörld
+            When=date 2024-01-02T05:04:05+02:00
+            Blob=data AAEC/w==
+            IsFirstRun=bool OFF
+
+            """, "\(result.stdout)")
+        #expect(Self.dump(store.dataDirectory) == "IsFirstRun:bool=False ActiveServiceAccountUUID:string='' Count:integer=42 Negative:integer=-7 Ratio:real=1.5 Text:string='héllo wörld' When:date=datetime.datetime(2024, 1, 2, 3, 4, 5) Blob:data=b'\\x00\\x01\\x02\\xff'")
+        // Values set by another program are shown in the canonical form.
+        let plistutil = Run.program("plistutil", ["-i", store.dataDirectory + "/Settings.plist", "-f", "xml"])
+        #expect(plistutil.status == 0 && plistutil.stdout.contains("<date>2024-01-02T03:04:05Z</date>"), "\(plistutil)")
+    }
+
+    @Test func badValuesGetEINVALAndThePlistKeepsItsLastGoodValue() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let s = store.path("settings")
+        #expect(Run.shell("cd \(s) && echo 5 > Count && echo x > Text && echo 2024-01-02T03:04:05Z > When && touch Blob && setfattr -n user.plist.type -v data Blob && echo AAAA > Blob").status == 0)
+        let before = try Data(contentsOf: URL(fileURLWithPath: store.dataDirectory + "/Settings.plist"))
+        let cases: [(String, String)] = [
+            ("IsFirstRun", "echo maybe"), ("Count", "echo 12abc"), ("Count", "echo 060"),
+            ("Count", "echo 18446744073709551616"), ("Text", "printf '\\377\\376'"), ("When", "echo yesterday"),
+            ("When", "echo 2024-02-30T00:00:00Z"), ("Blob", "echo 'not base64!'"), ("Count", "printf ''"),
+        ]
+        for (key, producer) in cases {
+            let result = Run.shell("\(producer) > \(s)/\(key)")
+            if producer != "printf ''" { #expect(result.status != 0, "\(key) \(producer): \(result)") }
+        }
+        // The errno itself, as a program sees it.
+        let fd = open(s + "/Count", O_WRONLY | O_TRUNC)
+        #expect(fd >= 0)
+        #expect(errnoOf { Int32(Glibc.write(fd, "12abc\n", 6)) } == EINVAL)
+        #expect(errnoOf { close(fd) } == EINVAL)
+        let after = try Data(contentsOf: URL(fileURLWithPath: store.dataDirectory + "/Settings.plist"))
+        #expect(before == after)
+        #expect(Run.shell("cat \(s)/Count \(s)/IsFirstRun").stdout == "5\ntrue\n")
+        // Over 1 MiB: EFBIG.
+        let big = Run.shell("head -c 1100000 /dev/zero | tr '\\0' a > \(s)/Text")
+        #expect(big.status != 0, "\(big.status) \(big.stderr.prefix(200))")
+        #expect(Run.shell("cat \(s)/Text").stdout == "x\n")
+        let bigFD = open(s + "/Text", O_WRONLY | O_TRUNC)
+        let chunk = [UInt8](repeating: 0x61, count: 1 << 20)
+        #expect(Glibc.write(bigFD, chunk, chunk.count) == chunk.count)
+        #expect(errnoOf { Int32(Glibc.write(bigFD, chunk, 10)) } == EFBIG)
+        close(bigFD)
+        #expect(Run.shell("cat \(s)/Text").stdout == "x\n")
+        // setfattr with an unknown type, other xattrs.
+        #expect(Run.shell("setfattr -n user.plist.type -v float \(s)/Count").status != 0)
+        #expect(Run.shell("setfattr -n user.other -v v \(s)/Count").stderr.contains("Operation not supported"))
+        #expect(Run.shell("getfattr -n user.other \(s)/Count").stderr.contains("No such attribute"))
+    }
+
+    static let tools: [(String, String)] = [
+        ("vim", "vim -es -c '%s/5/6/' -c wq N"),
+        ("vim backupcopy=yes", "vim -es -c 'set backupcopy=yes' -c '%s/5/6/' -c wq N"),
+        ("emacs", "emacs --batch N --eval '(progn (goto-char (point-min)) (delete-char 1) (insert \"6\") (save-buffer))'"),
+        ("sed -i", "sed -i s/5/6/ N"),
+        ("perl -pi", "perl -pi -e s/5/6/ N"),
+        ("ed", "printf ',s/5/6/\\nw\\nq\\n' | ed -s N"),
+        (">", "echo 6 > N"),
+        (">>", "printf '' > S && echo 6 >> S && cat S > N"),
+        ("tee", "echo 6 | tee N > /dev/null"),
+        ("cp", "echo 6 > /tmp/mtmfs-cp-$$ && cp /tmp/mtmfs-cp-$$ N; r=$?; rm -f /tmp/mtmfs-cp-$$; exit $r"),
+        ("mv", "echo 6 > /tmp/mtmfs-mv-$$ && mv /tmp/mtmfs-mv-$$ N"),
+        ("install", "echo 6 > /tmp/mtmfs-in-$$ && install -m 644 /tmp/mtmfs-in-$$ N; r=$?; rm -f /tmp/mtmfs-in-$$; exit $r"),
+        ("truncate", "truncate -s 0 S && echo 6 > N"),
+        ("python", "python3 -c \"open('N', 'w').write('6\\\\n')\""),
+        ("mv within", "echo 6 > .N.new && mv .N.new N"),
+    ]
+
+    @Test(arguments: tools.map(\.0))
+    func everyToolSavesAKeyAndLeavesOnlyTheIntendedKeys(tool: String) throws {
+        let command = Self.tools.first { $0.0 == tool }!.1
+        let store = try MountedStore()
+        defer { store.close() }
+        let s = store.path("settings")
+        #expect(Run.shell("cd \(s) && echo 5 > N && echo text > S").status == 0)
+        let result = Run.shell("cd \(s) && \(command)", timeout: 30)
+        #expect(result.status == 0, "\(tool): \(result)")
+        #expect(Run.shell("cat \(s)/N").stdout == "6\n", "\(tool)")
+        let expectedS = tool == "truncate" || tool == ">>" ? "S:string=''" : "S:string='text'"
+        let expected = tool == ">>" ? "S:string='6'" : expectedS
+        #expect(Self.dump(store.dataDirectory) == "\(Self.defaults) N:integer=6 \(expected)", "\(tool)")
+        let listing = Run.shell("ls -A \(s)").stdout
+        #expect(!listing.contains(".swp") && !listing.contains("4913"), "\(tool): \(listing)")
+        // No editor file reached the data directory.
+        #expect(try Syscall.listDirectoryNames(store.dataDirectory).sorted() == ["Settings.plist", "cache.sqlite"])
+    }
+
+    @Test func nanoSavesThroughATerminal() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let s = store.path("settings")
+        #expect(Run.shell("echo 5 > \(s)/N").status == 0)
+        let session = "mtmfs-nano-\(getpid())-\(Int.random(in: 0...1_000_000))"
+        defer { Run.program("tmux", ["kill-session", "-t", session]) }
+        #expect(Run.program("tmux", ["new-session", "-d", "-s", session, "-x", "80", "-y", "24", "-c", s, "nano N"]).status == 0)
+        usleep(400_000)
+        Run.program("tmux", ["send-keys", "-t", session, "C-k", "6", "C-o"])
+        usleep(300_000)
+        Run.program("tmux", ["send-keys", "-t", session, "Enter"])
+        usleep(300_000)
+        Run.program("tmux", ["send-keys", "-t", session, "C-x"])
+        #expect(MountTable.wait(seconds: 5) { Run.shell("cat \(s)/N").stdout == "6\n" })
+        #expect(MountTable.wait(seconds: 5) { !Run.shell("ls -A \(s)").stdout.contains(".N.swp") })
+        #expect(Self.dump(store.dataDirectory) == "\(Self.defaults) N:integer=6")
+    }
+
+    @Test func anotherProgramsChangeShowsWithinASecond() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let s = store.path("settings")
+        #expect(Run.shell("cat \(s)/IsFirstRun").stdout == "true\n")  // cached by the kernel now
+        let edit = Run.program("python3", ["-c", """
+            import plistlib, sys
+            p = sys.argv[1]
+            with open(p, 'rb') as f: d = plistlib.load(f)
+            d['IsFirstRun'] = False; d['Added'] = 'by python'
+            with open(p + '.new', 'wb') as f: plistlib.dump(d, f, sort_keys=False)
+            import os; os.replace(p + '.new', p)
+            """, store.dataDirectory + "/Settings.plist"])
+        #expect(edit.status == 0, "\(edit)")
+        let start = Date()
+        #expect(MountTable.wait(seconds: 1.0) {
+            Run.shell("cat \(s)/IsFirstRun").stdout == "false\n" && Run.shell("cat \(s)/Added").stdout == "by python\n"
+        }, "not visible after \(Date().timeIntervalSince(start)) s")
+        // A write merges with the other program's change instead of clobbering it.
+        #expect(Run.shell("echo 7 > \(s)/Count").status == 0)
+        #expect(Self.dump(store.dataDirectory) == "IsFirstRun:bool=False ActiveServiceAccountUUID:string='' Added:string='by python' Count:integer=7")
+    }
+
+    @Test func binaryFormatAndKeyOrderAreKept() throws {
+        let scratch = Scratch()
+        defer { scratch.remove() }
+        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
+        #expect(Run.mtmfs("init", "--data-dir", data).status == 0)
+        #expect(Run.program("python3", ["-c", """
+            import plistlib, sys
+            d = {'Zeta': 1, 'Alpha': {'b': True, 'a': [1, 'x']}, 'Mid': 'm'}
+            open(sys.argv[1], 'wb').write(plistlib.dumps(d, fmt=plistlib.FMT_BINARY, sort_keys=False))
+            """, data + "/Settings.plist"]).status == 0)
+        mkdir(mnt, 0o755)
+        #expect(Run.mtmfs("mount", "--data-dir", data, mnt).status == 0)
+        defer { Run.mtmfs("unmount", mnt) }
+        let s = mnt + "/settings"
+        #expect(Run.shell("ls -f \(s) | grep -v '^\\.'").stdout == "Zeta\nAlpha\nMid\n")
+        #expect(Run.shell("ls -f \(s)/Alpha | grep -v '^\\.'").stdout == "b\na\n")
+        #expect(Run.shell("ls -f \(s)/Alpha/a | grep -v '^\\.'").stdout == "0\n1\n")
+        #expect(Run.shell("cat \(s)/Alpha/a/1").stdout == "x\n")
+        #expect(Run.shell("getfattr --only-values -n user.plist.type \(s)/Alpha/a").stdout == "array")
+        #expect(Run.shell("cd \(s) && echo 2 > Zeta && echo y > Alpha/a/2 && sed -i s/m/n/ Mid").status == 0)
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: data + "/Settings.plist"))
+        #expect(bytes.starts(with: Array("bplist00".utf8)))
+        #expect(Self.dump(data) == "Zeta:integer=2 Alpha:dict={'b': True, 'a': [1, 'x', 'y']} Mid:string='n'")
+    }
+
+    @Test func directoriesDictsAndArrays() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let s = store.path("settings")
+        #expect(Run.shell("cd \(s) && mkdir Server && echo host > Server/Name && mkdir Server/Ports && setfattr -n user.plist.type -v array Server/Ports && echo 80 > Server/Ports/0 && echo 443 > Server/Ports/1").status == 0)
+        #expect(Self.dump(store.dataDirectory) == "\(Self.defaults) Server:dict={'Name': 'host', 'Ports': [80, 443]}")
+        #expect(errnoOf { rmdir(s + "/Server") } == ENOTEMPTY)
+        #expect(Run.shell("rm \(s)/Server/Ports/0 && cat \(s)/Server/Ports/0").stdout == "443\n")
+        #expect(Run.shell("rm -r \(s)/Server").status == 0)
+        #expect(Self.dump(store.dataDirectory) == Self.defaults)
+        #expect(Run.shell("mv \(s)/IsFirstRun \(s)/WasFirstRun && cat \(s)/WasFirstRun").stdout == "true\n")
+        #expect(Self.dump(store.dataDirectory) == "WasFirstRun:bool=True ActiveServiceAccountUUID:string=''")
+        #expect(errnoOf { mkdir(s + "/.hidden", 0o755) } == EINVAL)
+    }
+
+    @Test(arguments: ["random", "truncated", "deep"])
+    func damagedPlistGivesEIOAndTheOtherStoresKeepWorking(kind: String) throws {
+        let scratch = Scratch()
+        defer { scratch.remove() }
+        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
+        #expect(Run.mtmfs("init", "--data-dir", data).status == 0)
+        let plist = data + "/Settings.plist"
+        switch kind {
+        case "random": #expect(Run.shell("head -c 4096 /dev/urandom > \(plist)").status == 0)
+        case "truncated": #expect(Run.shell("head -c 100 \(plist) > \(plist).cut && mv \(plist).cut \(plist)").status == 0)
+        default: #expect(Run.shell("python3 -c \"print('<plist>' + '<array>' * 100000 + '</array>' * 100000 + '</plist>')\" > \(plist)").status == 0)
+        }
+        let before = try Data(contentsOf: URL(fileURLWithPath: plist))
+        mkdir(mnt, 0o755)
+        #expect(Run.mtmfs("mount", "--data-dir", data, mnt).status == 0)
+        defer { Run.mtmfs("unmount", mnt) }
+        let listing = Run.shell("ls \(mnt)/settings")
+        #expect(listing.status != 0 && listing.stderr.contains("Input/output error"), "\(listing)")
+        #expect(Run.shell("echo x > \(mnt)/settings/K").stderr.contains("Input/output error"))
+        #expect(Run.shell("ls \(mnt)/accounts \(mnt)/cache && cat \(mnt)/.mtmfs/status").status == 0)
+        #expect(Run.shell("ls \(mnt)").stdout == "accounts\ncache\nsettings\n")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: plist)) == before)
+    }
+
+    @Test func killDuringABurstOfWritesLeavesAValidPlist() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let s = store.path("settings")
+        let pid = try #require(Int32(try store.status()["pid"] ?? ""))
+        let writer = Run.program("/bin/sh", ["-c", "(i=0; while [ $i -lt 100000 ]; do echo $i > \(s)/Counter 2>/dev/null || exit 0; echo \"v$i\" > \(s)/Text$((i % 5)) 2>/dev/null || exit 0; i=$((i+1)); done) & sleep 0.5; kill -9 \(pid); wait"], timeout: 30)
+        #expect(writer.status == 0, "\(writer)")
+        let dump = Self.dump(store.dataDirectory)
+        #expect(dump.hasPrefix(Self.defaults) && dump.contains("Counter:integer="), "\(dump)")
+        // The next mount clears a temporary file the killed daemon may have left.
+        Run.program("fusermount3", ["-uz", store.mountPoint])
+        #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
+        #expect(MountTable.wait(seconds: 2) {
+            (try? Syscall.listDirectoryNames(store.dataDirectory).sorted()) == ["Settings.plist", "cache.sqlite"]
+        })
+    }
+}
+
+enum Syscall {
+    static func listDirectoryNames(_ path: String) throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: path)
+    }
+}
