@@ -19,10 +19,12 @@ import Glibc
         for name in ["accounts", "settings", "cache", ".mtmfs"] {
             #expect(stat(store.path(name), &st) == 0 && st.st_mode & S_IFMT == S_IFDIR, "\(name)")
         }
-        // Until their stores land, the three subtrees are empty directories.
-        for name in ["accounts", "settings", "cache"] {
+        // Until their stores land, accounts and cache are empty directories.
+        for name in ["accounts", "cache"] {
             #expect(try FileManager.default.contentsOfDirectory(atPath: store.path(name)) == [])
         }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: store.path("settings")).sorted()
+                == ["ActiveServiceAccountUUID", "IsFirstRun"])
     }
 
     @Test func statusFileReportsStateVersionAndDataDirectory() throws {
