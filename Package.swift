@@ -33,7 +33,7 @@ let package = Package(
         .target(name: "MountedTree",
                 dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore"]),
         // Command line only.
-        .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "Posix"]),
+        .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "Posix"]),
 
         .testTarget(name: "PosixTests", dependencies: ["Posix"]),
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),

@@ -3,6 +3,7 @@ import Glibc
 #endif
 import MountedTree
 import Posix
+import SettingsStore
 
 /// `mtmfs demo`: a throwaway store, mounted, with a short tour printed.
 struct DemoCommand: Command {
@@ -40,17 +41,39 @@ struct DemoCommand: Command {
         let dataDirectory = DataDirectory(path: String(cString: created))
         do {
             try dataDirectory.initialize()
-        } catch {
+            try Self.addSampleSettings(dataDirectory)
+        } catch let error as DataDirectoryError {
             throw CommandFailure(error.description)
+        } catch {
+            throw CommandFailure("cannot write the demo settings: \(error)")
         }
         _ = try Daemon.start(dataDirectory: dataDirectory.path, mountPoint: mountPoint, options: [])
         print(tour(mountPoint: mountPoint, dataDirectory: dataDirectory.path))
+    }
+
+    /// A few settings of every type, nested ones included.
+    static func addSampleSettings(_ dataDirectory: DataDirectory) throws {
+        let document = try SettingsDocument(path: dataDirectory.settingsPath)
+        var root = document.root
+        root["IsFirstRun"] = .bool(false)
+        root["SyncIntervalSeconds"] = .integer(900)
+        root["LastSync"] = .date(PlistText.parseDate("2026-11-29T08:30:00Z")!)
+        root["Appearance"] = .dictionary(PlistDictionary([
+            ("Theme", .string("dark")), ("FontScale", .real(1.25)), ("ShowBadges", .bool(true)),
+        ]))
+        root["RecentServers"] = .array([.string("https://mail.example.com"), .string("https://files.example.com:8443/dav")])
+        root["DeviceToken"] = .data(Array("demo-device-token".utf8))
+        try document.save(root)
     }
 
     func tour(mountPoint: String, dataDirectory: String) -> String {
         let shown = given
         let top = ((try? Syscall.listDirectory(mountPoint)) ?? []).sorted().joined(separator: "  ")
         let status = String(decoding: (try? readFile(mountPoint + "/.mtmfs/status")) ?? [], as: UTF8.self)
+        let settings = ((try? Syscall.listDirectory(mountPoint + "/settings")) ?? []).joined(separator: "  ")
+        func cat(_ relative: String) -> String {
+            String(decoding: (try? readFile(mountPoint + "/" + relative)) ?? [], as: UTF8.self).trimmingSuffix("\n")
+        }
         return """
         mtmfs demo: a throwaway store in \(dataDirectory),
         mounted on \(mountPoint).
@@ -60,6 +83,17 @@ struct DemoCommand: Command {
 
         $ cat \(shown)/.mtmfs/status
         \(status.trimmingSuffix("\n"))
+
+        $ ls \(shown)/settings
+        \(settings)
+
+        $ cat \(shown)/settings/Appearance/Theme \(shown)/settings/RecentServers/1
+        \(cat("settings/Appearance/Theme"))
+        \(cat("settings/RecentServers/1"))
+
+        $ echo light > \(shown)/settings/Appearance/Theme      # saved to Settings.plist at once
+        $ getfattr -n user.plist.type \(shown)/settings/LastSync   # the key's plist type: date
+        $ vim \(shown)/settings/SyncIntervalSeconds               # any editor works; bad values get EINVAL
 
         The tree:
           \(shown)/accounts/   service accounts from the encrypted vault (locked until unlocked)

@@ -137,6 +137,33 @@ import Glibc
         #expect(try Syscall.listDirectoryNames(store.dataDirectory).sorted() == ["Settings.plist", "cache.sqlite"])
     }
 
+    /// A key renamed away (vim's `K~`) or unlinked (mv, install) and recreated keeps its
+    /// type and its position; a rename onto a key is validated against that type.
+    @Test func recreatedKeysKeepTypeAndPositionAndRenamesAreValidated() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let s = store.path("settings")
+        #expect(Run.shell("cd \(s) && echo abc > Code && echo 5 > Count && echo last > Tail").status == 0)
+        let script = """
+            cd \(s)
+            vim -es -c '%s/abc/42/' -c wq Code
+            echo 7 > /tmp/mtmfs-t-$$ && mv /tmp/mtmfs-t-$$ Count
+            echo 8 > /tmp/mtmfs-u-$$ && install /tmp/mtmfs-u-$$ Code; rm -f /tmp/mtmfs-u-$$
+            """
+        #expect(Run.shell(script).status == 0)
+        #expect(Self.dump(store.dataDirectory) == "\(Self.defaults) Code:string='8' Count:integer=7 Tail:string='last'")
+        // sed -i with a value that does not fit: the rename onto the key is refused.
+        let sed = Run.shell("cd \(s) && sed -i s/7/seven/ Count")
+        #expect(sed.status != 0 && sed.stderr.contains("Invalid argument"), "\(sed)")
+        #expect(Self.dump(store.dataDirectory) == "\(Self.defaults) Code:string='8' Count:integer=7 Tail:string='last'")
+        // vim's backup K~ and swap .K.swp never became keys, and a plain rename of a
+        // scratch file onto a key sets it.
+        #expect(Run.shell("cd \(s) && echo 9 > .Count.new && mv .Count.new Count && cat Count").stdout == "9\n")
+        #expect(Run.shell("ls -A \(s)").stdout == "ActiveServiceAccountUUID\nCode\nCount\nIsFirstRun\nTail\n")
+        // RENAME_NOREPLACE onto a key.
+        #expect(Run.shell("cd \(s) && echo 1 > .x && mv --no-clobber .x Count; cat Count").stdout == "9\n")
+    }
+
     @Test func nanoSavesThroughATerminal() throws {
         let store = try MountedStore()
         defer { store.close() }
