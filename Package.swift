@@ -29,6 +29,7 @@ let package = Package(
         .target(name: "SettingsStore", dependencies: ["Posix"],
                 resources: [.copy("Resources/Settings.plist")]),
         .target(name: "CacheStore", dependencies: ["CSQLite", "Posix"]),
+        .target(name: "CredentialVault", dependencies: ["CSodium", "Posix"]),
         // The mounted tree: root, control files, and the routing to each store.
         .target(name: "MountedTree",
                 dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore"]),
@@ -37,6 +38,7 @@ let package = Package(
 
         .testTarget(name: "PosixTests", dependencies: ["Posix"]),
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),
+        .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault"]),
         .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Posix"]),
     ]

@@ -1,0 +1,99 @@
+import CSodium
+
+/// Bytes that hold secrets: in `sodium_malloc` memory (guard pages, locked against swap
+/// with mlock, zeroed when freed), never copied into Swift arrays or strings by this type.
+///
+/// `wipe()` zeroes and frees at once (used on lock); deinit does the same.
+/// Thread-safety: none; owners serialize access.
+public final class SecureBytes: @unchecked Sendable {
+    private(set) var pointer: UnsafeMutableRawPointer?
+    public private(set) var count: Int
+    private var capacity: Int
+
+    public init(count: Int = 0) {
+        Sodium.initialize()
+        self.count = count
+        self.capacity = max(count, 1)
+        pointer = sodium_malloc(capacity)
+        precondition(pointer != nil, "sodium_malloc failed")
+        sodium_memzero(pointer, capacity)
+    }
+
+    /// Copies `bytes` (which the caller must then clear if it was secret).
+    public convenience init(copying bytes: UnsafeRawBufferPointer) {
+        self.init(count: bytes.count)
+        if bytes.count > 0 { pointer!.copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+    }
+
+    deinit { wipe() }
+
+    /// Zeroes and frees the memory; the value is empty afterwards.
+    public func wipe() {
+        if let pointer { sodium_free(pointer) }  // sodium_free zeroes before freeing
+        pointer = nil
+        count = 0
+        capacity = 0
+    }
+
+    public var isWiped: Bool { pointer == nil }
+
+    public func withUnsafeBytes<T>(_ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T {
+        try body(UnsafeRawBufferPointer(start: pointer, count: pointer == nil ? 0 : count))
+    }
+
+    public func withUnsafeMutableBytes<T>(_ body: (UnsafeMutableRawBufferPointer) throws -> T) rethrows -> T {
+        try body(UnsafeMutableRawBufferPointer(start: pointer, count: pointer == nil ? 0 : count))
+    }
+
+    /// Sets the length, keeping the prefix; new bytes are zero. Growth moves the bytes to a
+    /// new secure allocation and frees (zeroes) the old one.
+    public func resize(to newCount: Int) {
+        if pointer == nil {
+            pointer = sodium_malloc(max(newCount, 1))
+            capacity = max(newCount, 1)
+            sodium_memzero(pointer, capacity)
+        } else if newCount > capacity {
+            let newCapacity = max(newCount, capacity * 2)
+            let grown = sodium_malloc(newCapacity)!
+            sodium_memzero(grown, newCapacity)
+            grown.copyMemory(from: pointer!, byteCount: count)
+            sodium_free(pointer)
+            pointer = grown
+            capacity = newCapacity
+        } else if newCount < count {
+            sodium_memzero(pointer! + newCount, count - newCount)
+        }
+        count = newCount
+    }
+
+    /// Writes `bytes` at `offset`, growing as needed (a gap is zero-filled).
+    public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int) {
+        if offset + bytes.count > count { resize(to: offset + bytes.count) }
+        if bytes.count > 0 { (pointer! + offset).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+    }
+
+    /// A secure copy.
+    public func copy() -> SecureBytes {
+        withUnsafeBytes { SecureBytes(copying: $0) }
+    }
+
+    /// Constant-time comparison.
+    public func equals(_ other: SecureBytes) -> Bool {
+        guard count == other.count else { return false }
+        if count == 0 { return true }
+        return sodium_memcmp(pointer, other.pointer, count) == 0
+    }
+}
+
+/// libsodium set-up, once per process.
+enum Sodium {
+    static let initialized: Bool = sodium_init() >= 0
+    static func initialize() { precondition(initialized, "sodium_init failed") }
+
+    static func randomBytes(_ count: Int) -> [UInt8] {
+        initialize()
+        var bytes = [UInt8](repeating: 0, count: count)
+        randombytes_buf(&bytes, count)
+        return bytes
+    }
+}

@@ -1,0 +1,516 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CSodium
+import Posix
+
+/// The fields of one service account (Keychain attribute in parentheses).
+public enum AccountField: String, CaseIterable, Sendable {
+    case label        // kSecAttrLabel
+    case `protocol`   // kSecAttrProtocol
+    case server       // kSecAttrServer
+    case port         // kSecAttrPort
+    case path         // kSecAttrPath
+    case comment      // kSecAttrComment
+    case username     // kSecAttrAccount
+    case password     // kSecValueData
+}
+
+/// Why the vault cannot do what was asked, each with the message a user sees.
+public enum VaultError: Error, Equatable, CustomStringConvertible, Sendable {
+    case wrongPassphrase
+    case locked
+    case damaged(String)
+    case weakParameters
+    case noSuchAccount
+    case accountExists
+    case io(Errno)
+
+    public var description: String {
+        switch self {
+        case .wrongPassphrase: "wrong passphrase"
+        case .locked: "the vault is locked: unlock it first (mtmfs unlock)"
+        case .damaged(let reason): "vault damaged: \(reason)"
+        case .weakParameters: "vault damaged: key-derivation parameters below the INTERACTIVE limits"
+        case .noSuchAccount: "no such account"
+        case .accountExists: "the account exists already"
+        case .io(let error): "vault unreadable: \(error)"
+        }
+    }
+
+    /// What a file operation on accounts/ answers.
+    public var errno: Errno {
+        switch self {
+        case .wrongPassphrase, .locked: .permissionDenied
+        case .damaged, .weakParameters: .ioError
+        case .noSuchAccount: .noSuchFileOrDirectory
+        case .accountExists: .fileExists
+        case .io(let error): error
+        }
+    }
+}
+
+/// Where random bytes come from: the system (libsodium) except in the format's test vector.
+public protocol RandomSource {
+    func bytes(_ count: Int) -> [UInt8]
+}
+
+public struct SystemRandom: RandomSource {
+    public init() {}
+    public func bytes(_ count: Int) -> [UInt8] { Sodium.randomBytes(count) }
+}
+
+/// The credential vault: one file of sealed account records under a master key, which is
+/// itself wrapped by a key derived from the passphrase.
+///
+/// Locked, it knows the account UUIDs and names (stored in clear) and nothing else. Unlocked,
+/// it holds the master key and every decrypted field in `SecureBytes`; `lock()` zeroes and
+/// frees all of it. Every change reseals what changed with fresh nonces and replaces the
+/// file atomically and durably.
+///
+/// Thread-safety: none of its own; the owner serializes access.
+public final class Vault: @unchecked Sendable {
+    public let path: String
+    let random: RandomSource
+    private(set) var parameters: KDFParameters
+    private var salt: [UInt8]
+    let storeID: [UInt8]
+    private var wrapNonce: [UInt8]
+    private var wrappedKey: [UInt8]
+    /// The sealed records, in file order.
+    var records: [SealedRecord]  // internal: tests tamper with it
+    private var manifestNonce: [UInt8]
+    private var manifestCiphertext: [UInt8]
+
+    private var masterKey: SecureBytes?
+    private var fields: [[UInt8]: [AccountField: SecureBytes]] = [:]
+
+    struct SealedRecord {
+        var uuid: [UInt8]
+        var name: String
+        var nonce: [UInt8]
+        var ciphertext: [UInt8]
+    }
+
+    public var isUnlocked: Bool { masterKey != nil }
+    public var kdfParameters: KDFParameters { parameters }
+
+    /// The accounts as (16-byte UUID, name as given), in file order. Works while locked.
+    public var accounts: [(uuid: [UInt8], name: String)] { records.map { ($0.uuid, $0.name) } }
+
+    // MARK: Creating and opening
+
+    /// Creates an empty vault file at `path` (which must not exist) and returns it unlocked.
+    public static func create(at path: String, passphrase: SecureBytes, parameters: KDFParameters,
+                              random: RandomSource = SystemRandom()) throws(VaultError) -> Vault {
+        guard parameters.isStrongEnough else { throw .weakParameters }
+        Sodium.initialize()
+        let masterKey = SecureBytes(count: VaultFormat.keySize)
+        let keyBytes = random.bytes(VaultFormat.keySize)
+        keyBytes.withUnsafeBytes { masterKey.write($0, at: 0) }
+        let vault = Vault(path: path, random: random, parameters: parameters,
+                          salt: random.bytes(VaultFormat.saltSize), storeID: random.bytes(VaultFormat.storeIDSize))
+        vault.masterKey = masterKey
+        try vault.wrap(with: passphrase)
+        try vault.sealManifest()
+        try vault.save(exclusive: true)
+        return vault
+    }
+
+    private init(path: String, random: RandomSource, parameters: KDFParameters, salt: [UInt8], storeID: [UInt8]) {
+        self.path = path
+        self.random = random
+        self.parameters = parameters
+        self.salt = salt
+        self.storeID = storeID
+        self.wrapNonce = []
+        self.wrappedKey = []
+        self.records = []
+        self.manifestNonce = []
+        self.manifestCiphertext = []
+    }
+
+    /// Opens (locked) the vault at `path`, checking its structure and checksum.
+    public convenience init(path: String, random: RandomSource = SystemRandom()) throws(VaultError) {
+        let bytes: [UInt8]
+        do throws(Errno) {
+            let fd = try Syscall.open(path, O_RDONLY)
+            defer { Syscall.close(fd) }
+            bytes = try Syscall.readAll(fd)
+        } catch {
+            throw .io(error)
+        }
+        try self.init(path: path, bytes: bytes, random: random)
+    }
+
+    convenience init(path: String, bytes: [UInt8], random: RandomSource) throws(VaultError) {
+        Sodium.initialize()
+        let checksumSize = Int(crypto_generichash_BYTES)
+        guard bytes.count >= VaultFormat.headerSize + 4 + VaultFormat.nonceSize + 4 + checksumSize else {
+            throw .damaged("the file is too short (\(bytes.count) bytes)")
+        }
+        guard bytes.starts(with: VaultFormat.magic) else { throw .damaged("not an mtmfs vault (bad magic)") }
+        let body = Array(bytes[0..<(bytes.count - checksumSize)])
+        guard Self.checksum(body) == Array(bytes[(bytes.count - checksumSize)...]) else {
+            throw .damaged("checksum mismatch (the file was altered or truncated)")
+        }
+        var reader = VaultFormat.Reader(bytes: body)
+        _ = try reader.take(8)
+        let version = try reader.integer(2)
+        guard version == UInt64(VaultFormat.version) else { throw .damaged("unsupported format version \(version)") }
+        let algorithm = try reader.integer(1)
+        guard algorithm == UInt64(VaultFormat.algorithmArgon2id13) else { throw .damaged("unknown key-derivation algorithm \(algorithm)") }
+        _ = try reader.integer(1)
+        let parameters = KDFParameters(operations: try reader.integer(8), memoryBytes: try reader.integer(8))
+        guard parameters.isStrongEnough else { throw .weakParameters }
+        self.init(path: path, random: random, parameters: parameters, salt: try reader.take(VaultFormat.saltSize),
+                  storeID: try reader.take(VaultFormat.storeIDSize))
+        wrapNonce = try reader.take(VaultFormat.nonceSize)
+        wrappedKey = try reader.take(VaultFormat.keySize + VaultFormat.tagSize)
+        let count = try reader.integer(4)
+        guard count <= UInt64(body.count) else { throw .damaged("impossible record count \(count)") }
+        var seen = Set<[UInt8]>()
+        for _ in 0..<count {
+            let uuid = try reader.take(16)
+            let nameLength = Int(try reader.integer(1))
+            let nameBytes = try reader.take(nameLength)
+            guard let name = String(validating: nameBytes, as: UTF8.self), AccountName.uuidBytes(name) == uuid else {
+                throw .damaged("a record whose name does not match its UUID")
+            }
+            guard seen.insert(uuid).inserted else { throw .damaged("two records for one UUID") }
+            let nonce = try reader.take(VaultFormat.nonceSize)
+            let length = Int(try reader.integer(4))
+            guard length <= VaultFormat.maximumRecordSize else { throw .damaged("a record of \(length) bytes") }
+            records.append(SealedRecord(uuid: uuid, name: name, nonce: nonce, ciphertext: try reader.take(length)))
+        }
+        manifestNonce = try reader.take(VaultFormat.nonceSize)
+        let manifestLength = Int(try reader.integer(4))
+        manifestCiphertext = try reader.take(manifestLength)
+        guard reader.position == body.count else { throw .damaged("\(body.count - reader.position) stray bytes after the manifest") }
+    }
+
+    static func checksum(_ bytes: [UInt8]) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: Int(crypto_generichash_BYTES))
+        crypto_generichash(&out, out.count, bytes, UInt64(bytes.count), nil, 0)
+        return out
+    }
+
+    // MARK: Locking
+
+    /// Derives the key from `passphrase`, unwraps the master key, and authenticates and
+    /// decrypts every record. On any failure the vault stays locked.
+    public func unlock(passphrase: SecureBytes) throws(VaultError) {
+        if isUnlocked { lock() }
+        let kek = try Self.deriveKey(passphrase, salt: salt, parameters: parameters)
+        let key = SecureBytes(count: VaultFormat.keySize)
+        let unwrapped = wrappedKey.withUnsafeBytes { sealed in
+            key.withUnsafeMutableBytes { out in
+                kek.withUnsafeBytes { k in
+                    crypto_aead_xchacha20poly1305_ietf_decrypt(
+                        out.baseAddress!.assumingMemoryBound(to: UInt8.self), nil, nil,
+                        sealed.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(sealed.count),
+                        headerPrefix(), UInt64(VaultFormat.headerPrefixSize),
+                        wrapNonce, k.baseAddress!.assumingMemoryBound(to: UInt8.self))
+                }
+            }
+        }
+        kek.wipe()
+        guard unwrapped == 0 else {
+            key.wipe()
+            throw .wrongPassphrase
+        }
+        masterKey = key
+        do {
+            try verifyManifest()
+            for record in records {
+                fields[record.uuid] = try open(record)
+            }
+        } catch {
+            lock()
+            throw error
+        }
+    }
+
+    /// Zeroes and frees the master key and every decrypted field.
+    public func lock() {
+        masterKey?.wipe()
+        masterKey = nil
+        for (_, values) in fields { for (_, value) in values { value.wipe() } }
+        fields.removeAll()
+    }
+
+    static func deriveKey(_ passphrase: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(VaultError) -> SecureBytes {
+        let key = SecureBytes(count: VaultFormat.keySize)
+        let rc = passphrase.withUnsafeBytes { secret in
+            key.withUnsafeMutableBytes { out in
+                crypto_pwhash(out.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(out.count),
+                              secret.baseAddress?.assumingMemoryBound(to: CChar.self) ?? UnsafePointer(bitPattern: 1)!,
+                              UInt64(secret.count), salt, parameters.operations, Int(parameters.memoryBytes),
+                              crypto_pwhash_ALG_ARGON2ID13)
+            }
+        }
+        guard rc == 0 else {
+            key.wipe()
+            throw .io(.noMemory)
+        }
+        return key
+    }
+
+    // MARK: Accounts
+
+    func requireKey() throws(VaultError) -> SecureBytes {
+        guard let masterKey else { throw .locked }
+        return masterKey
+    }
+
+    /// The decrypted value of a field (empty if never set). Do not copy it into a String.
+    public func field(_ field: AccountField, of uuid: [UInt8]) throws(VaultError) -> SecureBytes {
+        _ = try requireKey()
+        guard let values = fields[uuid] else { throw .noSuchAccount }
+        return values[field] ?? SecureBytes()
+    }
+
+    public func addAccount(uuid: [UInt8], name: String) throws(VaultError) {
+        _ = try requireKey()
+        guard !records.contains(where: { $0.uuid == uuid }) else { throw .accountExists }
+        fields[uuid] = [:]
+        records.append(SealedRecord(uuid: uuid, name: name, nonce: [], ciphertext: []))
+        do {
+            try reseal(uuid)
+            try sealManifest()
+            try save()
+        } catch {
+            records.removeAll { $0.uuid == uuid }
+            fields[uuid] = nil
+            throw error
+        }
+    }
+
+    public func removeAccount(uuid: [UInt8]) throws(VaultError) {
+        _ = try requireKey()
+        guard let index = records.firstIndex(where: { $0.uuid == uuid }) else { throw .noSuchAccount }
+        let removed = records.remove(at: index)
+        let removedFields = fields.removeValue(forKey: uuid)
+        do {
+            try sealManifest()
+            try save()
+        } catch {
+            records.insert(removed, at: index)
+            fields[uuid] = removedFields
+            throw error
+        }
+        removedFields?.values.forEach { $0.wipe() }
+    }
+
+    /// Sets several fields of one account at once (all or nothing), e.g. the parts of a URL.
+    public func setFields(_ changes: [AccountField: SecureBytes], of uuid: [UInt8]) throws(VaultError) {
+        _ = try requireKey()
+        guard let old = fields[uuid], let index = records.firstIndex(where: { $0.uuid == uuid }) else { throw .noSuchAccount }
+        let oldRecord = records[index]
+        var new = old
+        for (field, value) in changes { new[field] = value.copy() }
+        fields[uuid] = new
+        do {
+            try reseal(uuid)
+            try sealManifest()
+            try save()
+        } catch {
+            records[index] = oldRecord
+            fields[uuid] = old
+            try? sealManifest()
+            throw error
+        }
+        for (field, _) in changes { old[field]?.wipe() }
+    }
+
+    // MARK: Passphrase
+
+    /// Re-wraps the master key under a new passphrase (new salt, possibly new parameters);
+    /// the records are untouched. The vault must be unlocked.
+    public func changePassphrase(to passphrase: SecureBytes, parameters newParameters: KDFParameters) throws(VaultError) {
+        _ = try requireKey()
+        guard newParameters.isStrongEnough else { throw .weakParameters }
+        let old = (parameters, salt, wrapNonce, wrappedKey)
+        parameters = newParameters
+        salt = random.bytes(VaultFormat.saltSize)
+        do {
+            try wrap(with: passphrase)
+            try save()
+        } catch {
+            (parameters, salt, wrapNonce, wrappedKey) = old
+            throw error
+        }
+    }
+
+    // MARK: Sealing
+
+    func headerPrefix() -> [UInt8] {
+        VaultFormat.magic + VaultFormat.bigEndian(UInt64(VaultFormat.version), 2) + [VaultFormat.algorithmArgon2id13, 0]
+            + VaultFormat.bigEndian(parameters.operations, 8) + VaultFormat.bigEndian(parameters.memoryBytes, 8) + salt + storeID
+    }
+
+    private func wrap(with passphrase: SecureBytes) throws(VaultError) {
+        let key = try requireKey()
+        let kek = try Self.deriveKey(passphrase, salt: salt, parameters: parameters)
+        defer { kek.wipe() }
+        wrapNonce = random.bytes(VaultFormat.nonceSize)
+        wrappedKey = seal(key, associatedData: headerPrefix(), nonce: wrapNonce, key: kek)
+    }
+
+    private func seal(_ plaintext: SecureBytes, associatedData: [UInt8], nonce: [UInt8], key: SecureBytes) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: plaintext.count + VaultFormat.tagSize)
+        var written: UInt64 = 0
+        plaintext.withUnsafeBytes { message in
+            key.withUnsafeBytes { k in
+                _ = crypto_aead_xchacha20poly1305_ietf_encrypt(
+                    &out, &written, message.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(message.count),
+                    associatedData, UInt64(associatedData.count), nil, nonce, k.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            }
+        }
+        return out
+    }
+
+    private func unseal(_ ciphertext: [UInt8], associatedData: [UInt8], nonce: [UInt8]) throws(VaultError) -> SecureBytes? {
+        let key = try requireKey()
+        guard ciphertext.count >= VaultFormat.tagSize else { return nil }
+        let plaintext = SecureBytes(count: ciphertext.count - VaultFormat.tagSize)
+        let rc = plaintext.withUnsafeMutableBytes { out in
+            key.withUnsafeBytes { k in
+                crypto_aead_xchacha20poly1305_ietf_decrypt(
+                    out.baseAddress?.assumingMemoryBound(to: UInt8.self), nil, nil, ciphertext, UInt64(ciphertext.count),
+                    associatedData, UInt64(associatedData.count), nonce, k.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            }
+        }
+        guard rc == 0 else {
+            plaintext.wipe()
+            return nil
+        }
+        return plaintext
+    }
+
+    /// Record plaintext: version 1 (u8), then for each field in `AccountField` order a u32
+    /// length and the bytes.
+    private func reseal(_ uuid: [UInt8]) throws(VaultError) {
+        let key = try requireKey()
+        guard let index = records.firstIndex(where: { $0.uuid == uuid }), let values = fields[uuid] else { throw .noSuchAccount }
+        let plaintext = SecureBytes(count: 1)
+        plaintext.withUnsafeMutableBytes { $0[0] = 1 }
+        for field in AccountField.allCases {
+            let value = values[field] ?? SecureBytes()
+            let length = VaultFormat.bigEndian(UInt64(value.count), 4)
+            length.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
+            value.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
+        }
+        defer { plaintext.wipe() }
+        let nonce = random.bytes(VaultFormat.nonceSize)
+        records[index].nonce = nonce
+        records[index].ciphertext = seal(plaintext, associatedData: VaultFormat.recordAssociatedData(storeID: storeID, uuid: uuid),
+                                         nonce: nonce, key: key)
+    }
+
+    private func open(_ record: SealedRecord) throws(VaultError) -> [AccountField: SecureBytes] {
+        guard let plaintext = try unseal(record.ciphertext,
+                                         associatedData: VaultFormat.recordAssociatedData(storeID: storeID, uuid: record.uuid),
+                                         nonce: record.nonce) else {
+            throw .damaged("record \(record.name) fails authentication (altered, swapped or copied from another vault)")
+        }
+        defer { plaintext.wipe() }
+        var values: [AccountField: SecureBytes] = [:]
+        let ok: Bool = plaintext.withUnsafeBytes { bytes in
+            guard bytes.count >= 1, bytes[0] == 1 else { return false }
+            var position = 1
+            for field in AccountField.allCases {
+                guard bytes.count - position >= 4 else { return false }
+                let length = (0..<4).reduce(0) { $0 << 8 | Int(bytes[position + $1]) }
+                position += 4
+                guard bytes.count - position >= length else { return false }
+                values[field] = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[position..<position + length]))
+                position += length
+            }
+            return position == bytes.count
+        }
+        guard ok else { throw .damaged("record \(record.name) has a malformed body") }
+        return values
+    }
+
+    /// The manifest: the (uuid, nonce) pairs of every record, in order, sealed.
+    private func manifestPlaintext() -> SecureBytes {
+        let bytes = records.flatMap { $0.uuid + $0.nonce }
+        return bytes.withUnsafeBytes { SecureBytes(copying: $0) }
+    }
+
+    private func sealManifest() throws(VaultError) {
+        let key = try requireKey()
+        let plaintext = manifestPlaintext()
+        defer { plaintext.wipe() }
+        manifestNonce = random.bytes(VaultFormat.nonceSize)
+        manifestCiphertext = seal(plaintext, associatedData: VaultFormat.manifestAssociatedData(storeID: storeID),
+                                  nonce: manifestNonce, key: key)
+    }
+
+    private func verifyManifest() throws(VaultError) {
+        guard let plaintext = try unseal(manifestCiphertext, associatedData: VaultFormat.manifestAssociatedData(storeID: storeID),
+                                         nonce: manifestNonce) else {
+            throw .damaged("the manifest fails authentication")
+        }
+        defer { plaintext.wipe() }
+        let expected = manifestPlaintext()
+        defer { expected.wipe() }
+        guard plaintext.equals(expected) else {
+            throw .damaged("the records do not match the manifest (a record was added, dropped, reordered or replayed)")
+        }
+    }
+
+    // MARK: The file
+
+    func encode() -> [UInt8] {
+        var out = headerPrefix() + wrapNonce + wrappedKey
+        out += VaultFormat.bigEndian(UInt64(records.count), 4)
+        for record in records {
+            out += record.uuid + [UInt8(record.name.utf8.count)] + Array(record.name.utf8) + record.nonce
+            out += VaultFormat.bigEndian(UInt64(record.ciphertext.count), 4) + record.ciphertext
+        }
+        out += manifestNonce + VaultFormat.bigEndian(UInt64(manifestCiphertext.count), 4) + manifestCiphertext
+        return out + Self.checksum(out)
+    }
+
+    private func save(exclusive: Bool = false) throws(VaultError) {
+        do throws(Errno) {
+            if exclusive, (try? Syscall.lstat(path)) != nil { throw Errno.fileExists }
+            try AtomicFile.replace(path, with: encode(), mode: 0o600)
+        } catch {
+            throw .io(error)
+        }
+    }
+}
+
+/// Account directory names: a UUID in any case, kept as given.
+public enum AccountName {
+    /// The 16 bytes of a UUID in the 8-4-4-4-12 hex form, or nil.
+    public static func uuidBytes(_ name: String) -> [UInt8]? {
+        let utf8 = Array(name.utf8)
+        guard utf8.count == 36 else { return nil }
+        var bytes: [UInt8] = []
+        var index = 0
+        while index < 36 {
+            if [8, 13, 18, 23].contains(index) {
+                guard utf8[index] == UInt8(ascii: "-") else { return nil }
+                index += 1
+                continue
+            }
+            guard let high = hex(utf8[index]), let low = hex(utf8[index + 1]) else { return nil }
+            bytes.append(high << 4 | low)
+            index += 2
+        }
+        return bytes
+    }
+
+    static func hex(_ c: UInt8) -> UInt8? {
+        switch c {
+        case 0x30...0x39: c - 0x30
+        case 0x41...0x46: c - 0x41 + 10
+        case 0x61...0x66: c - 0x61 + 10
+        default: nil
+        }
+    }
+}

@@ -1,0 +1,182 @@
+import CSodium
+@testable import CredentialVault
+import Foundation
+import Testing
+
+func secret(_ text: String) -> SecureBytes { Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } }
+func text(_ bytes: SecureBytes) -> String { bytes.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } }
+
+/// Counts up from 0: the deterministic source of the format's test vector.
+final class CountingRandom: RandomSource, @unchecked Sendable {
+    var next: UInt8 = 0
+    func bytes(_ count: Int) -> [UInt8] {
+        (0..<count).map { _ in defer { next &+= 1 }; return next }
+    }
+}
+
+let uuidA = "6BA7B810-9DAD-11D1-80B4-00C04FD430C8"
+let uuidB = "f47ac10b-58cc-4372-a567-0e02b2c3d479"
+
+@Suite struct VaultTests {
+    func temporaryPath() -> String {
+        FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-vault-\(UUID().uuidString)").path
+    }
+
+    func makeVault(_ path: String) throws -> Vault {
+        let vault = try Vault.create(at: path, passphrase: secret("correct horse"), parameters: .interactive)
+        try vault.addAccount(uuid: AccountName.uuidBytes(uuidA)!, name: uuidA)
+        try vault.setFields([.username: secret("alice"), .password: secret("s3cret-Pa55"), .server: secret("mail.example.com")],
+                            of: AccountName.uuidBytes(uuidA)!)
+        try vault.addAccount(uuid: AccountName.uuidBytes(uuidB)!, name: uuidB)
+        try vault.setFields([.password: secret("hunter2-bis")], of: AccountName.uuidBytes(uuidB)!)
+        return vault
+    }
+
+    @Test func roundTripLockedAndUnlocked() throws {
+        let path = temporaryPath()
+        defer { unlink(path) }
+        _ = try makeVault(path)
+        let vault = try Vault(path: path)
+        #expect(!vault.isUnlocked)
+        #expect(vault.accounts.map(\.name) == [uuidA, uuidB])
+        #expect(throws: VaultError.locked) { try vault.field(.password, of: AccountName.uuidBytes(uuidA)!) }
+        #expect(throws: VaultError.wrongPassphrase) { try vault.unlock(passphrase: secret("wrong horse")) }
+        #expect(!vault.isUnlocked)
+        try vault.unlock(passphrase: secret("correct horse"))
+        #expect(text(try vault.field(.password, of: AccountName.uuidBytes(uuidA)!)) == "s3cret-Pa55")
+        #expect(text(try vault.field(.username, of: AccountName.uuidBytes(uuidA)!)) == "alice")
+        #expect(text(try vault.field(.label, of: AccountName.uuidBytes(uuidA)!)) == "")
+        let held = try vault.field(.password, of: AccountName.uuidBytes(uuidB)!)
+        vault.lock()
+        #expect(held.isWiped, "lock must zero and free every decrypted field")
+        #expect(throws: VaultError.locked) { try vault.field(.password, of: AccountName.uuidBytes(uuidB)!) }
+        var st = stat()
+        #expect(stat(path, &st) == 0 && st.st_mode & 0o777 == 0o600)
+    }
+
+    @Test func noFieldValueOrPassphraseIsInTheFile() throws {
+        let path = temporaryPath()
+        defer { unlink(path) }
+        _ = try makeVault(path)
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: path))
+        for needle in ["alice", "s3cret-Pa55", "mail.example.com", "hunter2-bis", "correct horse"] {
+            #expect(bytes.range(of: Data(needle.utf8)) == nil, "\(needle) in the vault file")
+        }
+    }
+
+    @Test func passphraseChangeRewrapsOnly() throws {
+        let path = temporaryPath()
+        defer { unlink(path) }
+        let vault = try makeVault(path)
+        let before = try Vault(path: path).records.map(\.ciphertext)
+        try vault.changePassphrase(to: secret("new passphrase"), parameters: .interactive)
+        let reopened = try Vault(path: path)
+        #expect(reopened.records.map(\.ciphertext) == before)
+        #expect(throws: VaultError.wrongPassphrase) { try reopened.unlock(passphrase: secret("correct horse")) }
+        try reopened.unlock(passphrase: secret("new passphrase"))
+        #expect(text(try reopened.field(.password, of: AccountName.uuidBytes(uuidB)!)) == "hunter2-bis")
+    }
+
+    @Test func everyFlippedByteAndEveryTruncationIsDamage() throws {
+        let path = temporaryPath()
+        defer { unlink(path) }
+        _ = try makeVault(path)
+        let good = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+        for index in good.indices {
+            var flipped = good
+            flipped[index] ^= 0x01
+            #expect(throws: VaultError.self) { _ = try Vault(path: path, bytes: flipped, random: SystemRandom()) }
+        }
+        for length in 0..<good.count {
+            #expect(throws: VaultError.self) { _ = try Vault(path: path, bytes: Array(good[0..<length]), random: SystemRandom()) }
+        }
+    }
+
+    /// An attacker who recomputes the (unkeyed) checksum is still caught by the AEAD tags.
+    @Test func tamperingBehindTheChecksumIsCaughtAtUnlock() throws {
+        let path = temporaryPath(), otherPath = temporaryPath()
+        defer { unlink(path); unlink(otherPath) }
+        _ = try makeVault(path)
+        let vault = try Vault(path: path)
+        func reopened(_ edit: (inout [Vault.SealedRecord]) -> Void) throws -> Vault {
+            let copy = try Vault(path: path)
+            edit(&copy.records)
+            return try Vault(path: path, bytes: copy.encode(), random: SystemRandom())
+        }
+        // Two records' sealed bodies swapped.
+        let swapped = try reopened { records in
+            (records[0].ciphertext, records[1].ciphertext) = (records[1].ciphertext, records[0].ciphertext)
+            (records[0].nonce, records[1].nonce) = (records[1].nonce, records[0].nonce)
+        }
+        #expect(throws: VaultError.self) { try swapped.unlock(passphrase: secret("correct horse")) }
+        // A record dropped.
+        let dropped = try reopened { $0.removeLast() }
+        #expect(throws: VaultError.self) { try dropped.unlock(passphrase: secret("correct horse")) }
+        // A byte of a record flipped.
+        let altered = try reopened { $0[0].ciphertext[3] ^= 0x80 }
+        #expect(throws: VaultError.self) { try altered.unlock(passphrase: secret("correct horse")) }
+        // A record copied from another vault with the same passphrase and UUID.
+        _ = try makeVault(otherPath)
+        let foreign = try Vault(path: otherPath).records[0]
+        let copied = try reopened { $0[0] = foreign }
+        #expect(throws: VaultError.self) { try copied.unlock(passphrase: secret("correct horse")) }
+        // An older version of a record replayed.
+        let old = vault.records[0]
+        let live = try Vault(path: path)
+        try live.unlock(passphrase: secret("correct horse"))
+        try live.setFields([.password: secret("changed")], of: AccountName.uuidBytes(uuidA)!)
+        let replayedCopy = try Vault(path: path)
+        replayedCopy.records[0] = old
+        let replayed = try Vault(path: path, bytes: replayedCopy.encode(), random: SystemRandom())
+        #expect(throws: VaultError.self) { try replayed.unlock(passphrase: secret("correct horse")) }
+        // Untouched, it still opens.
+        try Vault(path: path).unlock(passphrase: secret("correct horse"))
+    }
+
+    @Test func weakParametersAreRefused() throws {
+        #expect(throws: VaultError.weakParameters) {
+            _ = try Vault.create(at: temporaryPath(), passphrase: secret("x"), parameters: KDFParameters(operations: 1, memoryBytes: 8192))
+        }
+        let path = temporaryPath()
+        defer { unlink(path) }
+        _ = try makeVault(path)
+        var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+        bytes[12 + 7] = 1  // opslimit = 1
+        let body = Array(bytes.dropLast(32))
+        #expect(throws: VaultError.weakParameters) {
+            _ = try Vault(path: path, bytes: body + Vault.checksum(body), random: SystemRandom())
+        }
+    }
+
+    @Test func accountNames() {
+        #expect(AccountName.uuidBytes(uuidA)?.count == 16)
+        #expect(AccountName.uuidBytes(uuidA.lowercased()) == AccountName.uuidBytes(uuidA))
+        for bad in ["", "not-a-uuid", "6BA7B810-9DAD-11D1-80B4-00C04FD430C", "6BA7B810_9DAD-11D1-80B4-00C04FD430C8",
+                    "6BA7B810-9DAD-11D1-80B4-00C04FD430CG"] {
+            #expect(AccountName.uuidBytes(bad) == nil, "\(bad)")
+        }
+    }
+
+    /// docs/vault-format.md's test vector: built with counting "random" bytes, it must
+    /// match the hex in the document byte for byte, and decrypt with only the passphrase.
+    @Test func testVectorInTheFormatDocument() throws {
+        let path = temporaryPath()
+        defer { unlink(path) }
+        let random = CountingRandom()
+        let vault = try Vault.create(at: path, passphrase: secret("correct horse battery staple"), parameters: .interactive,
+                                     random: random)
+        let uuid = AccountName.uuidBytes(uuidA)!
+        try vault.addAccount(uuid: uuid, name: uuidA)
+        try vault.setFields([.username: secret("alice"), .password: secret("hunter2")], of: uuid)
+        let hex = vault.encode().map { String(format: "%02x", $0) }.joined()
+        if ProcessInfo.processInfo.environment["MTMFS_PRINT_VECTOR"] != nil { print("VECTOR", hex) }
+        let document = try String(contentsOfFile: #filePath.replacingOccurrences(of: "Tests/CredentialVaultTests/VaultTests.swift",
+                                                                                 with: "docs/vault-format.md"), encoding: .utf8)
+        let documented = document.components(separatedBy: "```hex\n").dropFirst().first?
+            .components(separatedBy: "```").first?.filter(\.isHexDigit) ?? ""
+        #expect(hex == documented)
+        let reopened = try Vault(path: path)
+        try reopened.unlock(passphrase: secret("correct horse battery staple"))
+        #expect(text(try reopened.field(.password, of: uuid)) == "hunter2")
+    }
+}
