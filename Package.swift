@@ -32,14 +32,14 @@ let package = Package(
         .target(name: "CredentialVault", dependencies: ["CSodium", "Posix"]),
         // The mounted tree: root, control files, and the routing to each store.
         .target(name: "MountedTree",
-                dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore"]),
+                dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "CredentialVault"]),
         // Command line only.
         .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "Posix"]),
 
         .testTarget(name: "PosixTests", dependencies: ["Posix"]),
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),
         .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault"]),
-        .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree"]),
+        .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "CredentialVault"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Posix"]),
     ]
 )

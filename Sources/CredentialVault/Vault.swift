@@ -199,8 +199,8 @@ public final class Vault: @unchecked Sendable {
 
     /// Derives the key from `passphrase`, unwraps the master key, and authenticates and
     /// decrypts every record. On any failure the vault stays locked.
+    /// A wrong passphrase while unlocked changes nothing (it does not lock).
     public func unlock(passphrase: SecureBytes) throws(VaultError) {
-        if isUnlocked { lock() }
         let kek = try Self.deriveKey(passphrase, salt: salt, parameters: parameters)
         let key = SecureBytes(count: VaultFormat.keySize)
         let unwrapped = wrappedKey.withUnsafeBytes { sealed in
@@ -219,6 +219,7 @@ public final class Vault: @unchecked Sendable {
             key.wipe()
             throw .wrongPassphrase
         }
+        if isUnlocked { lock() }
         masterKey = key
         do {
             try verifyManifest()

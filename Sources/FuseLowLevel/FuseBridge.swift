@@ -138,9 +138,8 @@ final class FuseBridge: Sendable {
         }
         ops.read = { req, inode, size, offset, fi in
             FuseBridge.respond(req) { fs, context throws(Errno) in
-                let bytes = try fs.read(inode, handle: fi!.pointee.fh, offset: UInt64(offset),
-                                        size: size, context: context)
-                _ = bytes.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress, $0.count) }
+                try fs.read(inode, handle: fi!.pointee.fh, offset: UInt64(offset), size: size,
+                            context: context) { bytes in _ = fuse_reply_buf(req, bytes.baseAddress, bytes.count) }
             }
         }
         ops.write = { req, inode, buffer, size, offset, fi in

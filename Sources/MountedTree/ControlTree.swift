@@ -18,11 +18,12 @@ public final class ControlTree: Subtree {
         public var mode: mode_t
         /// Produces the contents at open; nil for a write-only file.
         public var contents: (@Sendable () -> String)?
-        /// Receives each write (the bytes as written); throws to refuse it.
-        public var command: (@Sendable ([UInt8]) throws(Errno) -> Void)?
+        /// Receives each write (the bytes as written, in libfuse's buffer: a passphrase
+        /// must be copied only into secure memory); throws to refuse it.
+        public var command: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> Void)?
 
         public init(name: String, mode: mode_t, contents: (@Sendable () -> String)? = nil,
-                    command: (@Sendable ([UInt8]) throws(Errno) -> Void)? = nil) {
+                    command: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> Void)? = nil) {
             self.name = name
             self.mode = mode
             self.contents = contents
@@ -105,7 +106,7 @@ public final class ControlTree: Subtree {
                       flags: Int32, context: RequestContext) throws(Errno) -> Int {
         let file = try file(inode)
         guard let command = file.command else { throw .badFileDescriptor }
-        try command(Array(data))
+        try command(data)
         return data.count
     }
 

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CacheStore
+import CredentialVault
 import Posix
 import SettingsStore
 
@@ -58,11 +59,11 @@ public struct DataDirectory: Hashable, Sendable {
 
     /// Creates the directory and the stores. An existing empty directory is used (and set
     /// to 0700); one that already holds a store is refused.
-    public func initialize() throws(DataDirectoryError) {
+    public func initialize(passphrase: SecureBytes, kdf: KDFParameters) throws(DataDirectoryError) {
         do {
             let st = try Syscall.stat(path)
             guard st.st_mode & S_IFMT == S_IFDIR else { throw DataDirectoryError.notADirectory(path) }
-            if FileExistence.exists(settingsPath) || FileExistence.exists(cachePath) {
+            if FileExistence.exists(settingsPath) || FileExistence.exists(cachePath) || FileExistence.exists(vaultPath) {
                 throw DataDirectoryError.alreadyInitialized(path)
             }
         } catch let error as DataDirectoryError {
@@ -80,6 +81,11 @@ public struct DataDirectory: Hashable, Sendable {
             try CacheDatabase.createEmpty(at: cachePath)
         } catch {
             throw .cannotCreate(path, "\(error)")
+        }
+        do {
+            try Vault.create(at: vaultPath, passphrase: passphrase, parameters: kdf).lock()
+        } catch {
+            throw .cannotCreate(path, error.description)
         }
     }
 
@@ -99,7 +105,7 @@ public struct DataDirectory: Hashable, Sendable {
         } catch {
             throw .unreadable(path, error)
         }
-        guard FileExistence.exists(settingsPath), FileExistence.exists(cachePath) else {
+        guard FileExistence.exists(settingsPath), FileExistence.exists(cachePath), FileExistence.exists(vaultPath) else {
             throw .notInitialized(path)
         }
     }

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CredentialVault
 import Foundation
 import FuseLowLevel
 import Posix
@@ -16,7 +17,8 @@ public final class MtmfsMount: Sendable {
     let startedAt: Timestamp
 
     /// Checks the data directory and mounts. `options` are extra FUSE `-o` options.
-    public init(dataDirectory: DataDirectory, mountPoint: String, options: [String]) throws(MountError) {
+    public init(dataDirectory: DataDirectory, mountPoint: String, options: [String],
+                autoLockSeconds: Int = 900) throws(MountError) {
         do {
             try dataDirectory.check()
         } catch {
@@ -27,13 +29,33 @@ public final class MtmfsMount: Sendable {
         let ownership = Ownership.currentProcess()
         self.startedAt = ownership.since
         let notifier = KernelCacheNotifier()
-        let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint)
+        let settings = SettingsTree(plistPath: dataDirectory.settingsPath, ownership: ownership, notifier: notifier)
+        let activeKey = "ActiveServiceAccountUUID"
+        let accounts = AccountsTree(
+            vaultPath: dataDirectory.vaultPath, ownership: ownership, notifier: notifier,
+            active: ActiveAccountLink(get: { settings.stringValue(forKey: activeKey) },
+                                      set: { (value) throws(Errno) in try settings.setString(value, forKey: activeKey) }),
+            autoLockSeconds: autoLockSeconds)
+        let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts)
         let control = ControlTree(files: [
             ControlTree.File(name: "status", mode: 0o444, contents: { statusLines.render() }),
+            ControlTree.File(name: "unlock", mode: 0o200, command: { (bytes) throws(Errno) in
+                // The passphrase goes straight from libfuse's buffer into secure memory.
+                var length = bytes.count
+                if length > 0 && bytes[length - 1] == 0x0A { length -= 1 }
+                if length > 0 && bytes[length - 1] == 0x0D { length -= 1 }
+                guard length > 0 else { throw .invalidArgument }
+                let passphrase = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<length]))
+                defer { passphrase.wipe() }
+                try accounts.unlock(passphrase: passphrase)
+            }),
+            ControlTree.File(name: "lock", mode: 0o200, command: { _ in accounts.lock(reason: "lock requested") }),
         ], ownership: ownership)
+        _ = AccountsTree.lockRequested.load(ordering: .relaxed)  // initialized before the handler can run
+        Glibc.signal(SIGUSR1) { _ in AccountsTree.lockRequested.store(true, ordering: .relaxed) }
         let root = RootTree(subtrees: [
-            EmptyDirectoryTree(name: "accounts", space: .accounts, ownership: ownership),
-            SettingsTree(plistPath: dataDirectory.settingsPath, ownership: ownership, notifier: notifier),
+            accounts,
+            settings,
             EmptyDirectoryTree(name: "cache", space: .cache, ownership: ownership),
             control,
         ], ownership: ownership, statistics: { Self.statistics(of: dataDirectory.path) })
@@ -78,12 +100,10 @@ public final class MtmfsMount: Sendable {
 struct StatusReport: Sendable {
     let dataDirectory: DataDirectory
     let mountPoint: String
+    let accounts: AccountsTree
 
     func render() -> String {
-        let lines = [
-            "state=locked",
-            "auto_lock_in=0",
-            "accounts=0",
+        let lines = accounts.statusLines() + [
             "version=\(MtmfsVersion.string)",
             "data_dir=\(dataDirectory.path)",
             "mount_point=\(mountPoint)",

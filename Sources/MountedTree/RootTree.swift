@@ -142,6 +142,11 @@ public final class RootTree: FileSystem {
         try owner(of: inode).read(inode, handle: handle, offset: offset, size: size, context: context)
     }
 
+    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
+                     reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        try owner(of: inode).read(inode, handle: handle, offset: offset, size: size, context: context, reply: reply)
+    }
+
     public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
                       flags: Int32, context: RequestContext) throws(Errno) -> Int {
         try owner(of: inode).write(inode, handle: handle, offset: offset, data: data, flags: flags,

@@ -81,6 +81,26 @@ public final class SettingsTree: Subtree {
         return result
     }
 
+    /// A top-level string key's value (for `accounts/active`), or nil when absent or unreadable.
+    public func stringValue(forKey key: String) -> String? {
+        state.withLock { s in
+            guard case .string(let value)? = s.value(at: [key]) else { return nil }
+            return value
+        }
+    }
+
+    /// Sets a top-level string key (for `accounts/active`), keeping its position.
+    public func setString(_ value: String, forKey key: String) throws(Errno) {
+        try locked { (s) throws(Errno) in
+            try s.update([key]) { $0 = .string(value) }
+            if let inode = s.inodeForPath[[key]] {
+                s.nodes[inode]?.display = nil
+                s.nodes[inode]?.modified = .now()
+                s.invalidations.append(.inode(s.space.inode(inode)))
+            }
+        }
+    }
+
     // MARK: FileSystem
 
     public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {

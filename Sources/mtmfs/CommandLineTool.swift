@@ -21,7 +21,8 @@ protocol Command {
 /// into one line on standard error and an exit status.
 enum CommandLineTool {
     static var commands: [any Command.Type] { [
-        InitCommand.self, MountCommand.self, UnmountCommand.self, StatusCommand.self, DemoCommand.self,
+        InitCommand.self, MountCommand.self, UnmountCommand.self, UnlockCommand.self, LockCommand.self,
+        StatusCommand.self, PasswdCommand.self, DemoCommand.self,
     ] }
 
     static var overview: String {
@@ -77,8 +78,8 @@ enum CommandLineTool {
 
 /// Writing to the user.
 enum Terminal {
-    static func error(_ line: String) {
-        let bytes = Array((line + "\n").utf8)
+    static func error(_ line: String, newline: Bool = true) {
+        let bytes = Array((line + (newline ? "\n" : "")).utf8)
         bytes.withUnsafeBytes { _ = write(2, $0.baseAddress, $0.count) }
     }
 

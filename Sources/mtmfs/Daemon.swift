@@ -13,14 +13,16 @@ import Posix
 /// mount, and closes the pipe. So `mtmfs mount … && ls MOUNT` never races the mount.
 enum Daemon {
     /// Starts the daemon and waits for its word; returns its pid once the mount is ready.
-    static func start(dataDirectory: String, mountPoint: String, options: [String]) throws(CommandFailure) -> pid_t {
+    static func start(dataDirectory: String, mountPoint: String, options: [String],
+                      autoLockSeconds: Int = 900) throws(CommandFailure) -> pid_t {
         let pipe: (read: Int32, write: Int32)
         do {
             pipe = try Syscall.pipe()
         } catch {
             throw CommandFailure("cannot start the daemon: \(error)")
         }
-        var arguments = [Paths.executable(), "mount", "--ready-fd", "3", "--data-dir", dataDirectory]
+        var arguments = [Paths.executable(), "mount", "--ready-fd", "3", "--data-dir", dataDirectory,
+                         "--auto-lock", String(autoLockSeconds)]
         for option in options { arguments += ["-o", option] }
         arguments.append(mountPoint)
 
@@ -53,7 +55,7 @@ enum Daemon {
     }
 
     /// The daemon side: detach, mount, report, serve until the mount ends.
-    static func serve(dataDirectory: String, mountPoint: String, options: [String],
+    static func serve(dataDirectory: String, mountPoint: String, options: [String], autoLockSeconds: Int,
                       readyFD: Int32?) throws(CommandFailure) {
         if let readyFD {
             setsid()
@@ -70,7 +72,7 @@ enum Daemon {
         let mount: MtmfsMount
         do {
             mount = try MtmfsMount(dataDirectory: DataDirectory(path: dataDirectory), mountPoint: mountPoint,
-                                   options: options)
+                                   options: options, autoLockSeconds: autoLockSeconds)
         } catch {
             Log.error(error.description)
             report("error: \(error.description)")

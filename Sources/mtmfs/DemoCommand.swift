@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CredentialVault
 import MountedTree
 import Posix
 import SettingsStore
@@ -39,16 +40,71 @@ struct DemoCommand: Command {
             throw CommandFailure("cannot create a demo data directory in /tmp: \(Errno.current)")
         }
         let dataDirectory = DataDirectory(path: String(cString: created))
+        let passphrase = Array(Self.passphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) }
+        defer { passphrase.wipe() }
         do {
-            try dataDirectory.initialize()
+            try dataDirectory.initialize(passphrase: passphrase, kdf: .interactive)
+            try Self.addSampleAccounts(dataDirectory, passphrase: passphrase)
             try Self.addSampleSettings(dataDirectory)
         } catch let error as DataDirectoryError {
             throw CommandFailure(error.description)
         } catch {
-            throw CommandFailure("cannot write the demo settings: \(error)")
+            throw CommandFailure("cannot write the demo stores: \(error)")
         }
         _ = try Daemon.start(dataDirectory: dataDirectory.path, mountPoint: mountPoint, options: [])
-        print(tour(mountPoint: mountPoint, dataDirectory: dataDirectory.path))
+        let locked = tour(mountPoint: mountPoint, dataDirectory: dataDirectory.path)
+        try PassphraseInput.unlock(mountPoint: mountPoint, with: passphrase)
+        print(locked + unlockedTour(mountPoint: mountPoint))
+    }
+
+    /// The demo vault's passphrase (printed: this store is for show only).
+    static let passphrase = "demo passphrase"
+    static let sampleAccounts: [(String, [AccountField: String])] = [
+        ("6F9619FF-8B86-D011-B42D-00C04FC964FF", [.label: "Work mail", .protocol: "https", .server: "mail.example.com",
+                                                  .path: "/owa", .username: "alice", .password: "correct-horse-42",
+                                                  .comment: "imap-primary"]),
+        ("3e4666bf-d5e5-4aa7-b8ce-cefe41c7568a", [.label: "Team files", .protocol: "https", .server: "files.example.com",
+                                                  .port: "8443", .path: "/dav", .username: "alice@example.com",
+                                                  .password: "tr0ub4dor&3"]),
+    ]
+
+    static func addSampleAccounts(_ dataDirectory: DataDirectory, passphrase: SecureBytes) throws {
+        let vault = try Vault(path: dataDirectory.vaultPath)
+        try vault.unlock(passphrase: passphrase)
+        defer { vault.lock() }
+        for (name, fields) in sampleAccounts {
+            let uuid = AccountName.uuidBytes(name)!
+            try vault.addAccount(uuid: uuid, name: name)
+            var values: [AccountField: SecureBytes] = [:]
+            for (field, value) in fields { values[field] = Array(value.utf8).withUnsafeBytes { SecureBytes(copying: $0) } }
+            try vault.setFields(values, of: uuid)
+        }
+        let document = try SettingsDocument(path: dataDirectory.settingsPath)
+        var root = document.root
+        root["ActiveServiceAccountUUID"] = .string(sampleAccounts[0].0)
+        try document.save(root)
+    }
+
+    func unlockedTour(mountPoint: String) -> String {
+        let shown = given
+        let account = Self.sampleAccounts[1].0
+        func cat(_ relative: String) -> String {
+            String(decoding: (try? readFile(mountPoint + "/" + relative)) ?? [], as: UTF8.self).trimmingSuffix("\n")
+        }
+        return """
+
+        The accounts are locked at first. This demo's passphrase is "\(Self.passphrase)":
+
+        $ mtmfs unlock \(shown)          # asks for it (no echo); done for you here
+        $ ls \(shown)/accounts/\(account)
+        \(((try? Syscall.listDirectory(mountPoint + "/accounts/" + account)) ?? []).joined(separator: "  "))
+        $ cat \(shown)/accounts/\(account)/url \(shown)/accounts/\(account)/username
+        \(cat("accounts/\(account)/url"))
+        \(cat("accounts/\(account)/username"))
+        $ readlink \(shown)/accounts/active
+        \((try? FileManagerLink.read(mountPoint + "/accounts/active")) ?? "")
+        $ mtmfs lock \(shown)            # keys and plaintext zeroed; also after 900 s idle, or SIGUSR1
+        """
     }
 
     /// A few settings of every type, nested ones included.
@@ -106,9 +162,18 @@ struct DemoCommand: Command {
         """
     }
 
-    private func readFile(_ path: String) throws(Errno) -> [UInt8] {
+    func readFile(_ path: String) throws(Errno) -> [UInt8] {
         let fd = try Syscall.open(path, O_RDONLY)
         defer { Syscall.close(fd) }
         return try Syscall.readAll(fd)
+    }
+}
+
+enum FileManagerLink {
+    static func read(_ path: String) throws(Errno) -> String {
+        var buffer = [CChar](repeating: 0, count: 4096)
+        let n = readlink(path, &buffer, buffer.count - 1)
+        guard n >= 0 else { throw Errno.current }
+        return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 }

@@ -5,7 +5,8 @@ struct MountCommand: Command {
     static let name = "mount"
     static let abstract = "mount a data directory (returns once the mount is ready)"
     static let usage = """
-    Usage: mtmfs mount [--data-dir DIR] [-f] [-o OPTIONS] MOUNT
+    Usage: mtmfs mount [--data-dir DIR] [-f] [-o OPTIONS] [--unlock [--passphrase-file FILE]]
+                       [--auto-lock SECONDS] MOUNT
 
     Mounts the stores of DIR on the empty directory MOUNT. Without -f the daemon detaches,
     logs to syslog, and this command returns only once MOUNT answers, so the next line of a
@@ -15,9 +16,13 @@ struct MountCommand: Command {
       --data-dir DIR   the data directory (default $XDG_DATA_HOME/mtmfs)
       -f               stay in the foreground, log to standard error
       -o OPTIONS       FUSE mount options, comma-separated (e.g. allow_other)
+      --unlock         ask for the passphrase now and unlock once mounted
+      --passphrase-file FILE   with --unlock: read it from FILE's first line
+      --auto-lock SECONDS      lock after this long without a secret access
+                               (default 900; 0 never)
     """
-    static let flags: Set<String> = ["-f", "--foreground"]
-    static let options: Set<String> = ["--data-dir", "-o", "--ready-fd"]
+    static let flags: Set<String> = ["-f", "--foreground", "--unlock"]
+    static let options: Set<String> = ["--data-dir", "-o", "--ready-fd", "--auto-lock", "--passphrase-file"]
 
     let dataDirectory: String
     let mountPoint: String
@@ -25,12 +30,21 @@ struct MountCommand: Command {
     let foreground: Bool
     /// Set only in the daemon that `mtmfs mount` starts (see `Daemon`).
     let readyFD: Int32?
+    let autoLockSeconds: Int
+    let unlock: Bool
+    let passphraseFile: String?
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         let positionals = try arguments.positionals(1...1, named: "the mount point (mtmfs mount MOUNT)")
         dataDirectory = Paths.dataDirectory(arguments.value("--data-dir"))
         options = arguments.allValues("-o").flatMap { $0.split(separator: ",").map(String.init) }
         foreground = arguments.has("-f") || arguments.has("--foreground")
+        guard let seconds = Int(arguments.value("--auto-lock") ?? "900"), seconds >= 0 else {
+            throw .usage("--auto-lock takes a number of seconds (0: never)", command: Self.name)
+        }
+        autoLockSeconds = seconds
+        unlock = arguments.has("--unlock")
+        passphraseFile = arguments.value("--passphrase-file")
         if let fd = arguments.value("--ready-fd") {
             guard let number = Int32(fd) else { throw .usage("--ready-fd takes a number", command: Self.name) }
             readyFD = number
@@ -51,7 +65,7 @@ struct MountCommand: Command {
                 }
             }
             try Daemon.serve(dataDirectory: dataDirectory, mountPoint: mountPoint, options: options,
-                             readyFD: readyFD)
+                             autoLockSeconds: autoLockSeconds, readyFD: readyFD)
             return
         }
         do {
@@ -59,6 +73,17 @@ struct MountCommand: Command {
         } catch {
             throw CommandFailure(error.description)
         }
-        _ = try Daemon.start(dataDirectory: dataDirectory, mountPoint: mountPoint, options: options)
+        // --unlock asks before mounting, so that a script's prompt comes first.
+        let passphrase = unlock ? try PassphraseInput.read(prompt: "Passphrase: ", file: passphraseFile) : nil
+        defer { passphrase?.wipe() }
+        _ = try Daemon.start(dataDirectory: dataDirectory, mountPoint: mountPoint, options: options,
+                             autoLockSeconds: autoLockSeconds)
+        if let passphrase {
+            do {
+                try PassphraseInput.unlock(mountPoint: mountPoint, with: passphrase)
+            } catch {
+                throw CommandFailure("mounted \(mountPoint), but \(error.description): run `mtmfs unlock \(mountPoint)`")
+            }
+        }
     }
 }

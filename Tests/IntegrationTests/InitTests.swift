@@ -10,7 +10,7 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let data = scratch.sub("nested/data")
-        let result = Run.mtmfs("init", "--data-dir", data)
+        let result = Run.initStore(data)
         #expect(result.status == 0, "\(result)")
         #expect(result.stdout.contains(data))
 
@@ -21,6 +21,11 @@ import Glibc
         #expect(st.st_mode & 0o7777 == 0o600)
         #expect(stat(data + "/cache.sqlite", &st) == 0)
         #expect(st.st_mode & 0o7777 == 0o600)
+        #expect(stat(data + "/vault", &st) == 0)
+        #expect(st.st_mode & 0o7777 == 0o600)
+        let vault = try Data(contentsOf: URL(fileURLWithPath: data + "/vault"))
+        #expect(vault.starts(with: Data("MTMVAULT".utf8)))
+        #expect(vault.range(of: Data(Run.passphrase.utf8)) == nil)
 
         // The shipped defaults, read by real plist readers.
         let python = Run.program("python3", ["-c", """
@@ -41,10 +46,12 @@ import Glibc
     @Test func usesTheXDGDefaultLocation() throws {
         let scratch = Scratch()
         defer { scratch.remove() }
-        let result = Run.program(Run.mtmfs, ["init"], environment: ["XDG_DATA_HOME": scratch.sub("xdg"), "HOME": scratch.path])
+        let result = Run.program(Run.mtmfs, ["init", "--kdf", "interactive"], input: Run.passphrase + "\n",
+                                 environment: ["XDG_DATA_HOME": scratch.sub("xdg"), "HOME": scratch.path])
         #expect(result.status == 0, "\(result)")
         #expect(FileManager.default.fileExists(atPath: scratch.sub("xdg/mtmfs/Settings.plist")))
-        let home = Run.program(Run.mtmfs, ["init"], environment: ["HOME": scratch.sub("home")])
+        let home = Run.program(Run.mtmfs, ["init", "--kdf", "interactive"], input: Run.passphrase + "\n",
+                               environment: ["HOME": scratch.sub("home")])
         #expect(home.status == 0, "\(home)")
         #expect(FileManager.default.fileExists(atPath: scratch.sub("home/.local/share/mtmfs/cache.sqlite")))
     }
@@ -53,19 +60,32 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let data = scratch.sub("data")
-        #expect(Run.mtmfs("init", "--data-dir", data).status == 0)
+        #expect(Run.initStore(data).status == 0)
         try Data("marker".utf8).write(to: URL(fileURLWithPath: data + "/Settings.plist"))
-        let again = Run.mtmfs("init", "--data-dir", data)
+        let again = Run.initStore(data)
         #expect(again.status == 1, "\(again)")
         #expect(again.stderr.contains("already holds an mtmfs store"), "\(again)")
         #expect(try String(contentsOfFile: data + "/Settings.plist", encoding: .utf8) == "marker")
+    }
+
+    @Test func passphraseIsRequiredAndKDFLevelChecked() throws {
+        let scratch = Scratch()
+        defer { scratch.remove() }
+        let none = Run.mtmfs("init", "--data-dir", scratch.sub("a"))
+        #expect(none.status == 1 && none.stderr.contains("no passphrase given"), "\(none)")
+        #expect(!FileManager.default.fileExists(atPath: scratch.sub("a/vault")))
+        let badKDF = Run.mtmfs("init", "--kdf", "weak", "--data-dir", scratch.sub("b"))
+        #expect(badKDF.status == 2, "\(badKDF)")
+        try "from a file\nsecond line ignored\n".write(toFile: scratch.sub("pass"), atomically: true, encoding: .utf8)
+        let fromFile = Run.mtmfs("init", "--kdf", "interactive", "--passphrase-file", scratch.sub("pass"), "--data-dir", scratch.sub("c"))
+        #expect(fromFile.status == 0, "\(fromFile)")
     }
 
     @Test func refusesAFileAsDataDirectory() throws {
         let scratch = Scratch()
         defer { scratch.remove() }
         _ = FileManager.default.createFile(atPath: scratch.sub("file"), contents: Data())
-        let result = Run.mtmfs("init", "--data-dir", scratch.sub("file"))
+        let result = Run.initStore(scratch.sub("file"))
         #expect(result.status == 1)
         #expect(result.stderr.contains("is not a directory"), "\(result)")
     }
@@ -88,7 +108,7 @@ import Glibc
         let version = Run.mtmfs("--version")
         #expect(version.status == 0 && version.stdout.hasPrefix("mtmfs 0."))
         let overview = Run.mtmfs("--help")
-        for command in ["init", "mount", "unmount", "status", "demo"] {
+        for command in ["init", "mount", "unmount", "unlock", "lock", "status", "passwd", "demo"] {
             #expect(overview.stdout.contains("  \(command) "), "\(command) missing from --help")
             let help = Run.mtmfs(command, "--help")
             #expect(help.status == 0 && help.stdout.contains("Usage: mtmfs \(command)"), "\(help)")

@@ -27,7 +27,7 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.mtmfs("init", "--data-dir", data).status == 0)
+        #expect(Run.initStore(data).status == 0)
         mkdir(mnt, 0o755)
         let mounted = Run.program("mount", ["-t", "fuse.mtmfs", "-o", "rw,nofail,x-systemd.automount", data, mnt],
                                   environment: environment)
@@ -47,7 +47,7 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.mtmfs("init", "--data-dir", data).status == 0)
+        #expect(Run.initStore(data).status == 0)
         mkdir(mnt, 0o755)
         let fstab = scratch.sub("fstab")
         try "\(data) \(mnt) fuse.mtmfs noauto,user,allow_other,noatime 0 0\n"

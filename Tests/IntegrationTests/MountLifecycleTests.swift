@@ -10,7 +10,7 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.mtmfs("init", "--data-dir", data).status == 0)
+        #expect(Run.initStore(data).status == 0)
         mkdir(mnt, 0o755)
         let script = """
             set -e
@@ -43,7 +43,7 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let data = scratch.sub("data")
-        #expect(Run.mtmfs("init", "--data-dir", data).status == 0)
+        #expect(Run.initStore(data).status == 0)
 
         let missing = Run.mtmfs("mount", "--data-dir", data, scratch.sub("nowhere"))
         #expect(missing.status == 1)
@@ -88,7 +88,7 @@ import Glibc
         #expect(uninitialized.stderr.contains("holds no mtmfs store: run `mtmfs init"), "\(uninitialized)")
 
         // Unreadable: a store owned by root, mounted by nobody (root itself bypasses modes).
-        #expect(Run.mtmfs("init", "--data-dir", scratch.sub("private")).status == 0)
+        #expect(Run.initStore(scratch.sub("private")).status == 0)
         chmod(scratch.sub("mnt"), 0o777)
         let unreadable = Run.program("setpriv", ["--reuid", "65534", "--regid", "65534", "--clear-groups",
                                                  Run.mtmfs, "mount", "--data-dir", scratch.sub("private"),
@@ -111,7 +111,7 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.mtmfs("init", "--data-dir", data).status == 0)
+        #expect(Run.initStore(data).status == 0)
         mkdir(mnt, 0o755)
         let start = Run.program("/bin/sh", ["-c", "\"$0\" mount -f --data-dir \"$1\" \"$2\" >/dev/null 2>&1 & echo $!",
                                             Run.mtmfs, data, mnt])

@@ -134,7 +134,7 @@ import Glibc
         let listing = Run.shell("ls -A \(s)").stdout
         #expect(!listing.contains(".swp") && !listing.contains("4913"), "\(tool): \(listing)")
         // No editor file reached the data directory.
-        #expect(try Syscall.listDirectoryNames(store.dataDirectory).sorted() == ["Settings.plist", "cache.sqlite"])
+        #expect(try Syscall.listDirectoryNames(store.dataDirectory).sorted() == ["Settings.plist", "cache.sqlite", "vault"])
     }
 
     /// A key renamed away (vim's `K~`) or unlinked (mv, install) and recreated keeps its
@@ -210,7 +210,7 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.mtmfs("init", "--data-dir", data).status == 0)
+        #expect(Run.initStore(data).status == 0)
         #expect(Run.program("python3", ["-c", """
             import plistlib, sys
             d = {'Zeta': 1, 'Alpha': {'b': True, 'a': [1, 'x']}, 'Mid': 'm'}
@@ -251,7 +251,7 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.mtmfs("init", "--data-dir", data).status == 0)
+        #expect(Run.initStore(data).status == 0)
         let plist = data + "/Settings.plist"
         switch kind {
         case "random": #expect(Run.shell("head -c 4096 /dev/urandom > \(plist)").status == 0)
@@ -283,7 +283,7 @@ import Glibc
         Run.program("fusermount3", ["-uz", store.mountPoint])
         #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
         #expect(MountTable.wait(seconds: 2) {
-            (try? Syscall.listDirectoryNames(store.dataDirectory).sorted()) == ["Settings.plist", "cache.sqlite"]
+            (try? Syscall.listDirectoryNames(store.dataDirectory).sorted()) == ["Settings.plist", "cache.sqlite", "vault"]
         })
     }
 }

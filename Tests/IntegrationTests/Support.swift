@@ -78,6 +78,15 @@ enum Run {
                              stderr: (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? "")
     }
 
+    /// The passphrase of every test store.
+    static let passphrase = "test passphrase"
+
+    /// `mtmfs init` with the test passphrase on standard input and the cheapest KDF.
+    @discardableResult
+    static func initStore(_ dataDirectory: String) -> CommandResult {
+        program(mtmfs, ["init", "--kdf", "interactive", "--data-dir", dataDirectory], input: passphrase + "\n")
+    }
+
     @discardableResult
     static func mtmfs(_ arguments: String..., input: String? = nil) -> CommandResult {
         program(mtmfs, arguments, input: input)
@@ -116,7 +125,7 @@ final class MountedStore {
     var mountPoint: String { scratch.sub("mnt") }
 
     init(options: [String] = []) throws {
-        let initialized = Run.mtmfs("init", "--data-dir", dataDirectory)
+        let initialized = Run.initStore(dataDirectory)
         try #require(initialized.status == 0, "init: \(initialized)")
         mkdir(mountPoint, 0o755)
         let mounted = Run.program(Run.mtmfs, ["mount", "--data-dir", dataDirectory] + options + [mountPoint])

@@ -1,3 +1,4 @@
+import CredentialVault
 import FuseLowLevel
 import Foundation
 @testable import MountedTree
@@ -105,10 +106,11 @@ import Synchronization
         let directory = DataDirectory(path: base + "/a/b/")
         #expect(directory.path == base + "/a/b")
         #expect(throws: DataDirectoryError.self) { try directory.check() }
-        try directory.initialize()
+        let passphrase = Array("unit test".utf8).withUnsafeBytes { SecureBytes(copying: $0) }
+        try directory.initialize(passphrase: passphrase, kdf: .interactive)
         try directory.check()
         #expect(try Syscall.stat(directory.path).st_mode & 0o777 == 0o700)
-        #expect(throws: DataDirectoryError.self) { try directory.initialize() }
+        #expect(throws: DataDirectoryError.self) { try directory.initialize(passphrase: passphrase, kdf: .interactive) }
     }
 
     @Test func checkNamesTheProblem() throws {

@@ -1,0 +1,820 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+import Foundation
+import FuseLowLevel
+import Posix
+import Synchronization
+
+/// The two views of the active account: `accounts/active` and
+/// `settings/ActiveServiceAccountUUID` are one value, kept in the settings store.
+public struct ActiveAccountLink: Sendable {
+    public var get: @Sendable () -> String?
+    public var set: @Sendable (String) throws(Errno) -> Void
+
+    public init(get: @escaping @Sendable () -> String?, set: @escaping @Sendable (String) throws(Errno) -> Void) {
+        self.get = get
+        self.set = set
+    }
+}
+
+/// `accounts/`: one directory per service account of the credential vault, one file per
+/// field (SPEC §1–§3).
+///
+/// Locked, the account names (UUIDs) and field names are listed with size 0, and every
+/// read, write, mkdir and rmdir gets EACCES. Unlocked, fields read as their value plus one
+/// newline; writes go to a pending buffer in secure memory, are checked against the field's
+/// syntax (EINVAL) and size (EFBIG), and are sealed into the vault at flush, fsync or last
+/// close. `url` reads as protocol://server[:port]path and a write sets those four at once.
+/// Editors' scratch files live in secure memory only. Fields are never cached by the kernel
+/// (direct I/O, no attribute caching), and lock invalidates every inode anyway, so a
+/// descriptor or mapping made before a lock gets EACCES or nothing on its next read.
+///
+/// Thread-safety: one mutex; kernel notifications are sent after it is released.
+public final class AccountsTree: Subtree {
+    public let name = "accounts"
+    public let space = InodeSpace.accounts
+    let notifier: KernelCacheNotifier
+    let active: ActiveAccountLink
+    let state: Mutex<State>
+    private let running = Atomic<Bool>(true)
+
+    static let fieldNames = AccountField.allCases.map(\.rawValue) + ["url"]
+    static let urlIndex = AccountField.allCases.count
+    static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
+    static let fieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 0)
+    static let activeInode: UInt64 = 2
+    static let scratchBit: UInt64 = 1 << 54
+
+    /// Set by SIGUSR1's handler; the watcher locks on seeing it.
+    public static let lockRequested = Atomic<Bool>(false)
+
+    public init(vaultPath: String, ownership: Ownership, notifier: KernelCacheNotifier, active: ActiveAccountLink,
+                autoLockSeconds: Int) {
+        self.notifier = notifier
+        self.active = active
+        self.state = Mutex(State(vaultPath: vaultPath, ownership: ownership, space: .accounts, autoLockSeconds: autoLockSeconds))
+        Thread.detachNewThread { [weak self] in
+            while true {
+                usleep(100_000)
+                guard let self, self.running.load(ordering: .relaxed) else { return }
+                if Self.lockRequested.exchange(false, ordering: .relaxed) {
+                    self.lock(reason: "SIGUSR1")
+                } else if self.state.withLock({ $0.autoLockDue }) {
+                    self.lock(reason: "auto-lock after \(self.state.withLock { $0.autoLockSeconds }) s without a secret access")
+                }
+            }
+        }
+    }
+
+    public func shutDown() {
+        running.store(false, ordering: .relaxed)
+        lock(reason: "unmount")
+    }
+
+    // MARK: Lock and unlock
+
+    /// Unlocks with a passphrase (already in secure memory). Wrong: EACCES; damaged: EIO.
+    public func unlock(passphrase: SecureBytes) throws(Errno) {
+        try state.withLock { (s) throws(Errno) in
+            guard let vault = s.vault else { throw .ioError }
+            do throws(VaultError) {
+                try vault.unlock(passphrase: passphrase)
+            } catch {
+                if case .damaged = error { s.damage(error.description) }
+                Log.warning(error == .wrongPassphrase ? "unlock refused: wrong passphrase" : error.description)
+                throw error.errno
+            }
+            s.lastSecretAccess = Date()
+            Log.info("accounts unlocked")
+        }
+    }
+
+    /// Zeroes every key and plaintext, and tells the kernel to forget every field.
+    public func lock(reason: String) {
+        let inodes = state.withLock { s -> [InodeNumber] in
+            let wasUnlocked = s.vault?.isUnlocked == true
+            let inodes = s.lockAll()
+            if wasUnlocked { Log.info("accounts locked (\(reason))") }
+            return inodes
+        }
+        for inode in inodes { notifier.invalidateInode(inode) }
+        notifier.drain()
+    }
+
+    /// For `.mtmfs/status`.
+    public func statusLines() -> [String] {
+        state.withLock { s in
+            let unlocked = s.vault?.isUnlocked == true
+            var lines = ["state=\(unlocked ? "unlocked" : "locked")"]
+            var autoLockIn = 0
+            if unlocked && s.autoLockSeconds > 0 {
+                autoLockIn = max(0, Int((Double(s.autoLockSeconds) - Date().timeIntervalSince(s.lastSecretAccess)).rounded(.up)))
+            }
+            lines.append("auto_lock_in=\(autoLockIn)")
+            lines.append("accounts=\(s.vault?.accounts.count ?? 0)")
+            if let problem = s.problem { lines.append("vault_error=\(problem)") }
+            return lines
+        }
+    }
+
+    private func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
+        let (result, invalidations) = try state.withLock { (s) throws(Errno) -> (T, [InodeNumber]) in
+            guard s.vault != nil else { throw .ioError }
+            let result = try body(&s)
+            defer { s.invalidations.removeAll() }
+            return (result, s.invalidations)
+        }
+        for inode in invalidations { notifier.invalidateInode(inode) }
+        return result
+    }
+
+    // MARK: FileSystem
+
+    public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {
+        let parentLocal = space.local(parent)
+        if parentLocal == 1 && name == "active" {
+            guard let target = active.get(), !target.isEmpty else { throw .noSuchFileOrDirectory }
+            return Entry(attributes: state.withLock { $0.symlinkAttributes(target) }, cache: .none)
+        }
+        return try locked { (s) throws(Errno) in try s.lookup(parentLocal, name) }
+    }
+
+    public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
+        let local = space.local(inode)
+        if local == 1 { return (state.withLock { $0.ownership.directory(inode, mode: 0o700) }, Self.directoryCache) }
+        if local == Self.activeInode {
+            guard let target = active.get(), !target.isEmpty else { throw .noSuchFileOrDirectory }
+            return (state.withLock { $0.symlinkAttributes(target) }, .none)
+        }
+        return try locked { (s) throws(Errno) in
+            let entry = try s.entry(s.resolve(local))
+            return (entry.attributes, entry.cache)
+        }
+    }
+
+    public func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
+                              context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
+        try locked { (s) throws(Errno) in
+            let local = s.resolve(space.local(inode))
+            if let uid = changes.uid, uid != s.ownership.uid { throw .notPermitted }
+            if let gid = changes.gid, gid != s.ownership.gid { throw .notPermitted }
+            if let size = changes.size { try s.truncate(local, to: Int(clamping: size), deferred: handle != nil) }
+            let entry = try s.entry(local)
+            return (entry.attributes, entry.cache)
+        }
+    }
+
+    public func readLink(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> String {
+        let local = space.local(inode)
+        if local == Self.activeInode {
+            guard let target = active.get(), !target.isEmpty else { throw .noSuchFileOrDirectory }
+            return target
+        }
+        return try locked { (s) throws(Errno) in
+            guard let target = s.scratch[local]?.symlink else { throw .invalidArgument }
+            return target
+        }
+    }
+
+    public func makeDirectory(parent: InodeNumber, name: String, mode: mode_t,
+                              context: RequestContext) throws(Errno) -> Entry {
+        guard space.local(parent) == 1 else { throw .permissionDenied }
+        return try locked { (s) throws(Errno) in try s.makeAccount(name) }
+    }
+
+    public func removeDirectory(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
+        guard space.local(parent) == 1 else { throw .notDirectory }
+        try locked { (s) throws(Errno) in try s.removeAccount(name) }
+    }
+
+    public func unlink(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
+        let parentLocal = space.local(parent)
+        if parentLocal == 1 && name == "active" {
+            guard active.get()?.isEmpty == false else { throw .noSuchFileOrDirectory }
+            try active.set("")
+            return
+        }
+        try locked { (s) throws(Errno) in try s.unlink(parentLocal, name) }
+    }
+
+    public func makeSymbolicLink(target: String, parent: InodeNumber, name: String,
+                                 context: RequestContext) throws(Errno) -> Entry {
+        let parentLocal = space.local(parent)
+        if parentLocal == 1 && name == "active" {
+            guard active.get()?.isEmpty != false else { throw .fileExists }
+            try setActive(target)
+            return Entry(attributes: state.withLock { $0.symlinkAttributes(target) }, cache: .none)
+        }
+        return try locked { (s) throws(Errno) in try s.makeScratchSymlink(target, in: parentLocal, name) }
+    }
+
+    private func setActive(_ target: String) throws(Errno) {
+        guard target.isEmpty || AccountName.uuidBytes(target) != nil else { throw .invalidArgument }
+        try active.set(target)
+    }
+
+    public func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
+                       flags: RenameFlags, context: RequestContext) throws(Errno) {
+        let from = space.local(parent), to = space.local(newParent)
+        if from == 1 && to == 1 && newName == "active" {
+            // `ln -sfn UUID accounts/active` makes a temporary link and renames it over.
+            let target = try locked { (s) throws(Errno) -> String in
+                guard let local = s.scratchIn[0]?[name], let target = s.scratch[local]?.symlink else { throw .invalidArgument }
+                return target
+            }
+            try setActive(target)
+            try locked { (s) throws(Errno) in s.dropScratch(in: 0, name) }
+            return
+        }
+        try locked { (s) throws(Errno) in try s.rename(from, name, to, newName, flags: flags) }
+    }
+
+    public func link(_ inode: InodeNumber, newParent: InodeNumber, newName: String,
+                     context: RequestContext) throws(Errno) -> Entry {
+        throw .notPermitted
+    }
+
+    public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
+        try locked { (s) throws(Errno) in
+            let local = s.resolve(space.local(inode))
+            try s.requireUnlocked()
+            guard !s.isDirectory(local) else { throw .isDirectory }
+            if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true) }
+            s.lastSecretAccess = Date()
+            return OpenedFile(directIO: true)
+        }
+    }
+
+    public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
+                       context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
+        try locked { (s) throws(Errno) in
+            let entry = try s.create(space.local(parent), name, exclusive: flags & O_EXCL != 0)
+            if flags & O_TRUNC != 0 { try s.truncate(space.local(entry.inode), to: 0, deferred: true) }
+            return (entry, OpenedFile(directIO: true))
+        }
+    }
+
+    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
+                     context: RequestContext) throws(Errno) -> [UInt8] {
+        // Never used: the reply-by-pointer form below keeps secrets out of Swift arrays.
+        throw .ioError
+    }
+
+    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
+                     reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        try state.withLock { (s) throws(Errno) in
+            guard s.vault != nil else { throw .ioError }
+            let local = s.resolve(space.local(inode))
+            try s.requireUnlocked()
+            s.lastSecretAccess = Date()
+            let content = try s.content(local)
+            defer { if s.isTemporaryContent(local) { content.wipe() } }
+            content.withUnsafeBytes { bytes in
+                guard offset < UInt64(bytes.count) else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
+                let start = Int(offset)
+                reply(UnsafeRawBufferPointer(rebasing: bytes[start..<min(bytes.count, start + size)]))
+            }
+        }
+    }
+
+    public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
+                      flags: Int32, context: RequestContext) throws(Errno) -> Int {
+        try locked { (s) throws(Errno) in
+            let local = s.resolve(space.local(inode))
+            try s.requireUnlocked()
+            s.lastSecretAccess = Date()
+            try s.write(local, at: offset, data, append: flags & O_APPEND != 0)
+            return data.count
+        }
+    }
+
+    public func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {
+        try locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: false) }
+    }
+
+    public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
+        _ = try? locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: true) }
+    }
+
+    public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
+        try locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: false) }
+    }
+
+    public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {
+        let local = space.local(inode)
+        let activeTarget = local == 1 ? active.get() : nil
+        var entries = try locked { (s) throws(Errno) in try s.list(local) }
+        if let activeTarget, !activeTarget.isEmpty {
+            let attributes = state.withLock { $0.symlinkAttributes(activeTarget) }
+            entries.insert(DirectoryEntry(name: "active", entry: Entry(attributes: attributes, cache: .none)), at: 0)
+        }
+        return entries
+    }
+}
+
+extension AccountsTree {
+    /// Content written to a field and not yet sealed.
+    struct Pending: @unchecked Sendable {
+        var bytes: SecureBytes
+        var written = false
+        var rejected = false
+    }
+
+    /// An editor's file in an account directory (or a temporary symlink at the top).
+    struct Scratch: @unchecked Sendable {
+        var account: UInt64
+        var name: String
+        var bytes = SecureBytes()
+        var symlink: String?
+        /// The field this is the renamed-away original of (vim's and emacs's `field~`).
+        var detachedFrom: UInt64?
+        var written = false
+    }
+
+    struct State: @unchecked Sendable {
+        let vaultPath: String
+        let ownership: Ownership
+        let space: InodeSpace
+        var autoLockSeconds: Int
+        var vault: Vault?
+        var problem: String?
+        var accountID: [[UInt8]: UInt64] = [:]
+        var uuidOf: [UInt64: [UInt8]] = [:]
+        var nextAccountID: UInt64 = 1
+        var pending: [UInt64: Pending] = [:]
+        var hidden: Set<UInt64> = []
+        var scratch: [UInt64: Scratch] = [:]
+        var scratchIn: [UInt64: [String: UInt64]] = [:]
+        var alias: [UInt64: UInt64] = [:]
+        var modified: [UInt64: Timestamp] = [:]
+        var nextScratch: UInt64 = 1
+        var lastSecretAccess = Date()
+        var invalidations: [InodeNumber] = []
+
+        init(vaultPath: String, ownership: Ownership, space: InodeSpace, autoLockSeconds: Int) {
+            self.vaultPath = vaultPath
+            self.ownership = ownership
+            self.space = space
+            self.autoLockSeconds = autoLockSeconds
+            do {
+                vault = try Vault(path: vaultPath)
+            } catch {
+                damage(error.description)
+            }
+        }
+
+        mutating func damage(_ message: String) {
+            problem = message
+            vault?.lock()
+            vault = nil
+            Log.error("\(message); accounts/ answers EIO, the vault file is left as it is")
+        }
+
+        var autoLockDue: Bool {
+            guard autoLockSeconds > 0, vault?.isUnlocked == true else { return false }
+            return Date().timeIntervalSince(lastSecretAccess) >= Double(autoLockSeconds)
+        }
+
+        /// Locks and returns every inode whose kernel copy must go.
+        mutating func lockAll() -> [InodeNumber] {
+            vault?.lock()
+            var inodes: [InodeNumber] = []
+            for (_, value) in pending { value.bytes.wipe() }
+            pending.removeAll()
+            for (local, value) in scratch {
+                value.bytes.wipe()
+                inodes.append(space.inode(local))
+            }
+            scratch.removeAll()
+            scratchIn.removeAll()
+            hidden.removeAll()
+            alias.removeAll()
+            for id in uuidOf.keys {
+                for index in 0...AccountsTree.urlIndex { inodes.append(space.inode(id << 8 | UInt64(index + 1))) }
+            }
+            return inodes
+        }
+
+        func requireUnlocked() throws(Errno) {
+            guard vault?.isUnlocked == true else { throw .permissionDenied }
+        }
+
+        // MARK: Inodes
+
+        mutating func id(of uuid: [UInt8]) -> UInt64 {
+            if let id = accountID[uuid] { return id }
+            let id = nextAccountID
+            nextAccountID += 1
+            accountID[uuid] = id
+            uuidOf[id] = uuid
+            return id
+        }
+
+        func resolve(_ local: UInt64) -> UInt64 { alias[local] ?? local }
+
+        func isDirectory(_ local: UInt64) -> Bool { local & AccountsTree.scratchBit == 0 && local & 0xFF == 0 && local != 0 }
+
+        /// (account id, field index) of a field inode.
+        func field(_ local: UInt64) -> (UInt64, Int)? {
+            guard local & AccountsTree.scratchBit == 0, local > 0xFF else { return nil }
+            let index = Int(local & 0xFF) - 1
+            guard index >= 0, index <= AccountsTree.urlIndex, uuidOf[local >> 8] != nil else { return nil }
+            return (local >> 8, index)
+        }
+
+        func fieldInode(_ account: UInt64, _ index: Int) -> UInt64 { account << 8 | UInt64(index + 1) }
+
+        func account(named name: String) -> (uuid: [UInt8], name: String)? {
+            vault?.accounts.first { $0.name == name }
+        }
+
+        func symlinkAttributes(_ target: String) -> Attributes {
+            var attributes = ownership.file(space.inode(AccountsTree.activeInode), mode: 0o777, size: UInt64(target.utf8.count))
+            attributes.mode = S_IFLNK | 0o777
+            return attributes
+        }
+
+        // MARK: Content
+
+        /// The bytes a read sees: pending content, else the value plus a newline (locked: none).
+        /// The caller wipes it when `isTemporaryContent`.
+        func content(_ local: UInt64) throws(Errno) -> SecureBytes {
+            if let scratch = scratch[local] {
+                if let target = scratch.symlink { return Array(target.utf8).withUnsafeBytes { SecureBytes(copying: $0) } }
+                return scratch.bytes
+            }
+            guard let (account, index) = field(local) else { throw .noSuchFileOrDirectory }
+            if let pending = pending[local] { return pending.bytes }
+            guard let vault, vault.isUnlocked, let uuid = uuidOf[account] else { return SecureBytes() }
+            let out = SecureBytes()
+            do {
+                if index == AccountsTree.urlIndex {
+                    let parts = try [AccountField.protocol, .server, .port, .path].map { (f) throws(VaultError) in try vault.field(f, of: uuid) }
+                    parts[0].withUnsafeBytes { scheme in parts[1].withUnsafeBytes { server in parts[2].withUnsafeBytes { port in
+                        parts[3].withUnsafeBytes { path in
+                            AccountFieldSyntax.composeURL(protocol: scheme, server: server, port: port, path: path, into: out)
+                        } } } }
+                } else {
+                    let value = try vault.field(AccountField.allCases[index], of: uuid)
+                    value.withUnsafeBytes { out.write($0, at: 0) }
+                }
+            } catch {
+                out.wipe()
+                throw error.errno
+            }
+            [UInt8(0x0A)].withUnsafeBytes { out.write($0, at: out.count) }
+            return out
+        }
+
+        /// Content made for one read (not pending or scratch): wipe after use.
+        func isTemporaryContent(_ local: UInt64) -> Bool { scratch[local] == nil && pending[local] == nil }
+
+        func size(_ local: UInt64) -> UInt64 {
+            guard vault?.isUnlocked == true, let content = try? content(local) else { return 0 }
+            defer { if isTemporaryContent(local) { content.wipe() } }
+            return UInt64(content.count)
+        }
+
+        func attributes(_ local: UInt64) throws(Errno) -> Attributes {
+            let inode = space.inode(local)
+            if isDirectory(local) {
+                guard uuidOf[local >> 8] != nil else { throw .noSuchFileOrDirectory }
+                return ownership.directory(inode, mode: 0o700)
+            }
+            if let scratch = scratch[local] {
+                var attributes = ownership.file(inode, mode: 0o600, size: UInt64(scratch.bytes.count))
+                if let target = scratch.symlink {
+                    attributes.mode = S_IFLNK | 0o777
+                    attributes.size = UInt64(target.utf8.count)
+                }
+                return attributes
+            }
+            guard field(local) != nil else { throw .noSuchFileOrDirectory }
+            return ownership.file(inode, mode: 0o600, size: size(local), modified: modified[local])
+        }
+
+        func entry(_ local: UInt64) throws(Errno) -> Entry {
+            let attributes = try attributes(local)
+            return Entry(attributes: attributes, cache: isDirectory(local) ? AccountsTree.directoryCache : AccountsTree.fieldCache)
+        }
+
+        // MARK: Names
+
+        mutating func lookup(_ parent: UInt64, _ name: String) throws(Errno) -> Entry {
+            if let local = scratchIn[parent == 1 ? 0 : parent >> 8]?[name], parent == 1 || isDirectory(parent) {
+                return try entry(local)
+            }
+            if parent == 1 {
+                guard let account = account(named: name) else { throw .noSuchFileOrDirectory }
+                // Two statements: `entry(id(of:))` would read self before id(of:) mutates it.
+                let local = id(of: account.uuid) << 8
+                return try entry(local)
+            }
+            guard isDirectory(parent), uuidOf[parent >> 8] != nil else { throw .notDirectory }
+            guard let index = AccountsTree.fieldNames.firstIndex(of: name) else { throw .noSuchFileOrDirectory }
+            let local = fieldInode(parent >> 8, index)
+            if hidden.contains(local) { throw .noSuchFileOrDirectory }
+            return try entry(local)
+        }
+
+        mutating func list(_ local: UInt64) throws(Errno) -> [DirectoryEntry] {
+            var entries: [DirectoryEntry] = []
+            if local == 1 {
+                for account in vault?.accounts ?? [] {
+                    let local = id(of: account.uuid) << 8
+                    entries.append(DirectoryEntry(name: account.name, entry: try entry(local)))
+                }
+                for (name, inode) in (scratchIn[0] ?? [:]).sorted(by: { $0.key < $1.key }) {
+                    entries.append(DirectoryEntry(name: name, entry: try entry(inode)))
+                }
+                return entries
+            }
+            guard isDirectory(local), uuidOf[local >> 8] != nil else { throw .notDirectory }
+            for (index, name) in AccountsTree.fieldNames.enumerated() where !hidden.contains(fieldInode(local >> 8, index)) {
+                entries.append(DirectoryEntry(name: name, entry: try entry(fieldInode(local >> 8, index))))
+            }
+            for (name, inode) in (scratchIn[local >> 8] ?? [:]).sorted(by: { $0.key < $1.key }) {
+                entries.append(DirectoryEntry(name: name, entry: try entry(inode)))
+            }
+            return entries
+        }
+
+        mutating func makeAccount(_ name: String) throws(Errno) -> Entry {
+            try requireUnlocked()
+            guard let uuid = AccountName.uuidBytes(name) else { throw .invalidArgument }
+            guard let vault else { throw .ioError }
+            if vault.accounts.contains(where: { $0.uuid == uuid }) { throw .fileExists }
+            do {
+                try vault.addAccount(uuid: uuid, name: name)
+            } catch {
+                throw error.errno
+            }
+            let local = id(of: uuid) << 8
+            return try entry(local)
+        }
+
+        mutating func removeAccount(_ name: String) throws(Errno) {
+            try requireUnlocked()
+            guard let account = account(named: name), let vault else {
+                if scratchIn[0]?[name] != nil { throw .notDirectory }
+                throw .noSuchFileOrDirectory
+            }
+            let id = id(of: account.uuid)
+            if let names = scratchIn[id], !names.isEmpty { throw .directoryNotEmpty }
+            do {
+                try vault.removeAccount(uuid: account.uuid)
+            } catch {
+                throw error.errno
+            }
+            for index in 0...AccountsTree.urlIndex {
+                let local = fieldInode(id, index)
+                pending.removeValue(forKey: local)?.bytes.wipe()
+                hidden.remove(local)
+                invalidations.append(space.inode(local))
+            }
+        }
+
+        mutating func create(_ parent: UInt64, _ name: String, exclusive: Bool) throws(Errno) -> Entry {
+            try requireUnlocked()
+            guard parent != 1, isDirectory(parent), uuidOf[parent >> 8] != nil else { throw .permissionDenied }
+            guard name.utf8.count <= 255 else { throw .nameTooLong }
+            let account = parent >> 8
+            if let existing = scratchIn[account]?[name] {
+                if exclusive { throw .fileExists }
+                return try entry(existing)
+            }
+            if let index = AccountsTree.fieldNames.firstIndex(of: name) {
+                let local = fieldInode(account, index)
+                if hidden.contains(local) {
+                    // The editor recreates the field it renamed away: it shows again, empty
+                    // until written; the sealed value stays until the new one is committed.
+                    hidden.remove(local)
+                    pending[local] = Pending(bytes: SecureBytes())
+                } else if exclusive {
+                    throw .fileExists
+                }
+                return try entry(local)
+            }
+            let local = AccountsTree.scratchBit | nextScratch
+            nextScratch += 1
+            scratch[local] = Scratch(account: account, name: name)
+            scratchIn[account, default: [:]][name] = local
+            return try entry(local)
+        }
+
+        mutating func makeScratchSymlink(_ target: String, in parent: UInt64, _ name: String) throws(Errno) -> Entry {
+            let account: UInt64
+            if parent == 1 {
+                account = 0
+                if self.account(named: name) != nil { throw .fileExists }
+            } else {
+                try requireUnlocked()
+                guard isDirectory(parent), uuidOf[parent >> 8] != nil else { throw .notDirectory }
+                account = parent >> 8
+                if AccountsTree.fieldNames.contains(name) { throw .fileExists }
+            }
+            if scratchIn[account]?[name] != nil { throw .fileExists }
+            let local = AccountsTree.scratchBit | nextScratch
+            nextScratch += 1
+            scratch[local] = Scratch(account: account, name: name, symlink: target)
+            scratchIn[account, default: [:]][name] = local
+            return try entry(local)
+        }
+
+        mutating func dropScratch(in account: UInt64, _ name: String) {
+            guard let local = scratchIn[account]?.removeValue(forKey: name) else { return }
+            scratch.removeValue(forKey: local)?.bytes.wipe()
+            invalidations.append(space.inode(local))
+        }
+
+        mutating func unlink(_ parent: UInt64, _ name: String) throws(Errno) {
+            let owner: UInt64 = parent == 1 ? 0 : parent >> 8
+            if let local = scratchIn[owner]?[name] {
+                let detachedFrom = scratch[local]?.detachedFrom
+                dropScratch(in: owner, name)
+                // The renamed-away original deleted without the field being recreated: the
+                // field is cleared (as the file would be gone).
+                if let field = detachedFrom, hidden.contains(field) {
+                    hidden.remove(field)
+                    try setField(field, to: SecureBytes())
+                }
+                return
+            }
+            if parent == 1 {
+                if account(named: name) != nil { throw .isDirectory }
+                throw .noSuchFileOrDirectory
+            }
+            try requireUnlocked()
+            guard let index = AccountsTree.fieldNames.firstIndex(of: name) else { throw .noSuchFileOrDirectory }
+            let local = fieldInode(owner, index)
+            guard !hidden.contains(local) else { throw .noSuchFileOrDirectory }
+            // Fields always exist: removing one clears it (so `rm -r accounts/UUID` works).
+            try setField(local, to: SecureBytes())
+        }
+
+        mutating func rename(_ from: UInt64, _ name: String, _ to: UInt64, _ newName: String, flags: RenameFlags) throws(Errno) {
+            try requireUnlocked()
+            guard from != 1, to != 1 else { throw .notPermitted }
+            guard from >> 8 == to >> 8 else { throw .crossDevice }
+            if flags.contains(.exchange) { throw .invalidArgument }
+            let account = from >> 8
+            let targetField = AccountsTree.fieldNames.firstIndex(of: newName).map { fieldInode(account, $0) }
+            let targetScratch = scratchIn[account]?[newName]
+            if flags.contains(.noReplace) && (targetScratch != nil || (targetField.map { !hidden.contains($0) } ?? false)) {
+                throw .fileExists
+            }
+            if let source = scratchIn[account]?[name] {
+                if let targetField {
+                    guard scratch[source]?.symlink == nil else { throw .invalidArgument }
+                    // `sed -i`, `mv tmp field`, vim restoring its backup: the field takes the
+                    // content, validated; the scratch inode now stands for the field.
+                    let bytes = scratch[source]!.bytes
+                    try setField(targetField, to: bytes)
+                    hidden.remove(targetField)
+                    pending.removeValue(forKey: targetField)?.bytes.wipe()
+                    dropScratch(in: account, name)
+                    alias[source] = targetField
+                    return
+                }
+                if targetScratch != nil { dropScratch(in: account, newName) }
+                scratchIn[account]?[name] = nil
+                scratchIn[account, default: [:]][newName] = source
+                scratch[source]?.name = newName
+                return
+            }
+            guard let index = AccountsTree.fieldNames.firstIndex(of: name) else { throw .noSuchFileOrDirectory }
+            let field = fieldInode(account, index)
+            guard !hidden.contains(field) else { throw .noSuchFileOrDirectory }
+            guard targetField == nil else { throw .notPermitted }
+            // `mv field field~` (vim, emacs): the field is hidden, its text lives on in the
+            // scratch file until the editor has written the new one.
+            if targetScratch != nil { dropScratch(in: account, newName) }
+            let copy = try content(field)
+            let bytes = isTemporaryContent(field) ? copy : copy.copy()
+            let local = AccountsTree.scratchBit | nextScratch
+            nextScratch += 1
+            scratch[local] = Scratch(account: account, name: newName, bytes: bytes, detachedFrom: field)
+            scratchIn[account, default: [:]][newName] = local
+            hidden.insert(field)
+            pending.removeValue(forKey: field)?.bytes.wipe()
+        }
+
+        // MARK: Writing
+
+        mutating func truncate(_ local: UInt64, to size: Int, deferred: Bool) throws(Errno) {
+            try requireUnlocked()
+            guard size <= AccountFieldSyntax.maximumSize + 2 else { throw .fileTooLarge }
+            if let value = scratch[local] {
+                value.bytes.resize(to: size)
+                return
+            }
+            guard field(local) != nil else { throw .noSuchFileOrDirectory }
+            var value: Pending
+            if let existing = pending[local] { value = existing } else { value = Pending(bytes: try content(local)) }
+            value.bytes.resize(to: size)
+            value.written = false
+            value.rejected = false
+            pending[local] = value
+            modified[local] = .now()
+            if !deferred { try commit(local, finalClose: true) }
+        }
+
+        mutating func write(_ local: UInt64, at offset: UInt64, _ data: UnsafeRawBufferPointer, append: Bool) throws(Errno) {
+            if let value = scratch[local] {
+                let start = append ? value.bytes.count : Int(clamping: offset)
+                guard start <= 16 << 20, data.count <= (16 << 20) - start else { throw .fileTooLarge }
+                value.bytes.write(data, at: start)
+                scratch[local]?.written = true
+                return
+            }
+            guard let (_, index) = field(local) else { throw .noSuchFileOrDirectory }
+            var value: Pending
+            if let existing = pending[local] { value = existing } else { value = Pending(bytes: try content(local)) }
+            var start = append ? value.bytes.count : Int(clamping: offset)
+            // An empty field reads as "\n": appending to it starts from nothing.
+            if value.bytes.count == 1 && value.bytes.withUnsafeBytes({ $0[0] == 0x0A }) && (append || start == 1) {
+                value.bytes.resize(to: 0)
+                start = 0
+            }
+            guard start <= AccountFieldSyntax.maximumSize + 2, data.count <= AccountFieldSyntax.maximumSize + 2 - start else {
+                value.rejected = true
+                pending[local] = value
+                throw .fileTooLarge
+            }
+            value.bytes.write(data, at: start)
+            // A write that is the whole value (`echo v > field`) is checked at once.
+            if start == 0 && data.count == value.bytes.count && !isValid(value.bytes, index) {
+                value.bytes.resize(to: 0)
+                value.rejected = true
+                pending[local] = value
+                throw .invalidArgument
+            }
+            value.written = true
+            pending[local] = value
+            modified[local] = .now()
+        }
+
+        func isValid(_ bytes: SecureBytes, _ index: Int) -> Bool {
+            bytes.withUnsafeBytes { raw in
+                let value = Self.withoutNewline(raw)
+                if index == AccountsTree.urlIndex { return AccountFieldSyntax.parseURL(value) != nil }
+                return AccountFieldSyntax.isValid(value, for: AccountField.allCases[index])
+            }
+        }
+
+        static func withoutNewline(_ raw: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer {
+            var end = raw.count
+            if end > 0 && raw[end - 1] == 0x0A {
+                end -= 1
+                if end > 0 && raw[end - 1] == 0x0D { end -= 1 }
+            }
+            return UnsafeRawBufferPointer(rebasing: raw[0..<end])
+        }
+
+        /// Seals pending content: what was written at any flush, a bare truncation only at
+        /// the last close (shells open, dup2 and close before writing).
+        mutating func commit(_ local: UInt64, finalClose: Bool) throws(Errno) {
+            guard let value = pending[local], value.written || value.rejected || finalClose else { return }
+            pending[local] = nil
+            defer { value.bytes.wipe() }
+            if value.rejected { throw .invalidArgument }
+            try setField(local, to: value.bytes)
+        }
+
+        /// Validates and seals one field's text (`url`: its four parts at once).
+        mutating func setField(_ local: UInt64, to text: SecureBytes) throws(Errno) {
+            guard let (account, index) = field(local), let uuid = uuidOf[account], let vault else { throw .noSuchFileOrDirectory }
+            guard text.count <= AccountFieldSyntax.maximumSize + 2 else { throw .fileTooLarge }
+            var changes: [AccountField: SecureBytes] = [:]
+            defer { for (_, value) in changes { value.wipe() } }
+            let ok: Bool = text.withUnsafeBytes { raw in
+                let value = Self.withoutNewline(raw)
+                if index == AccountsTree.urlIndex {
+                    guard let parts = AccountFieldSyntax.parseURL(value) else { return false }
+                    for (field, range) in parts { changes[field] = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: value[range])) }
+                    return true
+                }
+                let field = AccountField.allCases[index]
+                guard AccountFieldSyntax.isValid(value, for: field) else { return false }
+                changes[field] = SecureBytes(copying: value)
+                return true
+            }
+            guard ok else { throw text.count > AccountFieldSyntax.maximumSize ? .fileTooLarge : .invalidArgument }
+            do {
+                try vault.setFields(changes, of: uuid)
+            } catch {
+                throw error.errno
+            }
+            let now = Timestamp.now()
+            modified[local] = now
+            if index == AccountsTree.urlIndex || [.protocol, .server, .port, .path].contains(AccountField.allCases[index]) {
+                for related in [1, 2, 3, 4, AccountsTree.urlIndex] {
+                    modified[fieldInode(account, related)] = now
+                    invalidations.append(space.inode(fieldInode(account, related)))
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+import Posix
+
+/// Reads a passphrase into secure memory: from a file's first line, else without echo
+/// from the terminal, else one line from standard input. Never from the command line or
+/// the environment, and never through a Swift String.
+enum PassphraseInput {
+    static func read(prompt: String, file: String?) throws(CommandFailure) -> SecureBytes {
+        let passphrase: SecureBytes
+        if let file {
+            let fd: Int32
+            do {
+                fd = try Syscall.open(file, O_RDONLY)
+            } catch {
+                throw CommandFailure("cannot read the passphrase file \(file): \(error)")
+            }
+            defer { Syscall.close(fd) }
+            passphrase = readLine(fd)
+        } else if isatty(0) == 1 {
+            Terminal.error(prompt, newline: false)
+            var saved = termios()
+            tcgetattr(0, &saved)
+            var silent = saved
+            silent.c_lflag &= ~tcflag_t(ECHO)
+            tcsetattr(0, TCSAFLUSH, &silent)
+            passphrase = readLine(0)
+            tcsetattr(0, TCSAFLUSH, &saved)
+            Terminal.error("")
+        } else {
+            passphrase = readLine(0)
+        }
+        guard passphrase.count > 0 else {
+            passphrase.wipe()
+            throw CommandFailure("no passphrase given: type one, pipe one line, or use --passphrase-file")
+        }
+        return passphrase
+    }
+
+    /// A new passphrase: asked twice on a terminal.
+    static func readNew(file: String?) throws(CommandFailure) -> SecureBytes {
+        let first = try read(prompt: "New passphrase: ", file: file)
+        guard file == nil, isatty(0) == 1 else { return first }
+        let second = try read(prompt: "Repeat the passphrase: ", file: nil)
+        defer { second.wipe() }
+        guard first.equals(second) else {
+            first.wipe()
+            throw CommandFailure("the two passphrases differ; nothing was changed")
+        }
+        return first
+    }
+
+    /// Bytes up to a newline (not included) or end of file, one byte at a time so that
+    /// nothing past the line is consumed.
+    private static func readLine(_ fd: Int32) -> SecureBytes {
+        let out = SecureBytes()
+        var byte: UInt8 = 0
+        while true {
+            let n = Glibc.read(fd, &byte, 1)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 || byte == 0x0A { break }
+            withUnsafeBytes(of: byte) { out.write($0, at: out.count) }
+        }
+        byte = 0
+        if out.count > 0, out.withUnsafeBytes({ $0[$0.count - 1] == 0x0D }) { out.resize(to: out.count - 1) }
+        return out
+    }
+
+    /// Writes a passphrase to a mount's `.mtmfs/unlock`; maps the answer to a message.
+    static func unlock(mountPoint: String, with passphrase: SecureBytes) throws(CommandFailure) {
+        let fd: Int32
+        do {
+            fd = try Syscall.open(mountPoint + "/.mtmfs/unlock", O_WRONLY)
+        } catch {
+            throw CommandFailure("cannot open \(mountPoint)/.mtmfs/unlock: \(error)")
+        }
+        defer { Syscall.close(fd) }
+        let result: Errno? = passphrase.withUnsafeBytes { bytes -> Errno? in
+            do throws(Errno) { try Syscall.writeAll(fd, bytes); return nil } catch { return error }
+        }
+        switch result {
+        case nil: return
+        case .permissionDenied?: throw CommandFailure("wrong passphrase; the accounts stay locked")
+        case .ioError?: throw CommandFailure("the vault is damaged: see `mtmfs status \(mountPoint)` and the log")
+        case let error?: throw CommandFailure("unlock failed: \(error)")
+        }
+    }
+}
+
+/// Which mount a command means: the one named, else the only mtmfs mount.
+enum MountChoice {
+    static func resolve(_ given: String?) throws(CommandFailure) -> String {
+        if let given {
+            let path = Paths.resolved(Paths.absolute(given)) ?? Paths.absolute(given)
+            guard MountTable.mtmfsMount(at: path) != nil else {
+                throw CommandFailure("\(given) is not an mtmfs mount (see `mtmfs status`)")
+            }
+            return path
+        }
+        let mounts = MountTable.mtmfsMounts()
+        guard mounts.count == 1 else {
+            throw CommandFailure(mounts.isEmpty ? "no mtmfs mount is up: mount one with `mtmfs mount MOUNT`"
+                                                : "several mtmfs mounts are up: name one (see `mtmfs status`)")
+        }
+        return mounts[0].mountPoint
+    }
+}

@@ -1,0 +1,152 @@
+import CredentialVault
+import Foundation
+import Posix
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `mtmfs unlock`: asks for the passphrase and unlocks a mount's accounts.
+struct UnlockCommand: Command {
+    static let name = "unlock"
+    static let abstract = "unlock the accounts of a mount (asks for the passphrase)"
+    static let usage = """
+    Usage: mtmfs unlock [--passphrase-file FILE] [MOUNT]
+
+    Asks for the passphrase without echo on a terminal, or reads one line from standard
+    input, or the first line of FILE. MOUNT may be left out when one mtmfs mount is up.
+    A wrong passphrase exits 1. The passphrase never goes on a command line or into the
+    environment.
+    """
+    static let flags: Set<String> = []
+    static let options: Set<String> = ["--passphrase-file"]
+
+    let mountPoint: String
+    let passphraseFile: String?
+
+    init(_ arguments: Arguments) throws(CommandFailure) {
+        mountPoint = try MountChoice.resolve(try arguments.positionals(0...1, named: "").first)
+        passphraseFile = arguments.value("--passphrase-file")
+    }
+
+    func run() throws(CommandFailure) {
+        let passphrase = try PassphraseInput.read(prompt: "Passphrase for \(mountPoint): ", file: passphraseFile)
+        defer { passphrase.wipe() }
+        let result = Progress.whileWorking("deriving the key from the passphrase") {
+            Result { () throws(CommandFailure) in try PassphraseInput.unlock(mountPoint: mountPoint, with: passphrase) }
+        }
+        try result.get()
+        print("Unlocked the accounts of \(mountPoint).")
+    }
+}
+
+/// `mtmfs lock`: locks at once.
+struct LockCommand: Command {
+    static let name = "lock"
+    static let abstract = "lock the accounts of a mount at once"
+    static let usage = """
+    Usage: mtmfs lock [MOUNT]
+
+    Zeroes the keys and every decrypted field in the daemon and drops the kernel's caches;
+    files opened before get EACCES on their next read. MOUNT may be left out when one
+    mtmfs mount is up.
+    """
+    static let flags: Set<String> = []
+    static let options: Set<String> = []
+
+    let mountPoint: String
+
+    init(_ arguments: Arguments) throws(CommandFailure) {
+        mountPoint = try MountChoice.resolve(try arguments.positionals(0...1, named: "").first)
+    }
+
+    func run() throws(CommandFailure) {
+        do {
+            let fd = try Syscall.open(mountPoint + "/.mtmfs/lock", O_WRONLY)
+            defer { Syscall.close(fd) }
+            try Syscall.writeAll(fd, Array("lock\n".utf8))
+        } catch {
+            throw CommandFailure("cannot lock \(mountPoint): \(error)")
+        }
+    }
+}
+
+/// `mtmfs passwd`: changes the passphrase by re-wrapping the master key.
+struct PasswdCommand: Command {
+    static let name = "passwd"
+    static let abstract = "change the vault's passphrase (re-wraps the master key only)"
+    static let usage = """
+    Usage: mtmfs passwd [--data-dir DIR] [--kdf interactive|moderate|sensitive]
+                        [--passphrase-file FILE --new-passphrase-file FILE]
+
+    Asks for the current passphrase, then the new one twice. The data directory must not
+    be mounted. The records are not re-encrypted: only the wrapped master key changes.
+    """
+    static let flags: Set<String> = []
+    static let options: Set<String> = ["--data-dir", "--kdf", "--passphrase-file", "--new-passphrase-file"]
+
+    let dataDirectory: String
+    let kdf: KDFParameters?
+    let currentFile: String?
+    let newFile: String?
+
+    init(_ arguments: Arguments) throws(CommandFailure) {
+        _ = try arguments.positionals(0...0, named: "")
+        dataDirectory = Paths.dataDirectory(arguments.value("--data-dir"))
+        if let name = arguments.value("--kdf") {
+            guard let kdf = KDFParameters.named(name) else { throw .usage("--kdf takes interactive, moderate or sensitive", command: Self.name) }
+            self.kdf = kdf
+        } else {
+            kdf = nil
+        }
+        currentFile = arguments.value("--passphrase-file")
+        newFile = arguments.value("--new-passphrase-file")
+    }
+
+    func run() throws(CommandFailure) {
+        if MountTable.mtmfsMounts().contains(where: { $0.source == dataDirectory }) {
+            throw CommandFailure("\(dataDirectory) is mounted: unmount it first (mtmfs unmount MOUNT)")
+        }
+        let vault: Vault
+        do {
+            vault = try Vault(path: dataDirectory + "/vault")
+        } catch {
+            throw CommandFailure(error == .io(.noSuchFileOrDirectory)
+                                 ? "no vault in \(dataDirectory): run `mtmfs init --data-dir \(dataDirectory)`" : error.description)
+        }
+        let current = try PassphraseInput.read(prompt: "Current passphrase: ", file: currentFile)
+        defer { current.wipe() }
+        do {
+            try vault.unlock(passphrase: current)
+        } catch {
+            throw CommandFailure(error == .wrongPassphrase ? "wrong passphrase; nothing was changed" : error.description)
+        }
+        defer { vault.lock() }
+        let new = try PassphraseInput.readNew(file: newFile)
+        defer { new.wipe() }
+        do {
+            try vault.changePassphrase(to: new, parameters: kdf ?? vault.kdfParameters)
+        } catch {
+            throw CommandFailure(error.description)
+        }
+        print("The passphrase of \(dataDirectory) is changed.")
+    }
+}
+
+/// On a terminal, says that a slow step is working when it takes over half a second.
+enum Progress {
+    final class Flag: Sendable {
+        let done = Atomic<Bool>(false)
+    }
+
+    static func whileWorking<T>(_ what: String, _ body: () -> T) -> T {
+        guard isatty(2) == 1 else { return body() }
+        let flag = Flag()
+        Thread.detachNewThread {
+            usleep(500_000)
+            if !flag.done.load(ordering: .acquiring) { Terminal.error("mtmfs: \(what)…") }
+        }
+        defer { flag.done.store(true, ordering: .releasing) }
+        return body()
+    }
+}
