@@ -48,7 +48,7 @@ public enum AtomicFile {
         guard let names = try? Syscall.listDirectory(directory) else { return }
         for name in names where name.hasPrefix(prefix) {
             let pid = name.dropFirst(prefix.count).split(separator: "-").first.flatMap { pid_t($0) }
-            if let pid, pid != getpid(), kill(pid, 0) == 0 || errno != ESRCH { continue }
+            if let pid, pid != getpid(), ProcessState.isRunning(pid) { continue }
             try? Syscall.unlink(directory + "/" + name)
         }
     }

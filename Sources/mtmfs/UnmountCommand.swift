@@ -48,26 +48,10 @@ struct UnmountCommand: Command {
         guard let pid else { return }
         // The daemon flushes its stores on the way out; wait for that (30 s at most).
         for _ in 0..<3000 {
-            if !Self.isRunning(pid) { return }
+            if !ProcessState.isRunning(pid) { return }
             usleep(5_000)
         }
         throw CommandFailure("unmounted \(given), but the daemon (pid \(pid)) is still running after 30 s")
-    }
-}
-
-extension UnmountCommand {
-    /// True while `pid` runs. A detached daemon that has exited stays a zombie until init
-    /// reaps it, and `kill(pid, 0)` still succeeds on a zombie: its state in
-    /// /proc/PID/stat tells.
-    static func isRunning(_ pid: pid_t) -> Bool {
-        guard kill(pid, 0) == 0 || errno != ESRCH else { return false }
-        guard let fd = try? Syscall.open("/proc/\(pid)/stat", O_RDONLY) else { return false }
-        defer { Syscall.close(fd) }
-        let text = String(decoding: (try? Syscall.readAll(fd)) ?? [], as: UTF8.self)
-        // "PID (COMM) STATE …": COMM may hold spaces and parentheses; STATE follows the last ')'.
-        guard let close = text.lastIndex(of: ")") else { return false }
-        let state = text[text.index(after: close)...].trimmingCharacters(in: .whitespaces).first
-        return state != "Z" && state != "X"
     }
 }
 

@@ -1,0 +1,18 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Whether a process runs. An exited process that its parent (or init) has not reaped yet
+/// is a zombie, and `kill(pid, 0)` still succeeds on it: /proc/PID/stat tells.
+public enum ProcessState {
+    public static func isRunning(_ pid: pid_t) -> Bool {
+        guard kill(pid, 0) == 0 || errno != ESRCH else { return false }
+        guard let fd = try? Syscall.open("/proc/\(pid)/stat", O_RDONLY) else { return false }
+        defer { Syscall.close(fd) }
+        let text = (try? Syscall.readAll(fd)) ?? []
+        // "PID (COMM) STATE …": COMM may hold spaces and parentheses; STATE follows the last ')'.
+        guard let close = text.lastIndex(of: UInt8(ascii: ")")), close + 2 < text.count else { return false }
+        let state = text[close + 2]
+        return state != UInt8(ascii: "Z") && state != UInt8(ascii: "X")
+    }
+}
