@@ -343,7 +343,10 @@ extension SettingsTree {
 
         /// EIO while the file is damaged (a retry at most every 200 ms).
         mutating func ensureLoaded() throws(Errno) {
-            if document == nil && Date().timeIntervalSince(lastLoadAttempt) > 0.2 { load() }
+            if document == nil && Date().timeIntervalSince(lastLoadAttempt) > 0.2 {
+                load()
+                if document != nil { reconcile(previous: .dictionary(PlistDictionary())) }
+            }
             guard document != nil else { throw .ioError }
         }
 
@@ -485,6 +488,11 @@ extension SettingsTree {
         /// saves atomically. Nothing changes in memory if the save fails.
         mutating func update(_ path: [String], position: Int? = nil,
                              _ change: (inout PlistValue?) throws(Errno) -> Void) throws(Errno) {
+            try updateRoot { (root) throws(Errno) in try Self.modify(&root, at: path[...], position: position, change) }
+        }
+
+        /// Several changes in one atomic save.
+        mutating func updateRoot(_ change: (inout PlistValue) throws(Errno) -> Void) throws(Errno) {
             guard let document else { throw .ioError }
             let previous = root
             do {
@@ -493,7 +501,7 @@ extension SettingsTree {
                 throw error.errno
             }
             var newRoot = root
-            try Self.modify(&newRoot, at: path[...], position: position, change)
+            try change(&newRoot)
             guard case .dictionary(let dictionary) = newRoot else { throw .ioError }
             do {
                 try document.save(dictionary)
@@ -607,12 +615,23 @@ extension SettingsTree {
             let alphanumeric = { (c: UInt8) in (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) }
             if name.hasPrefix("sed") && utf8.count == 9 && utf8[3...].allSatisfy(alphanumeric) { return true }  // sed -i
             if name.hasPrefix("XX") && utf8.count == 8 && utf8[2...].allSatisfy(alphanumeric) { return true }   // perl -i
+            if name.hasPrefix("tmp") && utf8.count == 11 && utf8[3...].allSatisfy({ alphanumeric($0) || $0 == UInt8(ascii: "_") }) {
+                return true  // Python's tempfile
+            }
+            if name.hasSuffix("___jb_tmp___") || name.hasSuffix("___jb_old___") { return true }  // JetBrains safe write
             return false
         }
 
         static func checkName(_ name: String) throws(Errno) {
-            guard !name.isEmpty, name != ".", name != "..", !name.contains("/") else { throw .invalidArgument }
+            guard !name.isEmpty, name != ".", name != "..", !name.contains("/"), PlistText.isXMLText(name) else {
+                throw .invalidArgument
+            }
             guard name.utf8.count <= 255 else { throw .nameTooLong }
+        }
+
+        /// A key the kernel can show as a file name (others are left out of listings).
+        static func isListable(_ name: String) -> Bool {
+            !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.contains("\0") && name.utf8.count <= 255
         }
 
         // MARK: Operations
@@ -629,7 +648,8 @@ extension SettingsTree {
             let path = try directoryPath(local)
             var names: [String] = []
             switch value(at: path) {
-            case .dictionary(let dictionary)?: names = dictionary.keys.filter { !hidden.contains(path + [$0]) }
+            case .dictionary(let dictionary)?:
+                names = dictionary.keys.filter { !hidden.contains(path + [$0]) && Self.isListable($0) }
             case .array(let items)?: names = items.indices.map(String.init)
             default: throw .noSuchFileOrDirectory
             }
@@ -692,6 +712,8 @@ extension SettingsTree {
             try Self.checkName(name)
             let path = try directoryPath(parent)
             guard scratch(in: parent, name) == nil, value(at: path + [name]) == nil else { throw .fileExists }
+            // The readers refuse deeper files: never write one.
+            guard path.count + 2 < PropertyList.maximumDepth else { throw .invalidArgument }
             if case .array(let items)? = value(at: path) {
                 guard Self.arrayIndex(name) == items.count else { throw .invalidArgument }
             } else if Self.isScratchName(name) && !hidden.contains(path + [name]) {
@@ -745,9 +767,8 @@ extension SettingsTree {
                 nodes[inode]?.binding = .removed
                 // The backup of a hidden key, deleted while the key was not recreated:
                 // the key is gone for good.
-                if let path = node.detachedFrom, hidden.contains(path),
-                   !(scratchIn[nodes[inodeForPath[path] ?? 0]?.parent ?? 0]?.values.contains { nodes[$0]?.intendedKey == path } ?? false) {
-                    try removeKey(path, parent: parent)
+                if let path = node.detachedFrom, hidden.contains(path), !isBeingRecreated(path, near: parent) {
+                    try removeKey(path, parent: inodeForPath[Array(path.dropLast())] ?? parent)
                 }
                 return
             }
@@ -755,6 +776,12 @@ extension SettingsTree {
             guard let value = value(at: path) else { throw .noSuchFileOrDirectory }
             if value.isContainer { throw .isDirectory }
             try removeKey(path, parent: parent)
+        }
+
+        /// A fresh file in the key's directory will become the key (the editor's new copy).
+        func isBeingRecreated(_ path: [String], near parent: UInt64) -> Bool {
+            let directory = inodeForPath[Array(path.dropLast())] ?? parent
+            return (scratchIn[directory] ?? [:]).values.contains { nodes[$0]?.intendedKey == path }
         }
 
         mutating func truncate(_ local: UInt64, to size: UInt64, deferred: Bool) throws(Errno) {
@@ -784,11 +811,29 @@ extension SettingsTree {
         mutating func write(_ local: UInt64, at offset: UInt64, _ data: [UInt8], append: Bool) throws(Errno) {
             var node = try node(local)
             guard !node.isDirectory else { throw .isDirectory }
+            if node.binding != .removed, case .scratch = node.binding, node.intendedKey == nil, case .file = node.kind {
+                // Temporary and swap files: written in place (no copy of the whole file per write).
+                let start = append ? node.bytes.count : Int(clamping: offset)
+                guard start <= SettingsTree.maximumScratchSize, data.count <= SettingsTree.maximumScratchSize - start else {
+                    throw .fileTooLarge
+                }
+                if start + data.count > nodes[local]!.bytes.count {
+                    nodes[local]!.bytes.append(contentsOf: repeatElement(0, count: start + data.count - nodes[local]!.bytes.count))
+                }
+                nodes[local]!.bytes.replaceSubrange(start..<(start + data.count), with: data)
+                nodes[local]!.written = true
+                nodes[local]!.modified = .now()
+                nodes[local]!.changed = nodes[local]!.modified
+                return
+            }
             var content = content(of: node)
             // An empty value reads as "\n"; appending to it starts from nothing, so that
             // `: > K; echo v >> K` gives "v" as it would in a plain file.
-            if content == [0x0A] && (append || offset == 1) && node.binding != .scratch { content = [] }
-            let start = append ? content.count : min(Int(offset), content.count == 0 ? 0 : Int(offset))
+            var start = append ? content.count : Int(clamping: offset)
+            if content == [0x0A] && (append || offset == 1) && node.binding != .scratch {
+                content = []
+                start = 0
+            }
             guard start + data.count <= Self.limit(for: node) else {
                 // The value is cut short: it must never be committed.
                 if case .key = node.binding { node.rejected = true; nodes[local] = node }
@@ -838,15 +883,15 @@ extension SettingsTree {
             switch node.binding {
             case .key(let path):
                 guard let pending = node.pending, node.pendingWritten || node.rejected || finalClose else { return }
-                node.pending = nil
-                node.pendingWritten = false
-                defer { nodes[local] = node }
+                nodes[local]?.pending = nil
+                nodes[local]?.pendingWritten = false
                 if node.rejected {
-                    node.rejected = false
+                    nodes[local]?.rejected = false
                     throw .invalidArgument
                 }
                 try setValue(from: pending, at: path, type: Self.value(in: root, at: path[...])?.type ?? .string)
-                node.display = Self.displayText(pending)
+                // (setValue may have re-read the file: only a node still bound gets the text.)
+                if nodes[local]?.binding == .key(path) { nodes[local]?.display = Self.displayText(pending) }
             case .scratch:
                 guard let path = node.intendedKey, node.written else { return }
                 try adopt(local, as: path)
@@ -977,16 +1022,21 @@ extension SettingsTree {
                     guard let converted = PlistText.parse(content(of: nodes[sourceInode]!), as: targetValue.type) else { throw .invalidArgument }
                     replacement = converted
                 }
-                try update(toPath) { $0 = replacement }
-                try update(fromPath) { $0 = nil }
+                try updateRoot { (root) throws(Errno) in
+                    try Self.modify(&root, at: toPath[...], position: nil) { $0 = replacement }
+                    try Self.modify(&root, at: fromPath[...], position: nil) { $0 = nil }
+                }
                 if let targetInode = inodeForPath[toPath] { unbind(targetInode, path: toPath) }
             } else {
                 guard toPath.count <= fromPath.count || Array(toPath.prefix(fromPath.count)) != fromPath else { throw .invalidArgument }
                 let samePlace = fromDirectory == toDirectory
                 let position = samePlace ? self.position(of: fromPath) : nil
-                try update(fromPath) { $0 = nil }
-                try update(toPath, position: position) { $0 = sourceValue }
+                try updateRoot { (root) throws(Errno) in
+                    try Self.modify(&root, at: fromPath[...], position: nil) { $0 = nil }
+                    try Self.modify(&root, at: toPath[...], position: position) { $0 = sourceValue }
+                }
             }
+            hidden.remove(toPath)
             if let targetScratch { dropScratch(targetScratch, in: newParent, newName) }
             tombstones[toPath] = nil
             rebind(from: fromPath, to: toPath, newParent: newParent)
@@ -996,6 +1046,7 @@ extension SettingsTree {
         mutating func dropScratch(_ inode: UInt64, in directory: UInt64, _ name: String) {
             scratchIn[directory]?[name] = nil
             nodes[inode]?.binding = .removed
+            nodes[inode]?.bytes = []
         }
 
         mutating func setAttributes(_ local: UInt64, _ changes: AttributeChanges, hasHandle: Bool) throws(Errno) {

@@ -43,6 +43,12 @@ enum BinaryPropertyList {
         let referenceSize: Int
         let end: Int
         var inProgress = Set<Int>()
+        /// Objects produced so far: a shared reference is decoded again each time it is
+        /// met, so a small file could otherwise expand without bound.
+        var produced = 0
+        var producedBytes = 0
+        static let maximumObjects = 2_000_000
+        static let maximumBytes = 256 << 20
 
         func need(_ at: Int, _ count: Int) throws(PlistError) {
             guard count >= 0, at >= 0, at <= end, count <= end - at else {
@@ -75,6 +81,8 @@ enum BinaryPropertyList {
 
         mutating func object(_ index: Int, depth: Int) throws(PlistError) -> PlistValue {
             guard depth < PropertyList.maximumDepth else { throw PlistError("nesting deeper than \(PropertyList.maximumDepth)") }
+            produced += 1
+            guard produced <= Self.maximumObjects else { throw PlistError("more than \(Self.maximumObjects) objects once shared references are expanded") }
             var position = offsets[index]
             try need(position, 1)
             let marker = bytes[position]
@@ -111,10 +119,14 @@ enum BinaryPropertyList {
             case 0x3:
                 guard marker == 0x33 else { throw PlistError("a bad date marker") }
                 try need(position, 8)
-                return .date(Double(bitPattern: readUnsigned(bytes, position, 8)))
+                let seconds = Double(bitPattern: readUnsigned(bytes, position, 8))
+                guard PlistText.isRepresentableDate(seconds) else { throw PlistError("a date outside the years 1 to 9999") }
+                return .date(seconds)
             case 0x4:
                 let count = try length(marker, after: &position)
                 try need(position, count)
+                producedBytes += count
+                guard producedBytes <= Self.maximumBytes else { throw PlistError("more than 256 MiB of data once shared references are expanded") }
                 return .data(Array(bytes[position..<position + count]))
             case 0x5:
                 let count = try length(marker, after: &position)

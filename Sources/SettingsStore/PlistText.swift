@@ -32,7 +32,7 @@ public enum PlistText {
         case .bool: return parseBool(text).map(PlistValue.bool)
         case .integer: return parseInteger(text).map(PlistValue.integer)
         case .real: return parseReal(text).map(PlistValue.real)
-        case .string: return .string(text)
+        case .string: return isXMLText(text) ? .string(text) : nil
         case .date: return parseDate(text).map(PlistValue.date)
         case .data: return Base64.decode(text, ignoringWhitespace: false).map(PlistValue.data)
         case .array, .dictionary: return nil
@@ -50,6 +50,14 @@ public enum PlistText {
            text.first.map({ $0.isNumber || $0 == "-" || $0 == "." }) == true, parseReal(text) != nil { return .real }
         if text.count >= 20, parseDate(text) != nil { return .date }
         return .string
+    }
+
+    /// Characters an XML 1.0 document can hold (no C0 controls but tab, LF, CR; no U+FFFE/FFFF).
+    public static func isXMLText(_ text: String) -> Bool {
+        text.unicodeScalars.allSatisfy { scalar in
+            let v = scalar.value
+            return (v >= 0x20 || v == 0x09 || v == 0x0A || v == 0x0D) && v != 0xFFFE && v != 0xFFFF
+        }
     }
 
     static func stripOneNewline(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
@@ -103,8 +111,17 @@ public enum PlistText {
     // MARK: Dates (seconds since 2001-01-01T00:00:00Z)
 
     static let referenceDateUnixSeconds: Int64 = 978_307_200
+    /// 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z, as seconds since 2001.
+    static let earliestDate = Double(days(fromCivil: 1, 1, 1) * 86_400 - referenceDateUnixSeconds)
+    static let latestDate = Double(days(fromCivil: 9999, 12, 31) * 86_400 + 86_399 - referenceDateUnixSeconds)
+
+    /// Finite and within the years 1 to 9999 (what the text form can say).
+    public static func isRepresentableDate(_ seconds: Double) -> Bool {
+        seconds.isFinite && seconds >= earliestDate && seconds < latestDate + 1
+    }
 
     public static func dateText(_ seconds: Double) -> String {
+        let seconds = isRepresentableDate(seconds) ? seconds : (seconds.isNaN ? 0 : min(max(seconds, earliestDate), latestDate))
         let unix = Int64((seconds + Double(referenceDateUnixSeconds)).rounded(.down))
         let days = unix >= 0 ? unix / 86_400 : (unix - 86_399) / 86_400
         let secondOfDay = unix - days * 86_400
@@ -164,7 +181,8 @@ public enum PlistText {
         }
         guard index == chars.count else { return nil }
         let unix = days(fromCivil: year, month, day) * 86_400 + hour * 3600 + minute * 60 + second - offsetSeconds
-        return Double(unix - referenceDateUnixSeconds) + fraction
+        let result = Double(unix - referenceDateUnixSeconds) + fraction
+        return isRepresentableDate(result) ? result : nil
     }
 
     static func daysIn(month: Int64, year: Int64) -> Int64 {

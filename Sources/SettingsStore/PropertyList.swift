@@ -39,6 +39,8 @@ public enum PlistType: String, CaseIterable, Sendable {
 /// A dictionary that keeps its keys in the order they were read or added.
 public struct PlistDictionary: Equatable, Sendable {
     public private(set) var entries: [(key: String, value: PlistValue)] = []
+    /// Position of each key in `entries` (kept in step with it).
+    private var positions: [String: Int] = [:]
 
     public init() {}
 
@@ -49,15 +51,22 @@ public struct PlistDictionary: Equatable, Sendable {
     public var keys: [String] { entries.map(\.key) }
     public var count: Int { entries.count }
 
-    public func index(of key: String) -> Int? { entries.firstIndex { $0.key == key } }
+    public func index(of key: String) -> Int? { positions[key] }
 
     /// Setting an existing key keeps its position; a new key goes at the end; nil removes.
     public subscript(key: String) -> PlistValue? {
-        get { index(of: key).map { entries[$0].value } }
+        get { positions[key].map { entries[$0].value } }
         set {
-            if let position = index(of: key) {
-                if let newValue { entries[position].value = newValue } else { entries.remove(at: position) }
+            if let position = positions[key] {
+                if let newValue {
+                    entries[position].value = newValue
+                } else {
+                    entries.remove(at: position)
+                    positions[key] = nil
+                    reindex(from: position)
+                }
             } else if let newValue {
+                positions[key] = entries.count
                 entries.append((key, newValue))
             }
         }
@@ -65,8 +74,18 @@ public struct PlistDictionary: Equatable, Sendable {
 
     /// Inserts (or moves) `key` at `position` (clamped to the end).
     public mutating func insert(_ value: PlistValue, forKey key: String, at position: Int) {
-        if let existing = index(of: key) { entries.remove(at: existing) }
-        entries.insert((key, value), at: min(max(0, position), entries.count))
+        if let existing = positions[key] {
+            entries.remove(at: existing)
+            positions[key] = nil
+            reindex(from: existing)
+        }
+        let at = min(max(0, position), entries.count)
+        entries.insert((key, value), at: at)
+        reindex(from: at)
+    }
+
+    private mutating func reindex(from start: Int) {
+        for index in start..<entries.count { positions[entries[index].key] = index }
     }
 
     public static func == (a: PlistDictionary, b: PlistDictionary) -> Bool {

@@ -164,6 +164,19 @@ import Glibc
         #expect(Run.shell("cd \(s) && echo 1 > .x && mv --no-clobber .x Count; cat Count").stdout == "9\n")
     }
 
+    /// A key renamed onto the name of a hidden key (one an editor moved to `K~`) shows,
+    /// and deleting the backup afterwards does not delete it.
+    @Test func renameOntoAHiddenKeyKeepsIt() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let s = store.path("settings")
+        #expect(Run.shell("cd \(s) && echo a > A && echo b > B && mv B B~ && mv A B && rm B~ && cat B").stdout == "a\n")
+        #expect(Self.dump(store.dataDirectory) == "\(Self.defaults) B:string='a'")
+        let nested = Run.shell("mkdir -p \(s)/$(python3 -c 'print(\"d/\" * 520)')")
+        #expect(nested.status != 0)
+        #expect(Self.dump(store.dataDirectory).hasPrefix(Self.defaults))
+    }
+
     @Test func nanoSavesThroughATerminal() throws {
         let store = try MountedStore()
         defer { store.close() }

@@ -179,3 +179,65 @@ sys.stdout.buffer.write(plistlib.dumps(d, fmt=fmt, sort_keys=False))
         #expect(PlistText.inferType(of: Array("060".utf8)) == .string)
     }
 }
+
+@Suite struct PlistDictionaryTests {
+    @Test func indexStaysInStepThroughEdits() {
+        var d = PlistDictionary([("a", .integer(1)), ("b", .integer(2)), ("c", .integer(3))])
+        d["b"] = nil
+        #expect(d["b"] == nil && d["c"] == .integer(3) && d.index(of: "c") == 1)
+        d.insert(.integer(9), forKey: "z", at: 0)
+        #expect(d.keys == ["z", "a", "c"] && d.index(of: "a") == 1)
+        d.insert(.integer(8), forKey: "a", at: 5)
+        #expect(d.keys == ["z", "c", "a"] && d["a"] == .integer(8) && d.index(of: "c") == 1)
+        d["b"] = .integer(4)
+        #expect(d.keys == ["z", "c", "a", "b"] && d.index(of: "b") == 3)
+    }
+}
+
+@Suite struct HostilePlistTests {
+    /// 13 objects: arrays 0…11, each holding 14 references to the next, then an integer.
+    /// plistlib reads it at once; expanded naively it is 14^12 objects.
+    static func sharedReferenceBomb() -> [UInt8] {
+        var out = Array("bplist00".utf8)
+        var offsets: [Int] = []
+        for level in 0..<12 {
+            offsets.append(out.count)
+            out.append(0xA0 | 14)
+            out += [UInt8](repeating: UInt8(level + 1), count: 14)
+        }
+        offsets.append(out.count)
+        out += [0x10, 0x07]
+        let table = out.count
+        out += offsets.map { UInt8($0) }
+        out += [0, 0, 0, 0, 0, 0, 1, 1] + [0, 0, 0, 0, 0, 0, 0, 13] + [UInt8](repeating: 0, count: 8)
+        out += [0, 0, 0, 0, 0, 0, 0, UInt8(table)]
+        return out
+    }
+
+    @Test func sharedReferenceBombIsRefusedQuickly() {
+        let start = ContinuousClock.now
+        #expect(throws: PlistError.self) { try PropertyList.decode(Self.sharedReferenceBomb()) }
+        #expect(ContinuousClock.now - start < .seconds(30))
+    }
+
+    @Test func nonFiniteOrFarDatesAreDamageNotACrash() {
+        for value in [Double.nan, .infinity, -.infinity, 1e300] {
+            var out = Array("bplist00".utf8) + [0xD1, 0x01, 0x02, 0x51, 0x57, 0x33]
+            withUnsafeBytes(of: value.bitPattern.bigEndian) { out += $0 }
+            let table = out.count
+            out += [8, 9, 11] + [0, 0, 0, 0, 0, 0, 1, 1] + [0, 0, 0, 0, 0, 0, 0, 3] + [UInt8](repeating: 0, count: 8)
+            out += [0, 0, 0, 0, 0, 0, 0, UInt8(table)]
+            #expect(throws: PlistError.self) { try PropertyList.decode(out) }
+        }
+        #expect(PlistText.dateText(.nan).hasSuffix("Z"))  // never traps
+    }
+
+    @Test func datesOutsideYearsOneTo9999AndControlCharactersAreRefused() {
+        #expect(PlistText.parse(Array("9999-12-31T23:59:59-01:00".utf8), as: .date) == nil)
+        #expect(PlistText.parse(Array("0001-01-01T00:00:00+00:01".utf8), as: .date) == nil)
+        #expect(PlistText.parse(Array("9999-12-31T23:59:59Z".utf8), as: .date) != nil)
+        #expect(PlistText.parse(Array("x\u{1B}[0m".utf8), as: .string) == nil)
+        #expect(PlistText.parse([0x61, 0x00, 0x62], as: .string) == nil)
+        #expect(PlistText.parse(Array("tab\tand\nnewline".utf8), as: .string) == .string("tab\tand\nnewline"))
+    }
+}
