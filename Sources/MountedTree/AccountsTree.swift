@@ -142,7 +142,7 @@ public final class AccountsTree: Subtree {
     }
 
     public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
-        let local = space.local(inode)
+        let local = state.withLock { $0.resolve(space.local(inode)) }
         if local == 1 { return (state.withLock { $0.ownership.directory(inode, mode: 0o700) }, Self.directoryCache) }
         if local == Self.activeInode {
             guard let target = active.get(), !target.isEmpty else { throw .noSuchFileOrDirectory }
@@ -167,7 +167,7 @@ public final class AccountsTree: Subtree {
     }
 
     public func readLink(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> String {
-        let local = space.local(inode)
+        let local = state.withLock { $0.resolve(space.local(inode)) }
         if local == Self.activeInode {
             guard let target = active.get(), !target.isEmpty else { throw .noSuchFileOrDirectory }
             return target
@@ -225,7 +225,11 @@ public final class AccountsTree: Subtree {
                 return target
             }
             try setActive(target)
-            try locked { (s) throws(Errno) in s.dropScratch(in: 0, name) }
+            try locked { (s) throws(Errno) in
+                // The kernel now knows the temporary link's inode as `active`.
+                if let local = s.scratchIn[0]?[name] { s.alias[local] = Self.activeInode }
+                s.dropScratch(in: 0, name)
+            }
             return
         }
         try locked { (s) throws(Errno) in try s.rename(from, name, to, newName, flags: flags) }

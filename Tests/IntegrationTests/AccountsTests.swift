@@ -1,0 +1,217 @@
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `accounts/` and lock/unlock through a real mount (SPEC §1–§3).
+@Suite struct AccountsTests {
+    static let uuid = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+
+    /// A store, mounted and unlocked, with one account.
+    func unlockedStore(options: [String] = []) throws -> MountedStore {
+        let store = try MountedStore(options: options)
+        let unlock = Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n")
+        try #require(unlock.status == 0, "\(unlock)")
+        try #require(mkdir(store.path("accounts/\(Self.uuid)"), 0o700) == 0)
+        return store
+    }
+
+    @Test func fieldsRoundTripThroughShellVimAndSed() throws {
+        let store = try unlockedStore()
+        defer { store.close() }
+        let a = store.path("accounts/\(Self.uuid)")
+        #expect(Run.shell("ls \(a)").stdout == "label\nprotocol\nserver\nport\npath\ncomment\nusername\npassword\nurl\n"
+                || Run.shell("ls -f \(a) | grep -v '^\\.'").stdout == "label\nprotocol\nserver\nport\npath\ncomment\nusername\npassword\nurl\n")
+        for field in ["label", "comment", "username", "password"] {
+            #expect(Run.shell("echo 'value of \(field)' > \(a)/\(field)").status == 0)
+            #expect(Run.shell("cat \(a)/\(field)").stdout == "value of \(field)\n")
+            #expect(Run.shell("v=$(cat \(a)/\(field)); [ \"$v\" = 'value of \(field)' ]").status == 0)
+        }
+        #expect(Run.shell("vim -es -c '%s/of password/changed/' -c wq \(a)/password").status == 0)
+        #expect(Run.shell("cat \(a)/password").stdout == "value changed\n")
+        #expect(Run.shell("sed -i s/changed/again/ \(a)/password && cat \(a)/password").stdout == "value again\n")
+        #expect(Run.shell("ls -A \(a)").stdout.split(separator: "\n").count == 9, "editor files left behind")
+        // url: composed on read, parsed on write.
+        #expect(Run.shell("echo https://mail.example.com:8443/dav > \(a)/url").status == 0)
+        #expect(Run.shell("cat \(a)/protocol \(a)/server \(a)/port \(a)/path").stdout == "https\nmail.example.com\n8443\n/dav\n")
+        #expect(Run.shell("echo 993 > \(a)/port && cat \(a)/url").stdout == "https://mail.example.com:993/dav\n")
+        #expect(Run.shell("echo '[::1]' > \(a)/server && cat \(a)/url").stdout == "https://[::1]:993/dav\n")
+    }
+
+    @Test func badInputGetsItsErrorAndChangesNothing() throws {
+        let store = try unlockedStore()
+        defer { store.close() }
+        let a = store.path("accounts/\(Self.uuid)")
+        #expect(Run.shell("echo https://h.example/p > \(a)/url").status == 0)
+        let vault = try Data(contentsOf: URL(fileURLWithPath: store.dataDirectory + "/vault"))
+        for (field, value) in [("url", "not a url"), ("url", "https://bad host/"), ("url", "1http://h/"), ("url", "https://h:99999/"),
+                               ("url", "https://h:0/"), ("protocol", "ht tp"), ("server", "-bad-.example"), ("port", "65536"),
+                               ("port", "080"), ("port", "x"), ("path", "no-slash")] {
+            let fd = open("\(a)/\(field)", O_WRONLY | O_TRUNC)
+            #expect(fd >= 0)
+            let bytes = Array((value + "\n").utf8)
+            #expect(errnoOf { Int32(Glibc.write(fd, bytes, bytes.count)) } == EINVAL, "\(field) = \(value)")
+            close(fd)
+        }
+        #expect(try Data(contentsOf: URL(fileURLWithPath: store.dataDirectory + "/vault")) == vault)
+        #expect(Run.shell("cat \(a)/url").stdout == "https://h.example/p\n")
+        // Over 64 KiB: EFBIG.
+        let fd = open("\(a)/comment", O_WRONLY | O_TRUNC)
+        let chunk = [UInt8](repeating: 0x61, count: 70_000)
+        #expect(errnoOf { Int32(Glibc.write(fd, chunk, chunk.count)) } == EFBIG)
+        close(fd)
+        #expect(Run.shell("cat \(a)/comment").stdout == "\n")
+        // Account names.
+        let accounts = store.path("accounts")
+        #expect(errnoOf { mkdir(accounts + "/not-a-uuid", 0o700) } == EINVAL)
+        #expect(errnoOf { mkdir(accounts + "/" + Self.uuid.uppercased(), 0o700) } == EEXIST)
+        let upper = "F47AC10B-58CC-4372-A567-0E02B2C3D479"
+        #expect(mkdir(accounts + "/" + upper, 0o700) == 0)
+        #expect(Run.shell("ls \(accounts)").stdout == "\(Self.uuid)\n\(upper)\n")
+        #expect(errnoOf { open(accounts + "/file", O_CREAT | O_WRONLY, 0o600) } == EACCES)
+        #expect(Run.shell("rm -r \(accounts)/\(upper) && ls \(accounts)").stdout == "\(Self.uuid)\n")
+    }
+
+    @Test func lockedAccountsListButNothingElse() throws {
+        let store = try unlockedStore()
+        defer { store.close() }
+        let a = store.path("accounts/\(Self.uuid)")
+        #expect(Run.shell("echo topsecret > \(a)/password").status == 0)
+        let held = open("\(a)/password", O_RDONLY)
+        #expect(held >= 0)
+        #expect(Run.mtmfs("lock", store.mountPoint).status == 0)
+        #expect(try store.status()["state"] == "locked")
+        // Listing works; sizes are 0; every read, write, mkdir and rmdir is EACCES.
+        #expect(Run.shell("ls \(store.path("accounts"))").stdout == "\(Self.uuid)\n")
+        #expect(Run.shell("stat -c %s \(a)/password \(a)/username").stdout == "0\n0\n")
+        var buffer = [UInt8](repeating: 0, count: 64)
+        #expect(errnoOf { Int32(Glibc.read(held, &buffer, 64)) } == EACCES, "a descriptor opened before lock")
+        close(held)
+        #expect(errnoOf { open("\(a)/password", O_RDONLY) } == EACCES)
+        #expect(errnoOf { open("\(a)/label", O_WRONLY) } == EACCES)
+        #expect(errnoOf { mkdir(store.path("accounts/f47ac10b-58cc-4372-a567-0e02b2c3d479"), 0o700) } == EACCES)
+        #expect(errnoOf { rmdir(a) } == EACCES)
+        // settings/ and cache/ are not behind the lock.
+        #expect(Run.shell("cat \(store.path("settings/IsFirstRun"))").stdout == "true\n")
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
+        #expect(Run.shell("cat \(a)/password").stdout == "topsecret\n")
+    }
+
+    @Test func unlockPathsAndWrongPassphrase() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let wrong = Run.mtmfs("unlock", store.mountPoint, input: "not it\n")
+        #expect(wrong.status == 1 && wrong.stderr.contains("wrong passphrase"), "\(wrong)")
+        let control = open(store.path(".mtmfs/unlock"), O_WRONLY)
+        #expect(errnoOf { Int32(Glibc.write(control, "not it\n", 7)) } == EACCES)
+        close(control)
+        #expect(errnoOf { open(store.path(".mtmfs/unlock"), O_RDONLY) } == EACCES)
+        #expect(try store.status()["state"] == "locked")
+        try (Run.passphrase + "\n").write(toFile: store.scratch.sub("pass"), atomically: true, encoding: .utf8)
+        let fromFile = Run.mtmfs("unlock", "--passphrase-file", store.scratch.sub("pass"), store.mountPoint)
+        #expect(fromFile.status == 0, "\(fromFile)")
+        #expect(try store.status()["state"] == "unlocked")
+        // A wrong passphrase while unlocked changes nothing.
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: "not it\n").status == 1)
+        #expect(try store.status()["state"] == "unlocked")
+        // mount --unlock asks at once.
+        #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
+        let mounted = Run.program(Run.mtmfs, ["mount", "--unlock", "--data-dir", store.dataDirectory, store.mountPoint],
+                                  input: Run.passphrase + "\n")
+        #expect(mounted.status == 0, "\(mounted)")
+        #expect(try store.status()["state"] == "unlocked")
+    }
+
+    @Test func autoLockAndSIGUSR1() throws {
+        let store = try unlockedStore(options: ["--auto-lock", "1"])
+        defer { store.close() }
+        #expect(Run.shell("echo s > \(store.path("accounts/\(Self.uuid)/password"))").status == 0)
+        let status = try store.status()
+        #expect(status["state"] == "unlocked" && Int(status["auto_lock_in"] ?? "") ?? 99 <= 1, "\(status)")
+        #expect(MountTable.wait(seconds: 3) { (try? store.status()["state"]) == "locked" }, "auto-lock did not fire")
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
+        let pid = try #require(Int32(try store.status()["pid"] ?? ""))
+        kill(pid, SIGUSR1)
+        #expect(MountTable.wait(seconds: 2) { (try? store.status()["state"]) == "locked" }, "SIGUSR1 did not lock")
+        // The daemon writes no core file.
+        let limits = try String(contentsOfFile: "/proc/\(pid)/limits", encoding: .utf8)
+        #expect(limits.split(separator: "\n").contains { $0.hasPrefix("Max core file size") && $0.contains(" 0 ") }, "\(limits)")
+    }
+
+    @Test func activeLinkAndSettingAreOneValue() throws {
+        let store = try unlockedStore()
+        defer { store.close() }
+        let setting = store.path("settings/ActiveServiceAccountUUID")
+        #expect(errnoOf { unlink(store.path("accounts/active")) } == ENOENT)
+        #expect(Run.shell("ln -s \(Self.uuid) \(store.path("accounts/active")) && cat \(setting)").stdout == "\(Self.uuid)\n")
+        #expect(Run.shell("echo F47AC10B-58CC-4372-A567-0E02B2C3D479 > \(setting) && readlink \(store.path("accounts/active"))").stdout
+                == "F47AC10B-58CC-4372-A567-0E02B2C3D479\n")
+        #expect(Run.shell("ln -sfn \(Self.uuid) \(store.path("accounts/active")) && cat \(setting)").stdout == "\(Self.uuid)\n")
+        #expect(Run.shell("cat \(store.path("accounts/active/username"))").status == 0)
+        #expect(Run.shell("rm \(store.path("accounts/active")) && cat \(setting)").stdout == "\n")
+    }
+
+    @Test func nothingSecretReachesAnyFileAndPasswdRewraps() throws {
+        let store = try unlockedStore()
+        let a = store.path("accounts/\(Self.uuid)")
+        let secrets = ["Sup3rSecretPassw0rd", "alice.secret@example.com", "secret-host.example.com", "Private Label Text"]
+        #expect(Run.shell("cd \(a) && echo \(secrets[0]) > password && echo \(secrets[1]) > username && echo https://\(secrets[2])/x > url && echo '\(secrets[3])' > label && vim -es -c '%s/Text/Text/' -c wq label && sed -i 's/x/y/' path").status == 0)
+        #expect(Run.mtmfs("lock", store.mountPoint).status == 0)
+        #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
+        defer { store.close() }
+        func grepData(_ needle: String) -> Bool {
+            Run.shell("grep -r -a -l -F '\(needle)' \(store.dataDirectory)").stdout.isEmpty == false
+        }
+        for needle in secrets + [Run.passphrase] { #expect(!grepData(needle), "\(needle) found in the data directory") }
+        // passwd: the old passphrase stops working, the new one opens the same accounts.
+        try "\(Run.passphrase)\n".write(toFile: store.scratch.sub("old"), atomically: true, encoding: .utf8)
+        try "brand new phrase\n".write(toFile: store.scratch.sub("new"), atomically: true, encoding: .utf8)
+        let passwd = Run.mtmfs("passwd", "--data-dir", store.dataDirectory, "--kdf", "interactive",
+                               "--passphrase-file", store.scratch.sub("old"), "--new-passphrase-file", store.scratch.sub("new"))
+        #expect(passwd.status == 0, "\(passwd)")
+        #expect(!grepData("brand new phrase"))
+        #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 1)
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: "brand new phrase\n").status == 0)
+        #expect(Run.shell("cat \(a)/password").stdout == "\(secrets[0])\n")
+    }
+
+    @Test(arguments: ["flip", "truncate", "garbage"])
+    func damagedVaultGivesEIOAndTheOtherStoresWork(kind: String) throws {
+        let scratch = Scratch()
+        defer { scratch.remove() }
+        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
+        #expect(Run.initStore(data).status == 0)
+        let vault = data + "/vault"
+        switch kind {
+        case "flip": #expect(Run.shell("printf '\\377' | dd of=\(vault) bs=1 seek=150 conv=notrunc 2>/dev/null").status == 0)
+        case "truncate": #expect(Run.shell("truncate -s 100 \(vault)").status == 0)
+        default: #expect(Run.shell("head -c 300 /dev/urandom > \(vault)").status == 0)
+        }
+        let before = try Data(contentsOf: URL(fileURLWithPath: vault))
+        mkdir(mnt, 0o755)
+        #expect(Run.mtmfs("mount", "--data-dir", data, mnt).status == 0)
+        defer { Run.mtmfs("unmount", mnt) }
+        let listing = Run.shell("ls \(mnt)/accounts")
+        #expect(listing.status != 0 && listing.stderr.contains("Input/output error"), "\(listing)")
+        let status = try String(contentsOfFile: mnt + "/.mtmfs/status", encoding: .utf8)
+        #expect(status.contains("vault_error=vault damaged: "), "\(status)")
+        let unlock = Run.mtmfs("unlock", mnt, input: Run.passphrase + "\n")
+        #expect(unlock.status == 1 && unlock.stderr.contains("damaged"), "\(unlock)")
+        #expect(Run.shell("echo 1 > \(mnt)/settings/K && cat \(mnt)/settings/K").stdout == "1\n")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: vault)) == before)
+    }
+
+    @Test func killDuringWritesLeavesAVaultThatOpens() throws {
+        let store = try unlockedStore()
+        defer { store.close() }
+        let a = store.path("accounts/\(Self.uuid)")
+        let pid = try #require(Int32(try store.status()["pid"] ?? ""))
+        let writer = Run.program("/bin/sh", ["-c", "(i=0; while [ $i -lt 100000 ]; do echo pw$i > \(a)/password 2>/dev/null || exit 0; i=$((i+1)); done) & sleep 0.5; kill -9 \(pid); wait"], timeout: 30)
+        #expect(writer.status == 0)
+        Run.program("fusermount3", ["-uz", store.mountPoint])
+        #expect(Run.mtmfs("mount", "--unlock", "--data-dir", store.dataDirectory, store.mountPoint, input: Run.passphrase + "\n").status == 0)
+        #expect(Run.shell("cat \(a)/password").stdout.hasPrefix("pw"))
+    }
+}
