@@ -72,6 +72,15 @@ public final class SecureBytes: @unchecked Sendable {
         if bytes.count > 0 { (pointer! + offset).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
     }
 
+    /// Zeroes memory that is not ours but held a secret (e.g. libfuse's request buffer).
+    public static func zero(_ pointer: UnsafeMutableRawPointer, _ count: Int) {
+        sodium_memzero(pointer, count)
+    }
+
+    /// Zeroes the stack below the caller's frame (call it on the way out of anything that
+    /// handled a secret: copies left by callees are gone with it).
+    public static func burnStack() { mtmfs_burn_stack() }
+
     /// A secure copy.
     public func copy() -> SecureBytes {
         withUnsafeBytes { SecureBytes(copying: $0) }

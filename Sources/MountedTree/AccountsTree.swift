@@ -77,6 +77,7 @@ public final class AccountsTree: Subtree {
 
     /// Unlocks with a passphrase (already in secure memory). Wrong: EACCES; damaged: EIO.
     public func unlock(passphrase: SecureBytes) throws(Errno) {
+        defer { SecureBytes.burnStack() }
         try state.withLock { (s) throws(Errno) in
             guard let vault = s.vault else { throw .ioError }
             do throws(VaultError) {
@@ -93,6 +94,7 @@ public final class AccountsTree: Subtree {
 
     /// Zeroes every key and plaintext, and tells the kernel to forget every field.
     public func lock(reason: String) {
+        defer { SecureBytes.burnStack() }
         let inodes = state.withLock { s -> [InodeNumber] in
             let wasUnlocked = s.vault?.isUnlocked == true
             let inodes = s.lockAll()
@@ -156,7 +158,8 @@ public final class AccountsTree: Subtree {
 
     public func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
                               context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
-        try locked { (s) throws(Errno) in
+        defer { SecureBytes.burnStack() }
+        return try locked { (s) throws(Errno) in
             let local = s.resolve(space.local(inode))
             if let uid = changes.uid, uid != s.ownership.uid { throw .notPermitted }
             if let gid = changes.gid, gid != s.ownership.gid { throw .notPermitted }
@@ -190,6 +193,7 @@ public final class AccountsTree: Subtree {
     }
 
     public func unlink(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
+        defer { SecureBytes.burnStack() }
         let parentLocal = space.local(parent)
         if parentLocal == 1 && name == "active" {
             guard active.get()?.isEmpty == false else { throw .noSuchFileOrDirectory }
@@ -217,6 +221,7 @@ public final class AccountsTree: Subtree {
 
     public func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
                        flags: RenameFlags, context: RequestContext) throws(Errno) {
+        defer { SecureBytes.burnStack() }
         let from = space.local(parent), to = space.local(newParent)
         if from == 1 && to == 1 && newName == "active" {
             // `ln -sfn UUID accounts/active` makes a temporary link and renames it over.
@@ -241,7 +246,8 @@ public final class AccountsTree: Subtree {
     }
 
     public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
-        try locked { (s) throws(Errno) in
+        defer { SecureBytes.burnStack() }
+        return try locked { (s) throws(Errno) in
             let local = s.resolve(space.local(inode))
             try s.requireUnlocked()
             guard !s.isDirectory(local) else { throw .isDirectory }
@@ -268,6 +274,7 @@ public final class AccountsTree: Subtree {
 
     public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
                      reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        defer { SecureBytes.burnStack() }
         try state.withLock { (s) throws(Errno) in
             guard s.vault != nil else { throw .ioError }
             let local = s.resolve(space.local(inode))
@@ -285,24 +292,31 @@ public final class AccountsTree: Subtree {
 
     public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
                       flags: Int32, context: RequestContext) throws(Errno) -> Int {
-        try locked { (s) throws(Errno) in
+        defer { SecureBytes.burnStack() }
+        return try locked { (s) throws(Errno) in
             let local = s.resolve(space.local(inode))
             try s.requireUnlocked()
             s.lastSecretAccess = Date()
+            // The bytes sit in libfuse's receive buffer: once copied into secure memory,
+            // they are zeroed there so that no plaintext lingers in an idle worker's buffer.
+            defer { if let base = data.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), data.count) } }
             try s.write(local, at: offset, data, append: flags & O_APPEND != 0)
             return data.count
         }
     }
 
     public func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {
+        defer { SecureBytes.burnStack() }
         try locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: false) }
     }
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
+        defer { SecureBytes.burnStack() }
         _ = try? locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: true) }
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
+        defer { SecureBytes.burnStack() }
         try locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: false) }
     }
 

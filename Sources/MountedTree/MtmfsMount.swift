@@ -46,6 +46,7 @@ public final class MtmfsMount: Sendable {
                 if length > 0 && bytes[length - 1] == 0x0D { length -= 1 }
                 guard length > 0 else { throw .invalidArgument }
                 let passphrase = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<length]))
+                SecureBytes.zero(UnsafeMutableRawPointer(mutating: bytes.baseAddress!), bytes.count)
                 defer { passphrase.wipe() }
                 try accounts.unlock(passphrase: passphrase)
             }),

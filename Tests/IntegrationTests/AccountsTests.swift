@@ -39,6 +39,98 @@ import Glibc
         #expect(Run.shell("echo '[::1]' > \(a)/server && cat \(a)/url").stdout == "https://[::1]:993/dav\n")
     }
 
+    /// Every field through echo/cat, vim, sed -i; emacs and nano on the password.
+    @Test func everyFieldThroughEveryEditor() throws {
+        let store = try unlockedStore()
+        defer { store.close() }
+        let a = store.path("accounts/\(Self.uuid)")
+        let values = [("label", "Work", "Home"), ("protocol", "https", "imaps"), ("server", "a.example", "b.example"),
+                      ("port", "443", "993"), ("path", "/one", "/two"), ("comment", "note", "memo"),
+                      ("username", "alice", "bob"), ("password", "first-secret", "second-secret")]
+        for (field, first, second) in values {
+            #expect(Run.shell("echo \(first) > \(a)/\(field) && cat \(a)/\(field)").stdout == "\(first)\n", "\(field)")
+            #expect(Run.shell("vim -es -c '%s/\(first.replacingOccurrences(of: "/", with: "\\/"))/\(second.replacingOccurrences(of: "/", with: "\\/"))/' -c wq \(a)/\(field)").status == 0, "\(field)")
+            #expect(Run.shell("cat \(a)/\(field)").stdout == "\(second)\n", "vim \(field)")
+            #expect(Run.shell("sed -i 's|\(second)|\(first)|' \(a)/\(field) && cat \(a)/\(field)").stdout == "\(first)\n", "sed \(field)")
+        }
+        #expect(Run.shell("cat \(a)/url").stdout == "https://a.example:443/one\n")
+        let emacs = Run.shell("emacs --batch \(a)/password --eval '(progn (goto-char (point-min)) (insert \"x\") (save-buffer))'", timeout: 30)
+        #expect(emacs.status == 0, "\(emacs)")
+        #expect(Run.shell("cat \(a)/password").stdout == "xfirst-secret\n")
+        let session = "mtmfs-nano-acct-\(getpid())"
+        defer { Run.program("tmux", ["kill-session", "-t", session]) }
+        #expect(Run.program("tmux", ["new-session", "-d", "-s", session, "-x", "80", "-y", "24", "nano \(a)/password"]).status == 0)
+        usleep(400_000)
+        Run.program("tmux", ["send-keys", "-t", session, "C-k", "nano-secret", "C-o"])
+        usleep(300_000)
+        Run.program("tmux", ["send-keys", "-t", session, "Enter"])
+        usleep(300_000)
+        Run.program("tmux", ["send-keys", "-t", session, "C-x"])
+        #expect(MountTable.wait(seconds: 5) { Run.shell("cat \(a)/password").stdout == "nano-secret\n" })
+        #expect(MountTable.wait(seconds: 5) { Run.shell("ls -A \(a)").stdout.split(separator: "\n").count == 9 },
+                "\(Run.shell("ls -A \(a)").stdout)")
+        for needle in ["first-secret", "second-secret", "nano-secret"] {
+            #expect(Run.shell("grep -r -a -l -F '\(needle)' \(store.dataDirectory)").stdout.isEmpty, "\(needle) on disk")
+        }
+    }
+
+    /// After a lock no plaintext is left in the daemon, no mapping can show a field, and
+    /// the passphrase prompt does not echo; the log holds no secret; others are refused.
+    @Test func lockLeavesNoPlaintextAnywhere() throws {
+        let scratch = Scratch()
+        defer { scratch.remove() }
+        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
+        #expect(Run.initStore(data).status == 0)
+        mkdir(mnt, 0o755)
+        // A foreground daemon, its log captured.
+        let log = scratch.sub("log")
+        let start = Run.program("/bin/sh", ["-c", "\"$0\" mount -f --data-dir \"$1\" \"$2\" >\"$3\" 2>&1 & echo $!", Run.mtmfs, data, mnt, log])
+        let pid = try #require(Int32(start.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
+        defer { Run.mtmfs("unmount", mnt) }
+        #expect(MountTable.wait { FileManager.default.fileExists(atPath: mnt + "/accounts") })
+        // The terminal prompt does not echo the passphrase.
+        let session = "mtmfs-unlock-\(getpid())"
+        defer { Run.program("tmux", ["kill-session", "-t", session]) }
+        #expect(Run.program("tmux", ["new-session", "-d", "-s", session, "-x", "120", "-y", "10", "\(Run.mtmfs) unlock \(mnt); sleep 5"]).status == 0)
+        usleep(300_000)
+        Run.program("tmux", ["send-keys", "-t", session, "wrong guess", "Enter"])
+        #expect(MountTable.wait(seconds: 5) { Run.program("tmux", ["capture-pane", "-p", "-t", session]).stdout.contains("wrong passphrase") })
+        Run.program("tmux", ["kill-session", "-t", session])
+        #expect(Run.program("tmux", ["new-session", "-d", "-s", session, "-x", "120", "-y", "10", "\(Run.mtmfs) unlock \(mnt); sleep 5"]).status == 0)
+        usleep(300_000)
+        Run.program("tmux", ["send-keys", "-t", session, Run.passphrase, "Enter"])
+        #expect(MountTable.wait(seconds: 5) { Run.program("tmux", ["capture-pane", "-p", "-t", session]).stdout.contains("Unlocked") })
+        let screen = Run.program("tmux", ["capture-pane", "-p", "-t", session]).stdout
+        #expect(screen.contains("Passphrase for") && !screen.contains(Run.passphrase), "\(screen)")
+        let a = mnt + "/accounts/" + Self.uuid
+        #expect(mkdir(a, 0o700) == 0)
+        #expect(Run.shell("echo ZXQSECRETVALUE77 > \(a)/password && cat \(a)/password > /dev/null").status == 0)
+        // A mapping of a field is refused (fields are direct I/O), so none can outlive a lock.
+        #expect(Run.program("python3", ["-c", "import mmap,os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); mmap.mmap(fd, 0, prot=mmap.PROT_READ)", a + "/password"]).status != 0)
+        // Another user cannot even list the mount.
+        let other = Run.program("setpriv", ["--reuid", "65534", "--regid", "65534", "--clear-groups", "ls", mnt + "/accounts"])
+        #expect(other.status != 0 && other.stderr.contains("Permission denied"), "\(other)")
+        #expect(Run.mtmfs("lock", mnt).status == 0)
+        let scan = Run.program("python3", ["-c", """
+            import re, sys
+            pid = int(sys.argv[1]); hits = []
+            for line in open(f'/proc/{pid}/maps'):
+                m = re.match(r'([0-9a-f]+)-([0-9a-f]+) (\\S+)', line)
+                if 'r' not in m[3]: continue
+                try:
+                    with open(f'/proc/{pid}/mem', 'rb') as f:
+                        f.seek(int(m[1], 16)); data = f.read(int(m[2], 16) - int(m[1], 16))
+                except Exception: continue
+                for needle in (b'ZXQSECRETVALUE77', sys.argv[2].encode()):
+                    if needle in data: hits.append((line.strip(), needle))
+            print(hits)
+            """, "\(pid)", Run.passphrase])
+        #expect(scan.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "[]", "plaintext left in the daemon: \(scan)")
+        let logText = try String(contentsOfFile: log, encoding: .utf8)
+        #expect(logText.contains("unlock refused") && logText.contains("accounts locked"), "\(logText)")
+        #expect(!logText.contains(Run.passphrase) && !logText.contains("ZXQSECRETVALUE77") && !logText.contains("wrong guess"))
+    }
+
     @Test func badInputGetsItsErrorAndChangesNothing() throws {
         let store = try unlockedStore()
         defer { store.close() }
