@@ -131,6 +131,24 @@ import Glibc
         #expect(!logText.contains(Run.passphrase) && !logText.contains("ZXQSECRETVALUE77") && !logText.contains("wrong guess"))
     }
 
+    /// With `-o allow_other` other users get in, but permission checks stay on and the
+    /// account directories and secret files are the owner's only.
+    @Test func allowOtherKeepsSecretsPrivate() throws {
+        let store = try unlockedStore(options: ["-o", "allow_other"])
+        defer { store.close() }
+        chmod(store.scratch.path, 0o755)
+        let a = store.path("accounts/\(Self.uuid)")
+        #expect(Run.shell("echo hidden-from-others > \(a)/password && stat -c %a \(a)/password \(a) \(store.path("accounts"))").stdout == "600\n700\n700\n")
+        func asNobody(_ command: [String]) -> CommandResult {
+            Run.program("setpriv", ["--reuid", "65534", "--regid", "65534", "--clear-groups"] + command)
+        }
+        #expect(asNobody(["ls", store.mountPoint]).status == 0)
+        #expect(asNobody(["cat", store.path("settings/IsFirstRun")]).stdout == "true\n")
+        let denied = asNobody(["cat", a + "/password"])
+        #expect(denied.status != 0 && denied.stderr.contains("Permission denied"), "\(denied)")
+        #expect(asNobody(["ls", store.path("accounts")]).stderr.contains("Permission denied"))
+    }
+
     @Test func badInputGetsItsErrorAndChangesNothing() throws {
         let store = try unlockedStore()
         defer { store.close() }
