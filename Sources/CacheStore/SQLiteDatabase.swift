@@ -80,3 +80,61 @@ public enum CacheDatabase {
         }
     }
 }
+
+/// A prepared statement, reused: `reset` between uses, finalized on deinit.
+final class Statement {
+    let handle: OpaquePointer
+    let sql: String
+    unowned let database: SQLiteDatabase
+
+    init(_ database: SQLiteDatabase, _ sql: String) throws(SQLiteError) {
+        var statement: OpaquePointer?
+        let rc = sqlite3_prepare_v3(database.handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+        guard rc == SQLITE_OK, let statement else { throw database.error(rc, sql) }
+        self.handle = statement
+        self.sql = sql
+        self.database = database
+    }
+
+    deinit { sqlite3_finalize(handle) }
+
+    /// Binds the arguments (Int64, String, [UInt8], UnsafeRawBufferPointer, nil) in order.
+    @discardableResult
+    func bind(_ values: Any?...) -> Statement {
+        bindArray(values)
+        return self
+    }
+
+    /// Steps once: true for a row, false when done.
+    func step() throws(SQLiteError) -> Bool {
+        let rc = sqlite3_step(handle)
+        if rc == SQLITE_ROW { return true }
+        if rc == SQLITE_DONE { return false }
+        let error = database.error(rc, sql)
+        sqlite3_reset(handle)
+        throw error
+    }
+
+    /// Runs to completion (for statements that return no rows).
+    func run() throws(SQLiteError) {
+        while try step() {}
+        sqlite3_reset(handle)
+    }
+
+    func int(_ column: Int32) -> Int64 { sqlite3_column_int64(handle, column) }
+    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(handle, column) == SQLITE_NULL }
+    func blob(_ column: Int32) -> UnsafeRawBufferPointer {
+        let count = Int(sqlite3_column_bytes(handle, column))
+        return UnsafeRawBufferPointer(start: sqlite3_column_blob(handle, column), count: count)
+    }
+    func bytes(_ column: Int32) -> [UInt8] { Array(blob(column)) }
+    func text(_ column: Int32) -> String {
+        sqlite3_column_text(handle, column).map { String(cString: $0) } ?? ""
+    }
+    func done() { sqlite3_reset(handle) }
+}
+
+extension SQLiteDatabase {
+    var changes: Int { Int(sqlite3_changes(handle)) }
+    var lastInsertedRow: Int64 { sqlite3_last_insert_rowid(handle) }
+}

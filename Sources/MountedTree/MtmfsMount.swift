@@ -57,7 +57,7 @@ public final class MtmfsMount: Sendable {
         let root = RootTree(subtrees: [
             accounts,
             settings,
-            EmptyDirectoryTree(name: "cache", space: .cache, ownership: ownership),
+            CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership),
             control,
         ], ownership: ownership, statistics: { Self.statistics(of: dataDirectory.path) })
         let fuseOptions = ["fsname=" + Self.escapeOption(dataDirectory.path), "subtype=mtmfs",

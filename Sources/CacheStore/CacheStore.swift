@@ -1,0 +1,674 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CSQLite
+import Posix
+import Synchronization
+
+/// One inode row of the cache (see `docs/cache-schema.md`).
+public struct CacheInode: Hashable, Sendable {
+    public var ino: Int64
+    public var mode: UInt32
+    public var uid: UInt32
+    public var gid: UInt32
+    public var size: Int64
+    public var links: Int64
+    public var accessNanoseconds: Int64
+    public var modificationNanoseconds: Int64
+    public var changeNanoseconds: Int64
+    public var device: Int64
+    /// Symbolic links: the target.
+    public var target: String?
+
+    public var isDirectory: Bool { mode & S_IFMT == S_IFDIR }
+    public var isSymbolicLink: Bool { mode & S_IFMT == S_IFLNK }
+}
+
+/// What a `setattr` changes; nil leaves a field.
+public struct CacheAttributeChanges: Sendable {
+    public var mode: UInt32?
+    public var uid: UInt32?
+    public var gid: UInt32?
+    public var size: Int64?
+    public var accessNanoseconds: Int64?
+    public var modificationNanoseconds: Int64?
+
+    public init(mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: Int64? = nil,
+                accessNanoseconds: Int64? = nil, modificationNanoseconds: Int64? = nil) {
+        self.mode = mode
+        self.uid = uid
+        self.gid = gid
+        self.size = size
+        self.accessNanoseconds = accessNanoseconds
+        self.modificationNanoseconds = modificationNanoseconds
+    }
+}
+
+/// A POSIX file tree in one SQLite database: inodes, directory entries, fixed-size data
+/// chunks, symlink targets and extended attributes, with the errno rules of Linux ext4.
+///
+/// Each change is one transaction; `synchronize()` makes everything committed so far
+/// durable (a WAL checkpoint). Inodes that lost their last name but are still open or
+/// known to the kernel stay until `released`/`forgot` drop the last reference; orphans
+/// left by a crash are removed at open. Memory does not grow with file size: reads and
+/// writes touch only their chunks.
+///
+/// Thread-safety: one connection behind a mutex; every public method takes it.
+public final class CacheStore: @unchecked Sendable {
+    public static let chunkSize = 64 * 1024
+    public static let maximumNameLength = 255
+    public static let rootInode: Int64 = 1
+    static let schemaVersion: Int64 = 1
+
+    let path: String
+    private let database: SQLiteDatabase
+    private let lock = Mutex(())
+    private var statements: [String: Statement] = [:]
+    /// Kernel lookup references and open handles per inode (both keep an unlinked inode).
+    private var lookups: [Int64: UInt64] = [:]
+    private var opens: [Int64: Int] = [:]
+
+    /// Opens (creating the schema if the file is new) the cache database at `path`.
+    public init(path: String, owner: (uid: UInt32, gid: UInt32)) throws(CacheStoreError) {
+        self.path = path
+        do {
+            database = try SQLiteDatabase(path: path)
+        } catch {
+            throw .damaged("\(path): \(error.message)")
+        }
+        do {
+            try database.execute("PRAGMA busy_timeout=5000;")
+            guard try database.scalarText("PRAGMA application_id") == String(CacheDatabase.applicationID) else {
+                throw CacheStoreError.damaged("\(path) is not an mtmfs cache database (application_id)")
+            }
+            guard try database.scalarText("PRAGMA quick_check") == "ok" else {
+                throw CacheStoreError.damaged("\(path) fails PRAGMA quick_check")
+            }
+            try database.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;")
+            let version = Int64(try database.scalarText("PRAGMA user_version") ?? "0") ?? 0
+            if version == 0 {
+                try createSchema(owner: owner)
+            } else if version != Self.schemaVersion {
+                throw CacheStoreError.damaged("\(path) has schema version \(version), this mtmfs knows \(Self.schemaVersion)")
+            }
+            // Inodes whose last name went while a crashed daemon still had them open.
+            try database.execute("""
+                BEGIN IMMEDIATE;
+                DELETE FROM chunks WHERE ino IN (SELECT ino FROM inodes WHERE links = 0);
+                DELETE FROM xattrs WHERE ino IN (SELECT ino FROM inodes WHERE links = 0);
+                DELETE FROM inodes WHERE links = 0;
+                COMMIT;
+                """)
+        } catch let error as CacheStoreError {
+            throw error
+        } catch let error as SQLiteError {
+            throw .damaged("\(path): \(error)")
+        } catch {
+            throw .damaged("\(path): \(error)")
+        }
+    }
+
+    private func createSchema(owner: (uid: UInt32, gid: UInt32)) throws(SQLiteError) {
+        let now = Self.now()
+        try database.execute("""
+            BEGIN IMMEDIATE;
+            CREATE TABLE inodes(
+                ino INTEGER PRIMARY KEY, mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
+                size INTEGER NOT NULL DEFAULT 0, links INTEGER NOT NULL, atime INTEGER NOT NULL,
+                mtime INTEGER NOT NULL, ctime INTEGER NOT NULL, rdev INTEGER NOT NULL DEFAULT 0,
+                target TEXT, used INTEGER NOT NULL DEFAULT 0) STRICT;
+            CREATE TABLE entries(
+                parent INTEGER NOT NULL, name TEXT NOT NULL, ino INTEGER NOT NULL,
+                PRIMARY KEY(parent, name)) STRICT, WITHOUT ROWID;
+            CREATE INDEX entries_by_inode ON entries(ino);
+            CREATE TABLE chunks(
+                ino INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL,
+                PRIMARY KEY(ino, idx)) STRICT, WITHOUT ROWID;
+            CREATE TABLE xattrs(
+                ino INTEGER NOT NULL, name TEXT NOT NULL, value BLOB NOT NULL,
+                PRIMARY KEY(ino, name)) STRICT, WITHOUT ROWID;
+            INSERT INTO inodes(ino, mode, uid, gid, links, atime, mtime, ctime)
+                VALUES(1, \(S_IFDIR | 0o755), \(owner.uid), \(owner.gid), 2, \(now), \(now), \(now));
+            PRAGMA user_version=\(Self.schemaVersion);
+            COMMIT;
+            """)
+    }
+
+    static func now() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
+    }
+
+    // MARK: Plumbing
+
+    private func statement(_ sql: String) throws(Errno) -> Statement {
+        if let statement = statements[sql] { return statement }
+        do {
+            let statement = try Statement(database, sql)
+            statements[sql] = statement
+            return statement
+        } catch {
+            throw Self.errno(error)
+        }
+    }
+
+    static func errno(_ error: SQLiteError) -> Errno {
+        switch error.code & 0xFF {
+        case SQLITE_FULL: return .noSpace
+        case SQLITE_TOOBIG: return .fileTooLarge
+        default:
+            Log.error("cache: \(error)")
+            return .ioError
+        }
+    }
+
+    private func withLock<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
+        try lock.withLock { (_) throws(Errno) -> T in try body() }
+    }
+
+    /// Runs `body` in one write transaction (rolled back if it throws).
+    private func transaction<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
+        try withLock { () throws(Errno) -> T in
+            try exec("BEGIN IMMEDIATE")
+            do throws(Errno) {
+                let result = try body()
+                try exec("COMMIT")
+                return result
+            } catch {
+                try? exec("ROLLBACK")
+                throw error
+            }
+        }
+    }
+
+    private func exec(_ sql: String) throws(Errno) {
+        do {
+            try database.execute(sql)
+        } catch {
+            throw Self.errno(error)
+        }
+    }
+
+    private func run(_ sql: String, _ values: Any?...) throws(Errno) {
+        let statement = try statement(sql)
+        statement.bindArray(values)
+        do {
+            try statement.run()
+        } catch {
+            throw Self.errno(error)
+        }
+    }
+
+    private func row(_ statement: Statement) throws(Errno) -> Bool {
+        do {
+            return try statement.step()
+        } catch {
+            throw Self.errno(error)
+        }
+    }
+
+    private func fetchInode(_ ino: Int64) throws(Errno) -> CacheInode {
+        let statement = try statement("SELECT ino, mode, uid, gid, size, links, atime, mtime, ctime, rdev, target FROM inodes WHERE ino = ?")
+        statement.bind(ino)
+        defer { statement.done() }
+        guard try row(statement) else { throw .noSuchFileOrDirectory }
+        return Self.inode(statement)
+    }
+
+    static func inode(_ s: Statement) -> CacheInode {
+        CacheInode(ino: s.int(0), mode: UInt32(truncatingIfNeeded: s.int(1)), uid: UInt32(truncatingIfNeeded: s.int(2)),
+                   gid: UInt32(truncatingIfNeeded: s.int(3)), size: s.int(4), links: s.int(5), accessNanoseconds: s.int(6),
+                   modificationNanoseconds: s.int(7), changeNanoseconds: s.int(8), device: s.int(9),
+                   target: s.isNull(10) ? nil : s.text(10))
+    }
+
+    private func entry(_ parent: Int64, _ name: String) throws(Errno) -> Int64? {
+        let statement = try statement("SELECT ino FROM entries WHERE parent = ? AND name = ?")
+        statement.bind(parent, name)
+        defer { statement.done() }
+        return try row(statement) ? statement.int(0) : nil
+    }
+
+    private func directory(_ ino: Int64) throws(Errno) -> CacheInode {
+        let inode = try fetchInode(ino)
+        guard inode.isDirectory else { throw .notDirectory }
+        guard inode.links > 0 else { throw .noSuchFileOrDirectory }
+        return inode
+    }
+
+    private func isEmptyDirectory(_ ino: Int64) throws(Errno) -> Bool {
+        let statement = try statement("SELECT 1 FROM entries WHERE parent = ? LIMIT 1")
+        statement.bind(ino)
+        defer { statement.done() }
+        return try !row(statement)
+    }
+
+    private func touch(_ ino: Int64, modified: Bool = true) throws(Errno) {
+        let now = Self.now()
+        if modified {
+            try run("UPDATE inodes SET mtime = ?, ctime = ? WHERE ino = ?", now, now, ino)
+        } else {
+            try run("UPDATE inodes SET ctime = ? WHERE ino = ?", now, ino)
+        }
+    }
+
+    static func check(_ name: String) throws(Errno) {
+        guard name.utf8.count <= maximumNameLength else { throw .nameTooLong }
+        guard !name.isEmpty, name != ".", name != "..", !name.contains("/") else { throw .invalidArgument }
+    }
+
+    // MARK: Reading the tree
+
+    public func lookup(parent: Int64, name: String) throws(Errno) -> CacheInode {
+        try withLock { () throws(Errno) -> CacheInode in
+            guard name.utf8.count <= Self.maximumNameLength else { throw .nameTooLong }
+            _ = try directory(parent)
+            guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
+            return try fetchInode(ino)
+        }
+    }
+
+    public func inode(_ ino: Int64) throws(Errno) -> CacheInode {
+        try withLock { () throws(Errno) -> CacheInode in try fetchInode(ino) }
+    }
+
+    /// The names in a directory with their inodes, in name order.
+    public func list(_ ino: Int64) throws(Errno) -> [(name: String, inode: CacheInode)] {
+        try withLock { () throws(Errno) -> [(name: String, inode: CacheInode)] in
+            _ = try directory(ino)
+            let statement = try statement("""
+                SELECT i.ino, i.mode, i.uid, i.gid, i.size, i.links, i.atime, i.mtime, i.ctime, i.rdev, i.target, e.name
+                FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = ? ORDER BY e.name
+                """)
+            statement.bind(ino)
+            defer { statement.done() }
+            var result: [(name: String, inode: CacheInode)] = []
+            while try row(statement) { result.append((statement.text(11), Self.inode(statement))) }
+            return result
+        }
+    }
+
+    // MARK: Names
+
+    /// Creates a file, directory, symlink, FIFO or socket named `name` in `parent`.
+    public func create(parent: Int64, name: String, mode: UInt32, uid: UInt32, gid: UInt32, device: Int64 = 0,
+                       target: String? = nil) throws(Errno) -> CacheInode {
+        try Self.check(name)
+        let type = mode & S_IFMT
+        guard [S_IFREG, S_IFDIR, S_IFLNK, S_IFIFO, S_IFSOCK].contains(type) else { throw .notPermitted }
+        return try transaction { () throws(Errno) -> CacheInode in
+            _ = try directory(parent)
+            guard try entry(parent, name) == nil else { throw .fileExists }
+            let now = Self.now()
+            let size = Int64(target?.utf8.count ?? 0)
+            try run("INSERT INTO inodes(mode, uid, gid, size, links, atime, mtime, ctime, rdev, target) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                    Int64(mode), Int64(uid), Int64(gid), size, Int64(type == S_IFDIR ? 2 : 1), now, now, now, device, target)
+            let ino = database.lastInsertedRow
+            try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", parent, name, ino)
+            if type == S_IFDIR {
+                try run("UPDATE inodes SET links = links + 1, mtime = ?, ctime = ? WHERE ino = ?", now, now, parent)
+            } else {
+                try touch(parent)
+            }
+            return try fetchInode(ino)
+        }
+    }
+
+    /// A new name for an existing non-directory.
+    public func link(_ ino: Int64, parent: Int64, name: String) throws(Errno) -> CacheInode {
+        try Self.check(name)
+        return try transaction { () throws(Errno) -> CacheInode in
+            let inode = try fetchInode(ino)
+            guard !inode.isDirectory else { throw .notPermitted }
+            guard inode.links > 0 else { throw .noSuchFileOrDirectory }
+            _ = try directory(parent)
+            guard try entry(parent, name) == nil else { throw .fileExists }
+            try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", parent, name, ino)
+            try run("UPDATE inodes SET links = links + 1, ctime = ? WHERE ino = ?", Self.now(), ino)
+            try touch(parent)
+            return try fetchInode(ino)
+        }
+    }
+
+    public func unlink(parent: Int64, name: String) throws(Errno) {
+        try transaction { () throws(Errno) in
+            _ = try directory(parent)
+            guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
+            guard try !fetchInode(ino).isDirectory else { throw .isDirectory }
+            try removeName(parent: parent, name: name, ino: ino)
+        }
+    }
+
+    public func removeDirectory(parent: Int64, name: String) throws(Errno) {
+        try transaction { () throws(Errno) in
+            _ = try directory(parent)
+            guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
+            guard try fetchInode(ino).isDirectory else { throw .notDirectory }
+            guard try isEmptyDirectory(ino) else { throw .directoryNotEmpty }
+            try removeName(parent: parent, name: name, ino: ino)
+        }
+    }
+
+    /// Drops one name; a directory loses its links (and its parent one); an inode without
+    /// names and references is deleted with its data.
+    private func removeName(parent: Int64, name: String, ino: Int64) throws(Errno) {
+        let inode = try fetchInode(ino)
+        let now = Self.now()
+        try run("DELETE FROM entries WHERE parent = ? AND name = ?", parent, name)
+        if inode.isDirectory {
+            try run("UPDATE inodes SET links = 0, ctime = ? WHERE ino = ?", now, ino)
+            try run("UPDATE inodes SET links = links - 1, mtime = ?, ctime = ? WHERE ino = ?", now, now, parent)
+        } else {
+            try run("UPDATE inodes SET links = links - 1, ctime = ? WHERE ino = ?", now, ino)
+            try touch(parent)
+        }
+        try deleteIfUnreferenced(ino)
+    }
+
+    private func deleteIfUnreferenced(_ ino: Int64) throws(Errno) {
+        guard ino != Self.rootInode, (lookups[ino] ?? 0) == 0, (opens[ino] ?? 0) == 0 else { return }
+        guard try fetchInode(ino).links <= 0 else { return }
+        try run("DELETE FROM chunks WHERE ino = ?", ino)
+        try run("DELETE FROM xattrs WHERE ino = ?", ino)
+        try run("DELETE FROM inodes WHERE ino = ?", ino)
+    }
+
+    /// rename(2) and renameat2(2) with RENAME_NOREPLACE (1) and RENAME_EXCHANGE (2).
+    public func rename(parent: Int64, name: String, newParent: Int64, newName: String, flags: UInt32) throws(Errno) {
+        try Self.check(newName)
+        let noReplace = flags & 1 != 0, exchange = flags & 2 != 0
+        if noReplace && exchange { throw .invalidArgument }
+        try transaction { () throws(Errno) in
+            _ = try directory(parent)
+            _ = try directory(newParent)
+            guard let source = try entry(parent, name) else { throw .noSuchFileOrDirectory }
+            let target = try entry(newParent, newName)
+            let sourceInode = try fetchInode(source)
+            if exchange {
+                guard let target else { throw .noSuchFileOrDirectory }
+                let targetInode = try fetchInode(target)
+                if sourceInode.isDirectory { try refuseIntoItself(source, newParent) }
+                if targetInode.isDirectory { try refuseIntoItself(target, parent) }
+                try run("UPDATE entries SET ino = ? WHERE parent = ? AND name = ?", target, parent, name)
+                try run("UPDATE entries SET ino = ? WHERE parent = ? AND name = ?", source, newParent, newName)
+                if parent != newParent && sourceInode.isDirectory != targetInode.isDirectory {
+                    let delta: Int64 = sourceInode.isDirectory ? 1 : -1
+                    try run("UPDATE inodes SET links = links + ? WHERE ino = ?", delta, newParent)
+                    try run("UPDATE inodes SET links = links - ? WHERE ino = ?", delta, parent)
+                }
+                for ino in [source, target] { try touch(ino, modified: false) }
+                try touch(parent)
+                if newParent != parent { try touch(newParent) }
+                return
+            }
+            if let target {
+                if noReplace { throw .fileExists }
+                if target == source { return }  // two names of one inode: nothing to do
+                let targetInode = try fetchInode(target)
+                if sourceInode.isDirectory {
+                    guard targetInode.isDirectory else { throw .notDirectory }
+                    guard try isEmptyDirectory(target) else { throw .directoryNotEmpty }
+                } else if targetInode.isDirectory {
+                    throw .isDirectory
+                }
+            }
+            if parent == newParent && name == newName { return }
+            if sourceInode.isDirectory { try refuseIntoItself(source, newParent) }
+            if let target { try removeName(parent: newParent, name: newName, ino: target) }
+            try run("DELETE FROM entries WHERE parent = ? AND name = ?", parent, name)
+            try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", newParent, newName, source)
+            if sourceInode.isDirectory && parent != newParent {
+                try run("UPDATE inodes SET links = links - 1 WHERE ino = ?", parent)
+                try run("UPDATE inodes SET links = links + 1 WHERE ino = ?", newParent)
+            }
+            try touch(source, modified: false)
+            try touch(parent)
+            if newParent != parent { try touch(newParent) }
+        }
+    }
+
+    /// EINVAL when `directory` is `destination` or one of its ancestors.
+    private func refuseIntoItself(_ directory: Int64, _ destination: Int64) throws(Errno) {
+        var current = destination
+        var steps = 0
+        while true {
+            if current == directory { throw .invalidArgument }
+            if current == Self.rootInode { return }
+            let statement = try statement("SELECT parent FROM entries WHERE ino = ? LIMIT 1")
+            statement.bind(current)
+            defer { statement.done() }
+            guard try row(statement) else { return }
+            current = statement.int(0)
+            steps += 1
+            if steps > 100_000 { throw .ioError }
+        }
+    }
+
+    // MARK: Data
+
+    /// Reads up to `size` bytes at `offset`; holes read as zeros.
+    public func read(_ ino: Int64, offset: Int64, size: Int, into reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        try withLock { () throws(Errno) in
+            let inode = try fetchInode(ino)
+            guard offset < inode.size, size > 0 else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
+            let length = Int(min(Int64(size), inode.size - offset))
+            var buffer = [UInt8](repeating: 0, count: length)
+            let first = offset / Int64(Self.chunkSize), last = (offset + Int64(length) - 1) / Int64(Self.chunkSize)
+            let statement = try statement("SELECT idx, data FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ?")
+            statement.bind(ino, first, last)
+            defer { statement.done() }
+            while try row(statement) {
+                let chunkStart = statement.int(0) * Int64(Self.chunkSize)
+                let data = statement.blob(1)
+                let from = max(offset, chunkStart), to = min(offset + Int64(length), chunkStart + Int64(data.count))
+                guard from < to else { continue }
+                buffer.withUnsafeMutableBytes { out in
+                    out.baseAddress!.advanced(by: Int(from - offset))
+                        .copyMemory(from: data.baseAddress!.advanced(by: Int(from - chunkStart)), byteCount: Int(to - from))
+                }
+            }
+            buffer.withUnsafeBytes { reply($0) }
+        }
+    }
+
+    /// Writes `data` at `offset` (at the end with `append`); returns the bytes written.
+    public func write(_ ino: Int64, offset: Int64, data: UnsafeRawBufferPointer, append: Bool) throws(Errno) -> Int {
+        guard !data.isEmpty else { return 0 }
+        return try transaction { () throws(Errno) -> Int in
+            let inode = try fetchInode(ino)
+            guard !inode.isDirectory else { throw .isDirectory }
+            let start = append ? inode.size : offset
+            guard start >= 0, start <= Int64.max - Int64(data.count) else { throw .fileTooLarge }
+            var position = 0
+            while position < data.count {
+                let absolute = start + Int64(position)
+                let index = absolute / Int64(Self.chunkSize)
+                let within = Int(absolute % Int64(Self.chunkSize))
+                let count = min(Self.chunkSize - within, data.count - position)
+                let piece = UnsafeRawBufferPointer(rebasing: data[position..<(position + count)])
+                if within == 0 && count == Self.chunkSize {
+                    try run("INSERT OR REPLACE INTO chunks(ino, idx, data) VALUES(?,?,?)", ino, index, piece)
+                } else {
+                    var chunk = try existingChunk(ino, index)
+                    if chunk.count < within + count { chunk += [UInt8](repeating: 0, count: within + count - chunk.count) }
+                    chunk.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: within).copyMemory(from: piece.baseAddress!, byteCount: count) }
+                    try run("INSERT OR REPLACE INTO chunks(ino, idx, data) VALUES(?,?,?)", ino, index, chunk)
+                }
+                position += count
+            }
+            let now = Self.now()
+            try run("UPDATE inodes SET size = max(size, ?), mtime = ?, ctime = ? WHERE ino = ?",
+                    start + Int64(data.count), now, now, ino)
+            return data.count
+        }
+    }
+
+    private func existingChunk(_ ino: Int64, _ index: Int64) throws(Errno) -> [UInt8] {
+        let statement = try statement("SELECT data FROM chunks WHERE ino = ? AND idx = ?")
+        statement.bind(ino, index)
+        defer { statement.done() }
+        return try row(statement) ? statement.bytes(0) : []
+    }
+
+    public func setAttributes(_ ino: Int64, _ changes: CacheAttributeChanges) throws(Errno) -> CacheInode {
+        try transaction { () throws(Errno) -> CacheInode in
+            var inode = try fetchInode(ino)
+            let now = Self.now()
+            if let size = changes.size {
+                guard !inode.isDirectory else { throw .isDirectory }
+                guard size >= 0 else { throw .invalidArgument }
+                if size < inode.size {
+                    let lastIndex = size == 0 ? -1 : (size - 1) / Int64(Self.chunkSize)
+                    try run("DELETE FROM chunks WHERE ino = ? AND idx > ?", ino, lastIndex)
+                    if lastIndex >= 0 {
+                        let keep = Int(size - lastIndex * Int64(Self.chunkSize))
+                        let chunk = try existingChunk(ino, lastIndex)
+                        if chunk.count > keep {
+                            try run("UPDATE chunks SET data = ? WHERE ino = ? AND idx = ?", Array(chunk[0..<keep]), ino, lastIndex)
+                        }
+                    }
+                }
+                inode.size = size
+                inode.modificationNanoseconds = now
+            }
+            if let mode = changes.mode { inode.mode = (inode.mode & S_IFMT) | (mode & 0o7777) }
+            if let uid = changes.uid { inode.uid = uid }
+            if let gid = changes.gid { inode.gid = gid }
+            if let atime = changes.accessNanoseconds { inode.accessNanoseconds = atime }
+            if let mtime = changes.modificationNanoseconds { inode.modificationNanoseconds = mtime }
+            inode.changeNanoseconds = now
+            try run("UPDATE inodes SET mode = ?, uid = ?, gid = ?, size = ?, atime = ?, mtime = ?, ctime = ? WHERE ino = ?",
+                    Int64(inode.mode), Int64(inode.uid), Int64(inode.gid), inode.size, inode.accessNanoseconds,
+                    inode.modificationNanoseconds, inode.changeNanoseconds, ino)
+            return inode
+        }
+    }
+
+    // MARK: Extended attributes (user.* only)
+
+    static func checkAttributeName(_ name: String) throws(Errno) {
+        guard name.hasPrefix("user."), name.utf8.count > 5 else { throw .notSupported }
+        guard name.utf8.count <= 255 else { throw .outOfRange }
+    }
+
+    /// `flags`: XATTR_CREATE (1) fails if present, XATTR_REPLACE (2) if absent.
+    public func setExtendedAttribute(_ ino: Int64, name: String, value: [UInt8], flags: Int32) throws(Errno) {
+        try Self.checkAttributeName(name)
+        guard value.count <= 65536 else { throw .fileTooLarge }
+        try transaction { () throws(Errno) in
+            _ = try fetchInode(ino)
+            let exists = try attribute(ino, name) != nil
+            if flags & 1 != 0 && exists { throw .fileExists }
+            if flags & 2 != 0 && !exists { throw .noData }
+            try run("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES(?,?,?)", ino, name, value)
+            try touch(ino, modified: false)
+        }
+    }
+
+    private func attribute(_ ino: Int64, _ name: String) throws(Errno) -> [UInt8]? {
+        let statement = try statement("SELECT value FROM xattrs WHERE ino = ? AND name = ?")
+        statement.bind(ino, name)
+        defer { statement.done() }
+        return try row(statement) ? statement.bytes(0) : nil
+    }
+
+    public func extendedAttribute(_ ino: Int64, name: String) throws(Errno) -> [UInt8] {
+        try withLock { () throws(Errno) -> [UInt8] in
+            guard let value = try attribute(ino, name) else { throw .noData }
+            return value
+        }
+    }
+
+    public func extendedAttributeNames(_ ino: Int64) throws(Errno) -> [String] {
+        try withLock { () throws(Errno) -> [String] in
+            let statement = try statement("SELECT name FROM xattrs WHERE ino = ? ORDER BY name")
+            statement.bind(ino)
+            defer { statement.done() }
+            var names: [String] = []
+            while try row(statement) { names.append(statement.text(0)) }
+            return names
+        }
+    }
+
+    public func removeExtendedAttribute(_ ino: Int64, name: String) throws(Errno) {
+        try Self.checkAttributeName(name)
+        try transaction { () throws(Errno) in
+            guard try attribute(ino, name) != nil else { throw .noData }
+            try run("DELETE FROM xattrs WHERE ino = ? AND name = ?", ino, name)
+            try touch(ino, modified: false)
+        }
+    }
+
+    // MARK: References and durability
+
+    public func lookedUp(_ ino: Int64, count: UInt64 = 1) {
+        lock.withLock { _ in lookups[ino, default: 0] += count }
+    }
+
+    public func forgot(_ ino: Int64, count: UInt64) {
+        _ = try? withLock { () throws(Errno) in
+            let left = (lookups[ino] ?? 0) > count ? lookups[ino]! - count : 0
+            lookups[ino] = left == 0 ? nil : left
+            if left == 0 { try deleteIfUnreferenced(ino) }
+        }
+    }
+
+    public func opened(_ ino: Int64) {
+        lock.withLock { _ in opens[ino, default: 0] += 1 }
+    }
+
+    public func released(_ ino: Int64) {
+        _ = try? withLock { () throws(Errno) in
+            let left = max(0, (opens[ino] ?? 0) - 1)
+            opens[ino] = left == 0 ? nil : left
+            if left == 0 { try deleteIfUnreferenced(ino) }
+        }
+    }
+
+    /// Makes every committed change durable (fsync of the write-ahead log via a checkpoint).
+    public func synchronize() throws(Errno) {
+        try withLock { () throws(Errno) in try exec("PRAGMA wal_checkpoint(FULL)") }
+    }
+
+    /// Files and bytes stored.
+    public func usage() -> (files: Int64, bytes: Int64) {
+        (try? withLock { () throws(Errno) -> (files: Int64, bytes: Int64) in
+            let statement = try statement("SELECT count(*), coalesce(sum(size), 0) FROM inodes WHERE mode & \(S_IFMT) = \(S_IFREG)")
+            defer { statement.done() }
+            guard try row(statement) else { return (0, 0) }
+            return (statement.int(0), statement.int(1))
+        }) ?? (0, 0)
+    }
+}
+
+/// Why the cache cannot be opened.
+public enum CacheStoreError: Error, CustomStringConvertible, Sendable {
+    case damaged(String)
+    public var description: String {
+        switch self {
+        case .damaged(let reason): "cache damaged: \(reason)"
+        }
+    }
+}
+
+extension Statement {
+    func bindArray(_ values: [Any?]) {
+        sqlite3_reset(handle)
+        sqlite3_clear_bindings(handle)
+        let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+        for (offset, value) in values.enumerated() {
+            let index = Int32(offset + 1)
+            switch value {
+            case let number as Int64: sqlite3_bind_int64(handle, index, number)
+            case let number as Int: sqlite3_bind_int64(handle, index, Int64(number))
+            case let text as String: sqlite3_bind_text(handle, index, text, -1, transient)
+            case let bytes as [UInt8]:
+                bytes.withUnsafeBytes { sqlite3_bind_blob(handle, index, $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32($0.count), transient) }
+            case let buffer as UnsafeRawBufferPointer:
+                sqlite3_bind_blob(handle, index, buffer.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(buffer.count), transient)
+            default: sqlite3_bind_null(handle, index)
+            }
+        }
+    }
+}

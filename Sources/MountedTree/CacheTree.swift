@@ -1,0 +1,202 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CacheStore
+import FuseLowLevel
+import Posix
+import Synchronization
+
+/// `cache/`: a general POSIX file tree stored in SQLite (SPEC §5). Inode numbers are the
+/// store's row ids in the cache's inode space, so a request maps onto its rows with no
+/// path resolution. Every name and inode the kernel holds is counted (lookup, readdirplus,
+/// create) and every open, so that a file unlinked while open keeps its data until the
+/// last reference goes.
+///
+/// Thread-safety: the store serializes its own access.
+public final class CacheTree: Subtree {
+    public let name = "cache"
+    public let space = InodeSpace.cache
+    let store: CacheStore?
+    let problem: String?
+    /// Everything goes through this mount, so the kernel's copy is kept up to date by
+    /// the kernel itself; one second bounds what a change made behind its back (sqlite3)
+    /// could leave stale.
+    static let cache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
+
+    public init(databasePath: String, ownership: Ownership) {
+        do {
+            store = try CacheStore(path: databasePath, owner: (ownership.uid, ownership.gid))
+            problem = nil
+        } catch {
+            store = nil
+            problem = error.description
+            Log.error("\(error.description); cache/ answers EIO, the file is left as it is")
+        }
+    }
+
+    func storeOrEIO() throws(Errno) -> CacheStore {
+        guard let store else { throw .ioError }
+        return store
+    }
+
+    func ino(_ inode: InodeNumber) -> Int64 { Int64(space.local(inode)) }
+
+    func attributes(_ inode: CacheInode) -> Attributes {
+        func time(_ ns: Int64) -> Timestamp { Timestamp(seconds: ns / 1_000_000_000, nanoseconds: ns % 1_000_000_000) }
+        var attributes = Attributes(inode: space.inode(UInt64(inode.ino)), mode: inode.mode, linkCount: UInt32(max(0, inode.links)),
+                                    uid: inode.uid, gid: inode.gid, size: UInt64(max(0, inode.size)),
+                                    accessTime: time(inode.accessNanoseconds), modificationTime: time(inode.modificationNanoseconds),
+                                    changeTime: time(inode.changeNanoseconds))
+        // Sparse files: count only stored chunks would need a query; report the size.
+        attributes.blocks = (UInt64(max(0, inode.size)) + 511) / 512
+        return attributes
+    }
+
+    /// An entry handed to the kernel: one more lookup reference.
+    func entry(_ inode: CacheInode) -> Entry {
+        store?.lookedUp(inode.ino)
+        return Entry(attributes: attributes(inode), cache: Self.cache)
+    }
+
+    public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {
+        entry(try storeOrEIO().lookup(parent: ino(parent), name: name))
+    }
+
+    public func forget(inode: InodeNumber, lookups: UInt64) {
+        store?.forgot(ino(inode), count: lookups)
+    }
+
+    public func countLookup(of inode: InodeNumber) {
+        store?.lookedUp(ino(inode))
+    }
+
+    public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
+        if inode == space.root, store == nil {
+            return (Ownership(uid: getuid(), gid: getgid(), since: .now()).directory(inode), .short)
+        }
+        return (attributes(try storeOrEIO().inode(ino(inode))), Self.cache)
+    }
+
+    public func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
+                              context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
+        func ns(_ t: Timestamp?) -> Int64? { t.map { $0.seconds * 1_000_000_000 + $0.nanoseconds } }
+        let updated = try storeOrEIO().setAttributes(ino(inode), CacheAttributeChanges(
+            mode: changes.mode, uid: changes.uid, gid: changes.gid, size: changes.size.map { Int64(clamping: $0) },
+            accessNanoseconds: ns(changes.accessTime), modificationNanoseconds: ns(changes.modificationTime)))
+        return (attributes(updated), Self.cache)
+    }
+
+    public func readLink(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> String {
+        guard let target = try storeOrEIO().inode(ino(inode)).target else { throw .invalidArgument }
+        return target
+    }
+
+    public func makeNode(parent: InodeNumber, name: String, mode: mode_t, device: dev_t,
+                         context: RequestContext) throws(Errno) -> Entry {
+        entry(try storeOrEIO().create(parent: ino(parent), name: name, mode: mode, uid: context.uid, gid: context.gid,
+                                      device: Int64(device)))
+    }
+
+    public func makeDirectory(parent: InodeNumber, name: String, mode: mode_t,
+                              context: RequestContext) throws(Errno) -> Entry {
+        entry(try storeOrEIO().create(parent: ino(parent), name: name, mode: S_IFDIR | (mode & 0o7777),
+                                      uid: context.uid, gid: context.gid))
+    }
+
+    public func unlink(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
+        try storeOrEIO().unlink(parent: ino(parent), name: name)
+    }
+
+    public func removeDirectory(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
+        try storeOrEIO().removeDirectory(parent: ino(parent), name: name)
+    }
+
+    public func makeSymbolicLink(target: String, parent: InodeNumber, name: String,
+                                 context: RequestContext) throws(Errno) -> Entry {
+        guard target.utf8.count <= 4095 else { throw .nameTooLong }
+        return entry(try storeOrEIO().create(parent: ino(parent), name: name, mode: S_IFLNK | 0o777, uid: context.uid,
+                                             gid: context.gid, target: target))
+    }
+
+    public func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
+                       flags: RenameFlags, context: RequestContext) throws(Errno) {
+        try storeOrEIO().rename(parent: ino(parent), name: name, newParent: ino(newParent), newName: newName,
+                                flags: flags.rawValue)
+    }
+
+    public func link(_ inode: InodeNumber, newParent: InodeNumber, newName: String,
+                     context: RequestContext) throws(Errno) -> Entry {
+        entry(try storeOrEIO().link(ino(inode), parent: ino(newParent), name: newName))
+    }
+
+    public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
+        let store = try storeOrEIO()
+        let file = try store.inode(ino(inode))
+        if file.isDirectory { throw .isDirectory }
+        store.opened(file.ino)
+        return OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0))
+    }
+
+    public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
+                       context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
+        let store = try storeOrEIO()
+        let file = try store.create(parent: ino(parent), name: name, mode: S_IFREG | (mode & 0o7777),
+                                    uid: context.uid, gid: context.gid)
+        store.opened(file.ino)
+        return (entry(file), OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0)))
+    }
+
+    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
+                     context: RequestContext) throws(Errno) -> [UInt8] {
+        var bytes: [UInt8] = []
+        try read(inode, handle: handle, offset: offset, size: size, context: context) { bytes = Array($0) }
+        return bytes
+    }
+
+    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
+                     reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        try storeOrEIO().read(ino(inode), offset: Int64(clamping: offset), size: size, into: reply)
+    }
+
+    public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
+                      flags: Int32, context: RequestContext) throws(Errno) -> Int {
+        try storeOrEIO().write(ino(inode), offset: Int64(clamping: offset), data: data,
+                               append: handle == 1 || flags & O_APPEND != 0)
+    }
+
+    public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
+        store?.released(ino(inode))
+    }
+
+    public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
+        try storeOrEIO().synchronize()
+    }
+
+    public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {
+        // readdirplus counts a lookup for each entry it hands out (countLookup).
+        try storeOrEIO().list(ino(inode)).map {
+            DirectoryEntry(name: $0.name, entry: Entry(attributes: attributes($0.inode), cache: Self.cache))
+        }
+    }
+
+    public func setExtendedAttribute(_ inode: InodeNumber, name: String, value: [UInt8], flags: Int32,
+                                     context: RequestContext) throws(Errno) {
+        try storeOrEIO().setExtendedAttribute(ino(inode), name: name, value: value, flags: flags)
+    }
+
+    public func extendedAttribute(_ inode: InodeNumber, name: String, context: RequestContext) throws(Errno) -> [UInt8] {
+        try storeOrEIO().extendedAttribute(ino(inode), name: name)
+    }
+
+    public func extendedAttributeNames(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [String] {
+        try storeOrEIO().extendedAttributeNames(ino(inode))
+    }
+
+    public func removeExtendedAttribute(_ inode: InodeNumber, name: String, context: RequestContext) throws(Errno) {
+        try storeOrEIO().removeExtendedAttribute(ino(inode), name: name)
+    }
+
+    public func shutDown() {
+        try? store?.synchronize()
+    }
+}

@@ -1,0 +1,211 @@
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `cache/` through a real mount (SPEC §5), checked against a model: the same operations
+/// on a directory of the machine's own file system must give the same errno and tree.
+@Suite struct CacheTests {
+    /// Runs operations on a root and prints one line per operation: its errno name (or OK
+    /// and a result), then a digest of the whole tree. Python has setxattr and, through
+    /// ctypes, renameat2, which Swift's Glibc module lacks.
+    static let operations = #"""
+    import ctypes, errno, hashlib, os, random, stat, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    def renameat2(a, b, flags):
+        if libc.renameat2(-100, a.encode(), -100, b.encode(), flags) != 0:
+            e = ctypes.get_errno(); raise OSError(e, os.strerror(e))
+    def tree(root):
+        out = []
+        for d, dirs, files in os.walk(root):
+            dirs.sort()
+            for n in sorted(dirs + files):
+                p = os.path.join(d, n); st = os.lstat(p); rel = os.path.relpath(p, root)
+                if stat.S_ISLNK(st.st_mode): out.append(f'{rel} link {os.readlink(p)}')
+                elif stat.S_ISDIR(st.st_mode): out.append(f'{rel} dir {oct(st.st_mode & 0o7777)} links={st.st_nlink}')
+                else:
+                    h = hashlib.md5(open(p, 'rb').read()).hexdigest()
+                    xs = sorted((x, os.getxattr(p, x)) for x in os.listxattr(p) if x.startswith('user.'))
+                    out.append(f'{rel} file {oct(st.st_mode & 0o7777)} size={st.st_size} links={st.st_nlink} {h} {xs}')
+        return out
+    def attempt(fn):
+        try:
+            r = fn()
+            return 'OK' if r is None else f'OK {r}'
+        except OSError as e:
+            return errno.errorcode.get(e.errno, str(e.errno))
+    """#
+
+    static let matrix = #"""
+    root = sys.argv[1]; os.chdir(root)
+    def w(p, data, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
+        fd = os.open(p, flags, 0o644); os.write(fd, data); os.close(fd)
+    steps = [
+        ('mkdir d', lambda: os.mkdir('d')), ('mkdir d again', lambda: os.mkdir('d')),
+        ('write f', lambda: w('f', b'hello')), ('create excl f', lambda: w('f', b'x', os.O_WRONLY | os.O_CREAT | os.O_EXCL)),
+        ('mkdir in file', lambda: os.mkdir('f/x')), ('rmdir file', lambda: os.rmdir('f')), ('unlink dir', lambda: os.unlink('d')),
+        ('write d/g', lambda: w('d/g', b'g')), ('rmdir nonempty', lambda: os.rmdir('d')),
+        ('rename dir into itself', lambda: os.rename('d', 'd/sub')), ('mkdir e', lambda: os.mkdir('e')),
+        ('rename file over dir', lambda: os.rename('f', 'e')), ('rename dir over file', lambda: os.rename('e', 'f')),
+        ('rename dir over nonempty', lambda: os.rename('e', 'd')), ('rename dir over empty', lambda: os.rename('d', 'e')),
+        ('name too long', lambda: w('n' * 256, b'')), ('name 255', lambda: w('n' * 255, b'')),
+        ('link dir', lambda: os.link('e', 'e2')), ('link f', lambda: os.link('f', 'f2')), ('nlink', lambda: os.stat('f').st_nlink),
+        ('missing', lambda: os.stat('nope')), ('open dir for writing', lambda: os.open('e', os.O_WRONLY)),
+        ('readlink file', lambda: os.readlink('f')), ('symlink', lambda: os.symlink('f', 's')), ('readlink', lambda: os.readlink('s')),
+        ('symlink exists', lambda: os.symlink('x', 's')), ('getxattr missing', lambda: os.getxattr('f', 'user.nope')),
+        ('setxattr', lambda: os.setxattr('f', 'user.a', b'1')), ('setxattr create existing', lambda: os.setxattr('f', 'user.a', b'2', os.XATTR_CREATE)),
+        ('setxattr replace missing', lambda: os.setxattr('f', 'user.b', b'2', os.XATTR_REPLACE)),
+        ('removexattr missing', lambda: os.removexattr('f', 'user.b')), ('getxattr', lambda: os.getxattr('f', 'user.a')),
+        ('noreplace existing', lambda: renameat2('f', 'f2', 1)), ('exchange missing', lambda: renameat2('f', 'zz', 2)),
+        ('exchange', lambda: renameat2('f', 'e', 2)), ('exchange back', lambda: renameat2('e', 'f', 2)),
+        ('truncate dir', lambda: os.truncate('e', 0)), ('truncate grow', lambda: os.truncate('f', 100)), ('size', lambda: os.stat('f').st_size),
+        ('truncate shrink', lambda: os.truncate('f', 3)), ('rename over hard link of itself', lambda: os.rename('f', 'f2')),
+        ('unlink f2', lambda: os.unlink('f2')), ('rmdir missing', lambda: os.rmdir('nope')), ('unlink missing', lambda: os.unlink('nope')),
+        ('chmod', lambda: os.chmod('f', 0o600)), ('mode', lambda: oct(os.stat('f').st_mode & 0o777)),
+        ('utime', lambda: os.utime('f', ns=(1_000_000_123, 2_000_000_456))), ('mtime', lambda: os.stat('f').st_mtime_ns),
+        ('append', lambda: w('f', b'++', os.O_WRONLY | os.O_APPEND)), ('read', lambda: open('f', 'rb').read()),
+        ('sparse', lambda: w('sp', b'z', os.O_WRONLY | os.O_CREAT)), ('seek write', lambda: (lambda fd: (os.lseek(fd, 5 * 2**30, 0), os.write(fd, b'end'), os.close(fd)))(os.open('sp', os.O_WRONLY))),
+        ('sparse size', lambda: os.stat('sp').st_size), ('sparse read', lambda: (lambda f: (f.seek(5 * 2**30 - 2), f.read(10)))(open('sp', 'rb'))[1]),
+        ('open unlinked', lambda: (lambda fd: (os.unlink('f'), os.lseek(fd, 0, 0), os.read(fd, 10), os.close(fd))[2])(os.open('f', os.O_RDONLY))),
+        ('mknod fifo', lambda: os.mkfifo('fifo')), ('unlink fifo', lambda: os.unlink('fifo')),
+    ]
+    for name, fn in steps: print(name, '=>', attempt(fn))
+    os.unlink('sp')
+    print('\n'.join(tree(root)))
+    """#
+
+    static let randomOperations = #"""
+    root, seed, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); os.chdir(root)
+    rnd = random.Random(seed)
+    names = ['a', 'b', 'c', 'd/x', 'd/y', 'e', 'd', 'd/z/w', 'f/g']
+    def pick(): return rnd.choice(names)
+    def data(): return bytes(rnd.getrandbits(8) for _ in range(rnd.choice([0, 1, 100, 5000, 70000, 140000])))
+    def write_at(p, off, d):
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+        try: os.pwrite(fd, d, off)
+        finally: os.close(fd)
+    ops = [
+        lambda p: write_at(p, rnd.choice([0, 7, 65530, 65536, 200000]), data()),
+        lambda p: os.truncate(p, rnd.choice([0, 3, 65536, 70000, 300000])),
+        lambda p: os.mkdir(p), lambda p: os.rmdir(p), lambda p: os.unlink(p),
+        lambda p: os.rename(p, pick()), lambda p: os.link(p, pick()), lambda p: os.symlink('t' + p, p),
+        lambda p: os.setxattr(p, 'user.k', data()[:100]), lambda p: os.chmod(p, rnd.choice([0o600, 0o644, 0o755])),
+        lambda p: hashlib.md5(open(p, 'rb').read()).hexdigest(),
+        lambda p: sorted(os.listdir(p)), lambda p: renameat2(p, pick(), rnd.choice([1, 2])),
+    ]
+    for i in range(count):
+        op = rnd.randrange(len(ops)); p = pick()
+        print(i, op, p, attempt(lambda: ops[op](p)))
+    print('\n'.join(tree(root)))
+    """#
+
+    func runBoth(_ script: String, arguments: [String] = []) throws -> (model: String, mount: String) {
+        let store = try MountedStore()
+        defer { store.close() }
+        let model = store.scratch.sub("model")
+        mkdir(model, 0o755)
+        let program = store.scratch.sub("ops.py")
+        try (Self.operations + "\n" + script + "\n").write(toFile: program, atomically: true, encoding: .utf8)
+        let onModel = Run.program("python3", [program, model] + arguments, timeout: 300)
+        let onMount = Run.program("python3", [program, store.path("cache")] + arguments, timeout: 300)
+        #expect(onModel.status == 0, "model: \(onModel.stderr)")
+        #expect(onMount.status == 0, "mount: \(onMount.stderr)")
+        let integrity = Run.program("sqlite3", [store.dataDirectory + "/cache.sqlite", "PRAGMA integrity_check"])
+        #expect(integrity.stdout == "ok\n", "\(integrity)")
+        return (onModel.stdout, onMount.stdout)
+    }
+
+    /// Every errno case of the matrix is the one the machine's own file system gives.
+    @Test func errnoMatrixMatchesTheModel() throws {
+        let (model, mount) = try runBoth(Self.matrix)
+        let modelLines = model.split(separator: "\n"), mountLines = mount.split(separator: "\n")
+        #expect(modelLines.count == mountLines.count)
+        for (expected, actual) in zip(modelLines, mountLines) where expected != actual {
+            Issue.record("model: \(expected)\nmount: \(actual)")
+        }
+        #expect(model.contains("rename dir into itself => EINVAL") && model.contains("name too long => ENAMETOOLONG"))
+    }
+
+    /// Random operations (seeded), each compared with the model, then the whole tree.
+    @Test(arguments: [1, 2, 3])
+    func randomOperationsMatchTheModel(seed: Int) throws {
+        let (model, mount) = try runBoth(Self.randomOperations, arguments: [String(seed), "400"])
+        let modelLines = model.split(separator: "\n"), mountLines = mount.split(separator: "\n")
+        var differences = 0
+        for (expected, actual) in zip(modelLines, mountLines) where expected != actual {
+            differences += 1
+            if differences <= 5 { Issue.record("seed \(seed): model: \(expected)\nmount: \(actual)") }
+        }
+        #expect(modelLines.count == mountLines.count && differences == 0, "\(differences) differences")
+    }
+
+    @Test func fsyncedDataSurvivesKillNine() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let pid = try #require(Int32(try store.status()["pid"] ?? ""))
+        let write = Run.program("python3", ["-c", """
+            import os, sys
+            fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, b'durable ' * 10000); os.fsync(fd); os.close(fd)
+            """, store.path("cache/kept")])
+        #expect(write.status == 0, "\(write)")
+        kill(pid, SIGKILL)
+        #expect(MountTable.wait { !isRunning(pid) })
+        Run.program("fusermount3", ["-uz", store.mountPoint])
+        #expect(Run.program("sqlite3", [store.dataDirectory + "/cache.sqlite", "PRAGMA integrity_check"]).stdout == "ok\n")
+        #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
+        #expect(Run.shell("head -c 16 \(store.path("cache/kept")); stat -c %s \(store.path("cache/kept"))").stdout == "durable durable 80000\n")
+    }
+
+    @Test func sqliteReadsTheTreeWhileMountedAndMmapWorks() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        #expect(Run.shell("mkdir \(store.path("cache/dir")) && echo content > \(store.path("cache/dir/file"))").status == 0)
+        let query = Run.program("sqlite3", [store.dataDirectory + "/cache.sqlite",
+                                            "SELECT e.name, i.size FROM entries e JOIN inodes i USING(ino) ORDER BY e.name"])
+        #expect(query.stdout == "dir|0\nfile|8\n", "\(query)")
+        let mmap = Run.program("python3", ["-c", """
+            import mmap, os, sys
+            fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644); os.ftruncate(fd, 8192)
+            m = mmap.mmap(fd, 8192); m[100:105] = b'hello'; m.flush(); m.close(); os.close(fd)
+            print(open(sys.argv[1], 'rb').read()[100:105].decode())
+            """, store.path("cache/mapped")])
+        #expect(mmap.stdout == "hello\n", "\(mmap)")
+    }
+
+    @Test func packagedStressorsPass() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let cache = store.path("cache")
+        if Run.shell("command -v fio").status == 0 {
+            let fio = Run.shell("cd \(cache) && fio --name=verify --rw=randwrite --bs=4k --size=4m --numjobs=2 --verify=crc32c --do_verify=1 --ioengine=psync --output-format=terse --minimal >/dev/null", timeout: 300)
+            #expect(fio.status == 0, "fio: \(fio.stderr)")
+        }
+        if Run.shell("command -v postmark").status == 0 {
+            let postmark = Run.shell("printf 'set location \(cache)\\nset number 300\\nset transactions 1000\\nrun\\nquit\\n' | postmark", timeout: 300)
+            #expect(postmark.status == 0 && postmark.stdout.contains("transactions"), "postmark: \(postmark)")
+        }
+        if Run.shell("command -v stress-ng").status == 0 {
+            let stress = Run.shell("cd \(cache) && stress-ng --temp-path . --hdd 1 --hdd-ops 200 --hdd-opts wr-rnd,rd-rnd --verify --link 1 --link-ops 200 --rename 1 --rename-ops 500 --dir 1 --dir-ops 200 --timeout 30s --metrics-brief 2>&1", timeout: 300)
+            #expect(stress.status == 0, "stress-ng: \(stress.stdout.suffix(1500))")
+        }
+        #expect(Run.program("sqlite3", [store.dataDirectory + "/cache.sqlite", "PRAGMA integrity_check"]).stdout == "ok\n")
+    }
+
+    @Test func damagedCacheGivesEIOAndTheOtherStoresWork() throws {
+        let scratch = Scratch()
+        defer { scratch.remove() }
+        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
+        #expect(Run.initStore(data).status == 0)
+        #expect(Run.shell("head -c 8192 /dev/urandom > \(data)/cache.sqlite").status == 0)
+        let before = try Data(contentsOf: URL(fileURLWithPath: data + "/cache.sqlite"))
+        mkdir(mnt, 0o755)
+        #expect(Run.mtmfs("mount", "--data-dir", data, mnt).status == 0)
+        defer { Run.mtmfs("unmount", mnt) }
+        let listing = Run.shell("ls \(mnt)/cache")
+        #expect(listing.status != 0 && listing.stderr.contains("Input/output error"), "\(listing)")
+        #expect(Run.shell("cat \(mnt)/settings/IsFirstRun && ls \(mnt)/accounts").status == 0)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: data + "/cache.sqlite")) == before)
+    }
+}
