@@ -49,7 +49,7 @@ struct UnmountCommand: Command {
         // The daemon flushes its stores on the way out; wait for that (30 s at most).
         for _ in 0..<3000 {
             if !ProcessState.isRunning(pid) { return }
-            usleep(5_000)
+            usleep(10_000)
         }
         throw CommandFailure("unmounted \(given), but the daemon (pid \(pid)) is still running after 30 s")
     }

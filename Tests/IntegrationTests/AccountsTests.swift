@@ -226,7 +226,8 @@ import Glibc
         #expect(Run.mtmfs("unlock", store.mountPoint, input: "not it\n").status == 1)
         #expect(try store.status()["state"] == "unlocked")
         // mount --unlock asks at once.
-        #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
+        let unmounted = Run.mtmfs("unmount", store.mountPoint)
+        #expect(unmounted.status == 0, "\(unmounted)")
         let mounted = Run.program(Run.mtmfs, ["mount", "--unlock", "--data-dir", store.dataDirectory, store.mountPoint],
                                   input: Run.passphrase + "\n")
         #expect(mounted.status == 0, "\(mounted)")

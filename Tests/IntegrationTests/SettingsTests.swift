@@ -302,7 +302,10 @@ import Glibc
 }
 
 enum Syscall {
+    /// The files of a data directory, less SQLite's own -wal and -shm companions of the
+    /// open cache database.
     static func listDirectoryNames(_ path: String) throws -> [String] {
         try FileManager.default.contentsOfDirectory(atPath: path)
+            .filter { $0 != "cache.sqlite-wal" && $0 != "cache.sqlite-shm" }
     }
 }
