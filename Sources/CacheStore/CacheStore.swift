@@ -67,6 +67,29 @@ public final class CacheStore: @unchecked Sendable {
     /// Kernel lookup references and open handles per inode (both keep an unlinked inode).
     private var lookups: [Int64: UInt64] = [:]
     private var opens: [Int64: Int] = [:]
+    /// Files removed to stay under the size limit, and because their expiry time passed.
+    private var evictions = 0
+    private var expirations = 0
+
+    /// Files removed for the size limit, and for their expiry time, since the mount began.
+    public func removals() -> (evictions: Int, expirations: Int) {
+        lock.withLock { _ in (evictions, expirations) }
+    }
+
+    /// Free space kept on the data directory's file system: writes that would eat into it
+    /// get ENOSPC, so that deletes and checkpoints (which need room in the write-ahead log)
+    /// still work on a full disk and space can be freed.
+    public static let reservedBytes: UInt64 = 8 << 20
+
+    private func requireHeadroom(adding bytes: Int = 0) throws(Errno) {
+        var fs = statvfs()
+        guard statvfs(path, &fs) == 0 else { return }
+        let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
+        if free < Self.reservedBytes + UInt64(bytes) { throw .noSpace }
+    }
+
+    /// The extended attribute that makes a file disappear at a time (Unix seconds or ISO 8601).
+    public static let expiryAttribute = "user.cache.expires"
 
     /// Opens (creating the schema if the file is new) the cache database at `path`.
     public init(path: String, owner: (uid: UInt32, gid: UInt32)) throws(CacheStoreError) {
@@ -84,7 +107,7 @@ public final class CacheStore: @unchecked Sendable {
             guard try database.scalarText("PRAGMA quick_check") == "ok" else {
                 throw CacheStoreError.damaged("\(path) fails PRAGMA quick_check")
             }
-            try database.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;")
+            try database.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF; PRAGMA journal_size_limit=4194304;")
             let version = Int64(try database.scalarText("PRAGMA user_version") ?? "0") ?? 0
             if version == 0 {
                 try createSchema(owner: owner)
@@ -116,7 +139,9 @@ public final class CacheStore: @unchecked Sendable {
                 ino INTEGER PRIMARY KEY, mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
                 size INTEGER NOT NULL DEFAULT 0, links INTEGER NOT NULL, atime INTEGER NOT NULL,
                 mtime INTEGER NOT NULL, ctime INTEGER NOT NULL, rdev INTEGER NOT NULL DEFAULT 0,
-                target TEXT, used INTEGER NOT NULL DEFAULT 0) STRICT;
+                target TEXT, used INTEGER NOT NULL DEFAULT 0, expires INTEGER) STRICT;
+            CREATE INDEX inodes_by_use ON inodes(used) WHERE links > 0;
+            CREATE INDEX inodes_by_expiry ON inodes(expires) WHERE expires IS NOT NULL;
             CREATE TABLE entries(
                 parent INTEGER NOT NULL, name TEXT NOT NULL, ino INTEGER NOT NULL,
                 PRIMARY KEY(parent, name)) STRICT, WITHOUT ROWID;
@@ -167,17 +192,24 @@ public final class CacheStore: @unchecked Sendable {
         try lock.withLock { (_) throws(Errno) -> T in try body() }
     }
 
-    /// Runs `body` in one write transaction (rolled back if it throws).
+    /// Runs `body` in one write transaction (rolled back if it throws). On a full disk the
+    /// write-ahead log is checkpointed and truncated (giving its space back) and the body
+    /// tried once more, so that a delete can still free space.
     private func transaction<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
         try withLock { () throws(Errno) -> T in
-            try exec("BEGIN IMMEDIATE")
-            do throws(Errno) {
-                let result = try body()
-                try exec("COMMIT")
-                return result
-            } catch {
-                try? exec("ROLLBACK")
-                throw error
+            var attempt = 0
+            while true {
+                attempt += 1
+                try exec("BEGIN IMMEDIATE")
+                do throws(Errno) {
+                    let result = try body()
+                    try exec("COMMIT")
+                    return result
+                } catch {
+                    try? exec("ROLLBACK")
+                    guard error == .noSpace, attempt == 1 else { throw error }
+                    try? exec("PRAGMA wal_checkpoint(TRUNCATE)")
+                }
             }
         }
     }
@@ -300,6 +332,7 @@ public final class CacheStore: @unchecked Sendable {
         return try transaction { () throws(Errno) -> CacheInode in
             _ = try directory(parent)
             guard try entry(parent, name) == nil else { throw .fileExists }
+            try requireHeadroom()
             let now = Self.now()
             let size = Int64(target?.utf8.count ?? 0)
             try run("INSERT INTO inodes(mode, uid, gid, size, links, atime, mtime, ctime, rdev, target) VALUES(?,?,?,?,?,?,?,?,?,?)",
@@ -478,6 +511,7 @@ public final class CacheStore: @unchecked Sendable {
         return try transaction { () throws(Errno) -> Int in
             let inode = try fetchInode(ino)
             guard !inode.isDirectory else { throw .isDirectory }
+            try requireHeadroom(adding: data.count)
             let start = append ? inode.size : offset
             guard start >= 0, start <= Int64.max - Int64(data.count) else { throw .fileTooLarge }
             var position = 0
@@ -556,12 +590,14 @@ public final class CacheStore: @unchecked Sendable {
     public func setExtendedAttribute(_ ino: Int64, name: String, value: [UInt8], flags: Int32) throws(Errno) {
         try Self.checkAttributeName(name)
         guard value.count <= 65536 else { throw .fileTooLarge }
+        let expiry = name == Self.expiryAttribute ? try Self.expiryTime(value) : nil
         try transaction { () throws(Errno) in
             _ = try fetchInode(ino)
             let exists = try attribute(ino, name) != nil
             if flags & 1 != 0 && exists { throw .fileExists }
             if flags & 2 != 0 && !exists { throw .noData }
             try run("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES(?,?,?)", ino, name, value)
+            if let expiry { try run("UPDATE inodes SET expires = ? WHERE ino = ?", expiry, ino) }
             try touch(ino, modified: false)
         }
     }
@@ -596,6 +632,7 @@ public final class CacheStore: @unchecked Sendable {
         try transaction { () throws(Errno) in
             guard try attribute(ino, name) != nil else { throw .noData }
             try run("DELETE FROM xattrs WHERE ino = ? AND name = ?", ino, name)
+            if name == Self.expiryAttribute { try run("UPDATE inodes SET expires = NULL WHERE ino = ?", ino) }
             try touch(ino, modified: false)
         }
     }
@@ -614,8 +651,71 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
+    /// An open handle: the file is in use (never evicted while open) and was used now.
     public func opened(_ ino: Int64) {
-        lock.withLock { _ in opens[ino, default: 0] += 1 }
+        _ = try? withLock { () throws(Errno) in
+            opens[ino, default: 0] += 1
+            try run("UPDATE inodes SET used = ? WHERE ino = ?", Self.now(), ino)
+        }
+    }
+
+    /// Unix seconds (an integer) or ISO 8601, as nanoseconds; EINVAL otherwise.
+    static func expiryTime(_ value: [UInt8]) throws(Errno) -> Int64 {
+        var text = String(decoding: value, as: UTF8.self)
+        while text.last == "\n" || text.last == "\r" || text.last == "\0" { text.removeLast() }
+        if let seconds = Int64(text), seconds >= 0, seconds < Int64.max / 1_000_000_000 { return seconds * 1_000_000_000 }
+        guard let seconds = ISO8601.unixSeconds(text) else { throw .invalidArgument }
+        // Nanoseconds run out in 2262: later times are "never" in practice.
+        return seconds >= Double(Int64.max / 1_000_000_000) ? Int64.max : Int64(max(0, seconds) * 1_000_000_000)
+    }
+
+    /// Removes every name of files whose expiry time has passed, then of the least recently
+    /// used closed files while the stored bytes exceed `limit` (nil: no limit). Returns the
+    /// names removed, for the kernel to forget.
+    public func maintain(limit: Int64?) -> [(parent: Int64, name: String)] {
+        (try? transaction { () throws(Errno) -> [(parent: Int64, name: String)] in
+            var removed: [(parent: Int64, name: String)] = []
+            let expired = try statement("SELECT ino FROM inodes WHERE expires IS NOT NULL AND expires <= ? AND links > 0")
+            expired.bind(Self.now())
+            var due: [Int64] = []
+            while try row(expired) { due.append(expired.int(0)) }
+            expired.done()
+            for ino in due where (opens[ino] ?? 0) == 0 {
+                removed += try removeAllNames(ino)
+                expirations += 1
+            }
+            guard let limit else { return removed }
+            let total = try statement("SELECT coalesce(sum(size), 0) FROM inodes WHERE links > 0 AND mode & \(S_IFMT) = \(S_IFREG)")
+            var used: Int64 = 0
+            if try row(total) { used = total.int(0) }
+            total.done()
+            guard used > limit else { return removed }
+            let oldest = try statement("SELECT ino, size FROM inodes WHERE links > 0 AND mode & \(S_IFMT) = \(S_IFREG) ORDER BY used, ino")
+            oldest.bind()
+            var candidates: [(Int64, Int64)] = []
+            while used > limit, try row(oldest) {
+                let ino = oldest.int(0), size = oldest.int(1)
+                guard (opens[ino] ?? 0) == 0 else { continue }
+                candidates.append((ino, size))
+                used -= size
+            }
+            oldest.done()
+            for (ino, _) in candidates {
+                removed += try removeAllNames(ino)
+                evictions += 1
+            }
+            return removed
+        }) ?? []
+    }
+
+    private func removeAllNames(_ ino: Int64) throws(Errno) -> [(parent: Int64, name: String)] {
+        let names = try statement("SELECT parent, name FROM entries WHERE ino = ?")
+        names.bind(ino)
+        var found: [(parent: Int64, name: String)] = []
+        while try row(names) { found.append((names.int(0), names.text(1))) }
+        names.done()
+        for (parent, name) in found { try removeName(parent: parent, name: name, ino: ino) }
+        return found
     }
 
     public func released(_ ino: Int64) {

@@ -3,6 +3,7 @@ import Glibc
 #endif
 import CacheStore
 import FuseLowLevel
+import Foundation
 import Posix
 import Synchronization
 
@@ -18,12 +19,18 @@ public final class CacheTree: Subtree {
     public let space = InodeSpace.cache
     let store: CacheStore?
     let problem: String?
+    let notifier: KernelCacheNotifier
+    /// Bytes of file data to stay under (`--cache-limit`), or nil.
+    let limit: Int64?
+    private let running = Atomic<Bool>(true)
     /// Everything goes through this mount, so the kernel's copy is kept up to date by
     /// the kernel itself; one second bounds what a change made behind its back (sqlite3)
     /// could leave stale.
     static let cache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
 
-    public init(databasePath: String, ownership: Ownership) {
+    public init(databasePath: String, ownership: Ownership, notifier: KernelCacheNotifier, limit: Int64? = nil) {
+        self.notifier = notifier
+        self.limit = limit
         do {
             store = try CacheStore(path: databasePath, owner: (ownership.uid, ownership.gid))
             problem = nil
@@ -32,6 +39,28 @@ public final class CacheTree: Subtree {
             problem = error.description
             Log.error("\(error.description); cache/ answers EIO, the file is left as it is")
         }
+        guard store != nil else { return }
+        // Expiry and the size limit are kept by a thread of their own, twice a second.
+        Thread.detachNewThread { [weak self] in
+            while true {
+                usleep(500_000)
+                guard let self, self.running.load(ordering: .relaxed), let store = self.store else { return }
+                for (parent, name) in store.maintain(limit: self.limit) {
+                    self.notifier.invalidateEntry(parent: self.space.inode(UInt64(parent)), name: name)
+                }
+            }
+        }
+    }
+
+    /// For `.mtmfs/status`.
+    public func statusLines() -> [String] {
+        guard let store else { return ["cache_error=\(problem ?? "unavailable")"] }
+        let usage = store.usage()
+        var lines = ["cache_files=\(usage.files)", "cache_bytes=\(usage.bytes)"]
+        if let limit { lines.append("cache_limit=\(limit)") }
+        let removals = store.removals()
+        lines += ["cache_evictions=\(removals.evictions)", "cache_expired=\(removals.expirations)"]
+        return lines
     }
 
     func storeOrEIO() throws(Errno) -> CacheStore {
@@ -197,6 +226,7 @@ public final class CacheTree: Subtree {
     }
 
     public func shutDown() {
+        running.store(false, ordering: .relaxed)
         try? store?.synchronize()
     }
 }

@@ -18,7 +18,7 @@ public final class MtmfsMount: Sendable {
 
     /// Checks the data directory and mounts. `options` are extra FUSE `-o` options.
     public init(dataDirectory: DataDirectory, mountPoint: String, options: [String],
-                autoLockSeconds: Int = 900) throws(MountError) {
+                autoLockSeconds: Int = 900, cacheLimit: Int64? = nil) throws(MountError) {
         do {
             try dataDirectory.check()
         } catch {
@@ -36,7 +36,8 @@ public final class MtmfsMount: Sendable {
             active: ActiveAccountLink(get: { settings.stringValue(forKey: activeKey) },
                                       set: { (value) throws(Errno) in try settings.setString(value, forKey: activeKey) }),
             autoLockSeconds: autoLockSeconds)
-        let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts)
+        let cache = CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership, notifier: notifier, limit: cacheLimit)
+        let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts, cache: cache)
         let control = ControlTree(files: [
             ControlTree.File(name: "status", mode: 0o444, contents: { statusLines.render() }),
             ControlTree.File(name: "unlock", mode: 0o200, command: { (bytes) throws(Errno) in
@@ -57,7 +58,7 @@ public final class MtmfsMount: Sendable {
         let root = RootTree(subtrees: [
             accounts,
             settings,
-            CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership),
+            cache,
             control,
         ], ownership: ownership, statistics: { Self.statistics(of: dataDirectory.path) })
         let fuseOptions = ["fsname=" + Self.escapeOption(dataDirectory.path), "subtype=mtmfs",
@@ -102,9 +103,10 @@ struct StatusReport: Sendable {
     let dataDirectory: DataDirectory
     let mountPoint: String
     let accounts: AccountsTree
+    let cache: CacheTree
 
     func render() -> String {
-        let lines = accounts.statusLines() + [
+        let lines = accounts.statusLines() + cache.statusLines() + [
             "version=\(MtmfsVersion.string)",
             "data_dir=\(dataDirectory.path)",
             "mount_point=\(mountPoint)",

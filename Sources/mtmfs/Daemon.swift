@@ -14,7 +14,7 @@ import Posix
 enum Daemon {
     /// Starts the daemon and waits for its word; returns its pid once the mount is ready.
     static func start(dataDirectory: String, mountPoint: String, options: [String],
-                      autoLockSeconds: Int = 900) throws(CommandFailure) -> pid_t {
+                      autoLockSeconds: Int = 900, cacheLimit: Int64? = nil) throws(CommandFailure) -> pid_t {
         let pipe: (read: Int32, write: Int32)
         do {
             pipe = try Syscall.pipe()
@@ -23,6 +23,7 @@ enum Daemon {
         }
         var arguments = [Paths.executable(), "mount", "--ready-fd", "3", "--data-dir", dataDirectory,
                          "--auto-lock", String(autoLockSeconds)]
+        if let cacheLimit { arguments += ["--cache-limit", String(cacheLimit)] }
         for option in options { arguments += ["-o", option] }
         arguments.append(mountPoint)
 
@@ -56,7 +57,7 @@ enum Daemon {
 
     /// The daemon side: detach, mount, report, serve until the mount ends.
     static func serve(dataDirectory: String, mountPoint: String, options: [String], autoLockSeconds: Int,
-                      readyFD: Int32?) throws(CommandFailure) {
+                      cacheLimit: Int64?, readyFD: Int32?) throws(CommandFailure) {
         if let readyFD {
             setsid()
             _ = fcntl(readyFD, F_SETFD, FD_CLOEXEC)
@@ -72,7 +73,7 @@ enum Daemon {
         let mount: MtmfsMount
         do {
             mount = try MtmfsMount(dataDirectory: DataDirectory(path: dataDirectory), mountPoint: mountPoint,
-                                   options: options, autoLockSeconds: autoLockSeconds)
+                                   options: options, autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit)
         } catch {
             Log.error(error.description)
             report("error: \(error.description)")

@@ -6,7 +6,7 @@ struct MountCommand: Command {
     static let abstract = "mount a data directory (returns once the mount is ready)"
     static let usage = """
     Usage: mtmfs mount [--data-dir DIR] [-f] [-o OPTIONS] [--unlock [--passphrase-file FILE]]
-                       [--auto-lock SECONDS] MOUNT
+                       [--auto-lock SECONDS] [--cache-limit BYTES] MOUNT
 
     Mounts the stores of DIR on the empty directory MOUNT. Without -f the daemon detaches,
     logs to syslog, and this command returns only once MOUNT answers, so the next line of a
@@ -20,9 +20,11 @@ struct MountCommand: Command {
       --passphrase-file FILE   with --unlock: read it from FILE's first line
       --auto-lock SECONDS      lock after this long without a secret access
                                (default 900; 0 never)
+      --cache-limit BYTES      keep cache/ under this size (K, M, G suffixes):
+                               least recently used closed files are removed
     """
     static let flags: Set<String> = ["-f", "--foreground", "--unlock"]
-    static let options: Set<String> = ["--data-dir", "-o", "--ready-fd", "--auto-lock", "--passphrase-file"]
+    static let options: Set<String> = ["--data-dir", "-o", "--ready-fd", "--auto-lock", "--passphrase-file", "--cache-limit"]
 
     let dataDirectory: String
     let mountPoint: String
@@ -33,6 +35,7 @@ struct MountCommand: Command {
     let autoLockSeconds: Int
     let unlock: Bool
     let passphraseFile: String?
+    let cacheLimit: Int64?
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         let positionals = try arguments.positionals(1...1, named: "the mount point (mtmfs mount MOUNT)")
@@ -45,6 +48,14 @@ struct MountCommand: Command {
         autoLockSeconds = seconds
         unlock = arguments.has("--unlock")
         passphraseFile = arguments.value("--passphrase-file")
+        if let text = arguments.value("--cache-limit") {
+            guard let bytes = Self.byteCount(text) else {
+                throw .usage("--cache-limit takes a size in bytes, e.g. 500M", command: Self.name)
+            }
+            cacheLimit = bytes
+        } else {
+            cacheLimit = nil
+        }
         if let fd = arguments.value("--ready-fd") {
             guard let number = Int32(fd) else { throw .usage("--ready-fd takes a number", command: Self.name) }
             readyFD = number
@@ -65,7 +76,7 @@ struct MountCommand: Command {
                 }
             }
             try Daemon.serve(dataDirectory: dataDirectory, mountPoint: mountPoint, options: options,
-                             autoLockSeconds: autoLockSeconds, readyFD: readyFD)
+                             autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit, readyFD: readyFD)
             return
         }
         do {
@@ -77,7 +88,7 @@ struct MountCommand: Command {
         let passphrase = unlock ? try PassphraseInput.read(prompt: "Passphrase: ", file: passphraseFile) : nil
         defer { passphrase?.wipe() }
         _ = try Daemon.start(dataDirectory: dataDirectory, mountPoint: mountPoint, options: options,
-                             autoLockSeconds: autoLockSeconds)
+                             autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit)
         if let passphrase {
             do {
                 try PassphraseInput.unlock(mountPoint: mountPoint, with: passphrase)
@@ -85,5 +96,18 @@ struct MountCommand: Command {
                 throw CommandFailure("mounted \(mountPoint), but \(error.description): run `mtmfs unlock \(mountPoint)`")
             }
         }
+    }
+
+    /// `123`, `64K`, `500M`, `2G` (powers of 1024).
+    static func byteCount(_ text: String) -> Int64? {
+        let units: [Character: Int64] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40]
+        var digits = Substring(text)
+        var scale: Int64 = 1
+        if let last = digits.last?.uppercased().first, let unit = units[last] {
+            scale = unit
+            digits = digits.dropLast()
+        }
+        guard let value = Int64(digits), value >= 0, value <= Int64.max / scale else { return nil }
+        return value * scale
     }
 }

@@ -193,6 +193,60 @@ import Glibc
         #expect(Run.program("sqlite3", [store.dataDirectory + "/cache.sqlite", "PRAGMA integrity_check"]).stdout == "ok\n")
     }
 
+    @Test func cacheLimitEvictsTheLeastRecentlyUsedClosedFiles() throws {
+        let store = try MountedStore(options: ["--cache-limit", "300K"])
+        defer { store.close() }
+        let c = store.path("cache")
+        for name in ["one", "two", "three", "four", "five"] {
+            #expect(Run.shell("head -c 102400 /dev/urandom > \(c)/\(name) && sleep 0.05").status == 0)
+        }
+        // "one" is the oldest but open: it must stay.
+        let held = open(c + "/one", O_RDONLY)
+        defer { close(held) }
+        #expect(MountTable.wait(seconds: 3) { (try? store.status()["cache_bytes"]).flatMap { Int($0 ?? "") } ?? .max <= 300 * 1024 })
+        let names = Set(try FileManager.default.contentsOfDirectory(atPath: c))
+        #expect(names.contains("one") && names.contains("five") && !names.contains("two"), "\(names)")
+        let status = try store.status()
+        #expect(Int(status["cache_evictions"] ?? "") ?? 0 >= 2 && status["cache_limit"] == "307200", "\(status)")
+    }
+
+    @Test func expiryRemovesFilesAtTheirTime() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let c = store.path("cache")
+        #expect(Run.shell("echo a > \(c)/soon && echo b > \(c)/later && echo c > \(c)/iso").status == 0)
+        #expect(Run.shell("setfattr -n user.cache.expires -v $(($(date +%s) + 1)) \(c)/soon").status == 0)
+        #expect(Run.shell("setfattr -n user.cache.expires -v 2999-01-01T00:00:00Z \(c)/later").status == 0)
+        #expect(Run.shell("setfattr -n user.cache.expires -v $(date -u -d @$(($(date +%s) + 1)) +%Y-%m-%dT%H:%M:%S+00:00) \(c)/iso").status == 0)
+        let bad = Run.shell("setfattr -n user.cache.expires -v tomorrow \(c)/later")
+        #expect(bad.status != 0 && bad.stderr.contains("Invalid argument"), "\(bad)")
+        #expect(MountTable.wait(seconds: 4) { !FileManager.default.fileExists(atPath: c + "/soon") && !FileManager.default.fileExists(atPath: c + "/iso") })
+        #expect(FileManager.default.fileExists(atPath: c + "/later"))
+        #expect(try store.status()["cache_expired"] == "2")
+    }
+
+    /// The data directory on a full file system: the writer gets ENOSPC, the database stays
+    /// intact, and writes work again once space is freed.
+    @Test func fullDiskGivesENOSPCAndRecovers() throws {
+        let scratch = Scratch()
+        let small = scratch.sub("small"), mnt = scratch.sub("mnt")
+        mkdir(small, 0o755)
+        mkdir(mnt, 0o755)
+        try #require(Run.program("mount", ["-t", "tmpfs", "-o", "size=24m", "tmpfs", small]).status == 0)
+        defer {
+            Run.mtmfs("unmount", mnt)
+            Run.program("umount", ["-l", small])
+            scratch.remove()
+        }
+        #expect(Run.initStore(small + "/data").status == 0)
+        #expect(Run.mtmfs("mount", "--data-dir", small + "/data", mnt).status == 0)
+        let fill = Run.shell("dd if=/dev/zero of=\(mnt)/cache/big bs=1M count=64 2>&1")
+        #expect(fill.status != 0 && fill.stdout.contains("No space left on device"), "\(fill)")
+        #expect(Run.program("sqlite3", [small + "/data/cache.sqlite", "PRAGMA integrity_check"]).stdout == "ok\n")
+        #expect(Run.shell("cat \(mnt)/settings/IsFirstRun").stdout == "true\n")
+        #expect(Run.shell("rm \(mnt)/cache/big && sleep 0.2 && echo again > \(mnt)/cache/small && cat \(mnt)/cache/small").stdout == "again\n")
+    }
+
     @Test func damagedCacheGivesEIOAndTheOtherStoresWork() throws {
         let scratch = Scratch()
         defer { scratch.remove() }
