@@ -52,9 +52,25 @@ struct DemoCommand: Command {
             throw CommandFailure("cannot write the demo stores: \(error)")
         }
         _ = try Daemon.start(dataDirectory: dataDirectory.path, mountPoint: mountPoint, options: [])
+        Self.addSampleCacheFiles(mountPoint + "/cache")
         let locked = tour(mountPoint: mountPoint, dataDirectory: dataDirectory.path)
         try PassphraseInput.unlock(mountPoint: mountPoint, with: passphrase)
         print(locked + unlockedTour(mountPoint: mountPoint))
+    }
+
+    /// A few files in cache/, written through the mount like any program would.
+    static func addSampleCacheFiles(_ cache: String) {
+        func write(_ path: String, _ text: String) {
+            guard let fd = try? Syscall.open(cache + "/" + path, O_WRONLY | O_CREAT | O_TRUNC, mode: 0o644) else { return }
+            try? Syscall.writeAll(fd, Array(text.utf8))
+            Syscall.close(fd)
+        }
+        _ = try? Syscall.mkdir(cache + "/avatars", mode: 0o755)
+        _ = try? Syscall.mkdir(cache + "/http", mode: 0o755)
+        write("http/index.json", "{\"etag\": \"W/\\\"5f2a\\\"\", \"items\": 42}\n")
+        write("avatars/alice.svg", "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"8\" height=\"8\"><circle cx=\"4\" cy=\"4\" r=\"4\"/></svg>\n")
+        write("README.txt", "Anything can live here: files, directories, links. It is all one SQLite database.\n")
+        symlink("avatars/alice.svg", cache + "/me.svg")
     }
 
     /// The demo vault's passphrase (printed: this store is for show only).
@@ -146,6 +162,10 @@ struct DemoCommand: Command {
         $ cat \(shown)/settings/Appearance/Theme \(shown)/settings/RecentServers/1
         \(cat("settings/Appearance/Theme"))
         \(cat("settings/RecentServers/1"))
+
+        $ ls \(shown)/cache
+        \(((try? Syscall.listDirectory(mountPoint + "/cache")) ?? []).sorted().joined(separator: "  "))
+        $ sqlite3 \(dataDirectory)/cache.sqlite 'SELECT count(*) FROM inodes'   # the same tree, in SQLite
 
         $ echo light > \(shown)/settings/Appearance/Theme      # saved to Settings.plist at once
         $ getfattr -n user.plist.type \(shown)/settings/LastSync   # the key's plist type: date
