@@ -23,10 +23,10 @@ public final class CacheTree: Subtree {
     /// Bytes of file data to stay under (`--cache-limit`), or nil.
     let limit: Int64?
     private let running = Atomic<Bool>(true)
-    /// Everything goes through this mount, so the kernel's copy is kept up to date by
-    /// the kernel itself; one second bounds what a change made behind its back (sqlite3)
-    /// could leave stale.
-    static let cache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
+    /// Every change goes through this mount, so the kernel keeps its own copy right (and
+    /// eviction and expiry invalidate the names they remove): names, attributes and pages
+    /// may be trusted for a minute and kept across opens.
+    static let cache = CachePolicy(entryTimeout: 60, attributeTimeout: 60)
 
     public init(databasePath: String, ownership: Ownership, notifier: KernelCacheNotifier, limit: Int64? = nil) {
         self.notifier = notifier
@@ -163,7 +163,7 @@ public final class CacheTree: Subtree {
         let file = try store.inode(ino(inode))
         if file.isDirectory { throw .isDirectory }
         store.opened(file.ino)
-        return OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0))
+        return OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true)
     }
 
     public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
@@ -172,7 +172,7 @@ public final class CacheTree: Subtree {
         let file = try store.create(parent: ino(parent), name: name, mode: S_IFREG | (mode & 0o7777),
                                     uid: context.uid, gid: context.gid)
         store.opened(file.ino)
-        return (entry(file), OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0)))
+        return (entry(file), OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true))
     }
 
     public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
