@@ -214,7 +214,10 @@ public final class CacheTree: Subtree {
     }
 
     public func extendedAttribute(_ inode: InodeNumber, name: String, context: RequestContext) throws(Errno) -> [UInt8] {
-        try storeOrEIO().extendedAttribute(ino(inode), name: name)
+        // `ls -l` and `cp` ask every file for security.* and ACLs: only user.* is ever
+        // stored, so those are answered without touching the database.
+        guard name.hasPrefix("user.") else { throw .noData }
+        return try storeOrEIO().extendedAttribute(ino(inode), name: name)
     }
 
     public func extendedAttributeNames(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [String] {
