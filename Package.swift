@@ -10,6 +10,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "mtmfs", targets: ["mtmfs"]),
+        .executable(name: "mtmfs-bench", targets: ["mtmfs-bench"]),
     ],
     targets: [
         // System libraries: a module map and a shim header each.
@@ -35,6 +36,8 @@ let package = Package(
                 dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "CredentialVault"]),
         // Command line only.
         .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "Posix"]),
+        // Side-by-side measurements against a native directory and peers.
+        .executableTarget(name: "mtmfs-bench", dependencies: ["Posix"]),
 
         .testTarget(name: "PosixTests", dependencies: ["Posix"]),
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),

@@ -136,7 +136,7 @@ public final class CacheStore: @unchecked Sendable {
         try database.execute("""
             BEGIN IMMEDIATE;
             CREATE TABLE inodes(
-                ino INTEGER PRIMARY KEY, mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
+                ino INTEGER PRIMARY KEY AUTOINCREMENT, mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
                 size INTEGER NOT NULL DEFAULT 0, links INTEGER NOT NULL, atime INTEGER NOT NULL,
                 mtime INTEGER NOT NULL, ctime INTEGER NOT NULL, rdev INTEGER NOT NULL DEFAULT 0,
                 target TEXT, used INTEGER NOT NULL DEFAULT 0, expires INTEGER) STRICT;
@@ -292,12 +292,16 @@ public final class CacheStore: @unchecked Sendable {
 
     // MARK: Reading the tree
 
-    public func lookup(parent: Int64, name: String) throws(Errno) -> CacheInode {
+    /// `reference`: the caller hands the inode to the kernel; count it in the same lock, so
+    /// that no unlink can delete it in between.
+    public func lookup(parent: Int64, name: String, reference: Bool = false) throws(Errno) -> CacheInode {
         try withLock { () throws(Errno) -> CacheInode in
             guard name.utf8.count <= Self.maximumNameLength else { throw .nameTooLong }
             _ = try directory(parent)
             guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
-            return try fetchInode(ino)
+            let inode = try fetchInode(ino)
+            if reference { lookups[ino, default: 0] += 1 }
+            return inode
         }
     }
 
@@ -324,8 +328,10 @@ public final class CacheStore: @unchecked Sendable {
     // MARK: Names
 
     /// Creates a file, directory, symlink, FIFO or socket named `name` in `parent`.
+    /// `reference`: counts a kernel reference; `open`: counts an open handle too (both in
+    /// the creating transaction, so that eviction cannot take the new file first).
     public func create(parent: Int64, name: String, mode: UInt32, uid: UInt32, gid: UInt32, device: Int64 = 0,
-                       target: String? = nil) throws(Errno) -> CacheInode {
+                       target: String? = nil, reference: Bool = false, open: Bool = false) throws(Errno) -> CacheInode {
         try Self.check(name)
         let type = mode & S_IFMT
         guard [S_IFREG, S_IFDIR, S_IFLNK, S_IFIFO, S_IFSOCK].contains(type) else { throw .notPermitted }
@@ -335,9 +341,11 @@ public final class CacheStore: @unchecked Sendable {
             try requireHeadroom()
             let now = Self.now()
             let size = Int64(target?.utf8.count ?? 0)
-            try run("INSERT INTO inodes(mode, uid, gid, size, links, atime, mtime, ctime, rdev, target) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                    Int64(mode), Int64(uid), Int64(gid), size, Int64(type == S_IFDIR ? 2 : 1), now, now, now, device, target)
+            try run("INSERT INTO inodes(mode, uid, gid, size, links, atime, mtime, ctime, rdev, target, used) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                    Int64(mode), Int64(uid), Int64(gid), size, Int64(type == S_IFDIR ? 2 : 1), now, now, now, device, target, now)
             let ino = database.lastInsertedRow
+            if reference || open { lookups[ino, default: 0] += 1 }
+            if open { opens[ino, default: 0] += 1 }
             try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", parent, name, ino)
             if type == S_IFDIR {
                 try run("UPDATE inodes SET links = links + 1, mtime = ?, ctime = ? WHERE ino = ?", now, now, parent)
@@ -349,7 +357,7 @@ public final class CacheStore: @unchecked Sendable {
     }
 
     /// A new name for an existing non-directory.
-    public func link(_ ino: Int64, parent: Int64, name: String) throws(Errno) -> CacheInode {
+    public func link(_ ino: Int64, parent: Int64, name: String, reference: Bool = false) throws(Errno) -> CacheInode {
         try Self.check(name)
         return try transaction { () throws(Errno) -> CacheInode in
             let inode = try fetchInode(ino)
@@ -360,6 +368,7 @@ public final class CacheStore: @unchecked Sendable {
             try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", parent, name, ino)
             try run("UPDATE inodes SET links = links + 1, ctime = ? WHERE ino = ?", Self.now(), ino)
             try touch(parent)
+            if reference { lookups[ino, default: 0] += 1 }
             return try fetchInode(ino)
         }
     }
@@ -592,7 +601,9 @@ public final class CacheStore: @unchecked Sendable {
         guard value.count <= 65536 else { throw .fileTooLarge }
         let expiry = name == Self.expiryAttribute ? try Self.expiryTime(value) : nil
         try transaction { () throws(Errno) in
-            _ = try fetchInode(ino)
+            let inode = try fetchInode(ino)
+            // Expiry removes names: a directory's would orphan its subtree.
+            if expiry != nil && !(inode.mode & S_IFMT == S_IFREG || inode.isSymbolicLink) { throw .notPermitted }
             let exists = try attribute(ino, name) != nil
             if flags & 1 != 0 && exists { throw .fileExists }
             if flags & 2 != 0 && !exists { throw .noData }

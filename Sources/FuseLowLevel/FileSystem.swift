@@ -246,7 +246,7 @@ public protocol FileSystem: AnyObject, Sendable {
     func extendedAttributeNames(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [String]
     func removeExtendedAttribute(_ inode: InodeNumber, name: String,
                                  context: RequestContext) throws(Errno)
-    /// Called once, on the way out of the loop (unmount or signal): flush everything.
+    /// Called once, when the loop has ended (unmount or signal): flush everything.
     func shutDown()
 }
 

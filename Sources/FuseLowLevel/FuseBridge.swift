@@ -35,10 +35,6 @@ final class FuseBridge: Sendable {
             let bridge = Unmanaged<FuseBridge>.fromOpaque(userdata).takeUnretainedValue()
             bridge.configure(conn)
         }
-        ops.destroy = { userdata in
-            guard let userdata else { return }
-            Unmanaged<FuseBridge>.fromOpaque(userdata).takeUnretainedValue().fileSystem.shutDown()
-        }
         ops.lookup = { req, parent, name in
             FuseBridge.respond(req) { fs, context throws(Errno) in
                 FuseBridge.replyEntry(req, try fs.lookup(parent: parent, name: try FuseBridge.decode(name), context: context))

@@ -95,6 +95,8 @@ public final class FuseMount: @unchecked Sendable {
         fuse_loop_cfg_set_clone_fd(config, 0)
         let result = fuse_session_loop_mt(session, config)
         fuse_session_unmount(session)
+        // Flush and lock every store here, on the way out, whatever else holds this mount.
+        bridge.fileSystem.shutDown()
         return result
     }
 

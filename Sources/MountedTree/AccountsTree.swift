@@ -253,7 +253,7 @@ public final class AccountsTree: Subtree {
             guard !s.isDirectory(local) else { throw .isDirectory }
             if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true) }
             s.lastSecretAccess = Date()
-            return OpenedFile(directIO: true)
+            return OpenedFile(handle: s.generation, directIO: true)
         }
     }
 
@@ -262,7 +262,7 @@ public final class AccountsTree: Subtree {
         try locked { (s) throws(Errno) in
             let entry = try s.create(space.local(parent), name, exclusive: flags & O_EXCL != 0)
             if flags & O_TRUNC != 0 { try s.truncate(space.local(entry.inode), to: 0, deferred: true) }
-            return (entry, OpenedFile(directIO: true))
+            return (entry, OpenedFile(handle: s.generation, directIO: true))
         }
     }
 
@@ -279,6 +279,7 @@ public final class AccountsTree: Subtree {
             guard s.vault != nil else { throw .ioError }
             let local = s.resolve(space.local(inode))
             try s.requireUnlocked()
+            guard handle == s.generation else { throw .permissionDenied }  // opened before a lock
             s.lastSecretAccess = Date()
             let content = try s.content(local)
             defer { if s.isTemporaryContent(local) { content.wipe() } }
@@ -296,6 +297,7 @@ public final class AccountsTree: Subtree {
         return try locked { (s) throws(Errno) in
             let local = s.resolve(space.local(inode))
             try s.requireUnlocked()
+            guard handle == s.generation else { throw .permissionDenied }  // opened before a lock
             s.lastSecretAccess = Date()
             // The bytes sit in libfuse's receive buffer: once copied into secure memory,
             // they are zeroed there so that no plaintext lingers in an idle worker's buffer.
@@ -307,7 +309,11 @@ public final class AccountsTree: Subtree {
 
     public func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {
         defer { SecureBytes.burnStack() }
-        try locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: false) }
+        try locked { (s) throws(Errno) in
+            // Written before a lock: the lock discarded it, and the writer hears so here.
+            if handle != s.generation { throw .permissionDenied }
+            try s.commit(s.resolve(space.local(inode)), finalClose: false)
+        }
     }
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
@@ -369,6 +375,8 @@ extension AccountsTree {
         var modified: [UInt64: Timestamp] = [:]
         var nextScratch: UInt64 = 1
         var lastSecretAccess = Date()
+        /// Counts locks: a handle opened under another generation is refused (EACCES).
+        var generation: UInt64 = 1
         var invalidations: [InodeNumber] = []
 
         init(vaultPath: String, ownership: Ownership, space: InodeSpace, autoLockSeconds: Int) {
@@ -408,7 +416,9 @@ extension AccountsTree {
             scratch.removeAll()
             scratchIn.removeAll()
             hidden.removeAll()
+            for local in alias.keys { inodes.append(space.inode(local)) }
             alias.removeAll()
+            generation += 1
             for id in uuidOf.keys {
                 for index in 0...AccountsTree.urlIndex { inodes.append(space.inode(id << 8 | UInt64(index + 1))) }
             }
@@ -581,6 +591,13 @@ extension AccountsTree {
             }
             let id = id(of: account.uuid)
             if let names = scratchIn[id], !names.isEmpty { throw .directoryNotEmpty }
+            // Fields always exist: an account with any value is not empty (`rm -r` clears
+            // each field first, then removes the directory).
+            for field in AccountField.allCases {
+                let value: SecureBytes
+                do { value = try vault.field(field, of: account.uuid) } catch { throw error.errno }
+                if value.count > 0 { throw .directoryNotEmpty }
+            }
             do {
                 try vault.removeAccount(uuid: account.uuid)
             } catch {
@@ -615,6 +632,7 @@ extension AccountsTree {
                 }
                 return try entry(local)
             }
+            guard (scratchIn[account]?.count ?? 0) < 64 else { throw .noSpace }  // secure memory is precious
             let local = AccountsTree.scratchBit | nextScratch
             nextScratch += 1
             scratch[local] = Scratch(account: account, name: name)

@@ -71,7 +71,12 @@ public final class CacheTree: Subtree {
     func ino(_ inode: InodeNumber) -> Int64 { Int64(space.local(inode)) }
 
     func attributes(_ inode: CacheInode) -> Attributes {
-        func time(_ ns: Int64) -> Timestamp { Timestamp(seconds: ns / 1_000_000_000, nanoseconds: ns % 1_000_000_000) }
+        func time(_ ns: Int64) -> Timestamp {
+            // Floor division: times before 1970 keep nanoseconds in 0 ..< 1e9.
+            var seconds = ns / 1_000_000_000, rest = ns % 1_000_000_000
+            if rest < 0 { seconds -= 1; rest += 1_000_000_000 }
+            return Timestamp(seconds: seconds, nanoseconds: rest)
+        }
         var attributes = Attributes(inode: space.inode(UInt64(inode.ino)), mode: inode.mode, linkCount: UInt32(max(0, inode.links)),
                                     uid: inode.uid, gid: inode.gid, size: UInt64(max(0, inode.size)),
                                     accessTime: time(inode.accessNanoseconds), modificationTime: time(inode.modificationNanoseconds),
@@ -81,14 +86,13 @@ public final class CacheTree: Subtree {
         return attributes
     }
 
-    /// An entry handed to the kernel: one more lookup reference.
+    /// An entry handed to the kernel (its lookup reference was taken in the store's lock).
     func entry(_ inode: CacheInode) -> Entry {
-        store?.lookedUp(inode.ino)
-        return Entry(attributes: attributes(inode), cache: Self.cache)
+        Entry(attributes: attributes(inode), cache: Self.cache)
     }
 
     public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {
-        entry(try storeOrEIO().lookup(parent: ino(parent), name: name))
+        entry(try storeOrEIO().lookup(parent: ino(parent), name: name, reference: true))
     }
 
     public func forget(inode: InodeNumber, lookups: UInt64) {
@@ -108,7 +112,15 @@ public final class CacheTree: Subtree {
 
     public func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
                               context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
-        func ns(_ t: Timestamp?) -> Int64? { t.map { $0.seconds * 1_000_000_000 + $0.nanoseconds } }
+        func ns(_ t: Timestamp?) -> Int64? {
+            // Nanoseconds since 1970 reach from 1677 to 2262: times beyond are clamped.
+            t.map { t in
+                let (product, overflow) = t.seconds.multipliedReportingOverflow(by: 1_000_000_000)
+                if overflow { return t.seconds < 0 ? Int64.min : Int64.max }
+                let (sum, overflow2) = product.addingReportingOverflow(t.nanoseconds)
+                return overflow2 ? Int64.max : sum
+            }
+        }
         let updated = try storeOrEIO().setAttributes(ino(inode), CacheAttributeChanges(
             mode: changes.mode, uid: changes.uid, gid: changes.gid, size: changes.size.map { Int64(clamping: $0) },
             accessNanoseconds: ns(changes.accessTime), modificationNanoseconds: ns(changes.modificationTime)))
@@ -123,13 +135,13 @@ public final class CacheTree: Subtree {
     public func makeNode(parent: InodeNumber, name: String, mode: mode_t, device: dev_t,
                          context: RequestContext) throws(Errno) -> Entry {
         entry(try storeOrEIO().create(parent: ino(parent), name: name, mode: mode, uid: context.uid, gid: context.gid,
-                                      device: Int64(device)))
+                                      device: Int64(device), reference: true))
     }
 
     public func makeDirectory(parent: InodeNumber, name: String, mode: mode_t,
                               context: RequestContext) throws(Errno) -> Entry {
         entry(try storeOrEIO().create(parent: ino(parent), name: name, mode: S_IFDIR | (mode & 0o7777),
-                                      uid: context.uid, gid: context.gid))
+                                      uid: context.uid, gid: context.gid, reference: true))
     }
 
     public func unlink(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
@@ -144,7 +156,7 @@ public final class CacheTree: Subtree {
                                  context: RequestContext) throws(Errno) -> Entry {
         guard target.utf8.count <= 4095 else { throw .nameTooLong }
         return entry(try storeOrEIO().create(parent: ino(parent), name: name, mode: S_IFLNK | 0o777, uid: context.uid,
-                                             gid: context.gid, target: target))
+                                             gid: context.gid, target: target, reference: true))
     }
 
     public func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
@@ -155,13 +167,17 @@ public final class CacheTree: Subtree {
 
     public func link(_ inode: InodeNumber, newParent: InodeNumber, newName: String,
                      context: RequestContext) throws(Errno) -> Entry {
-        entry(try storeOrEIO().link(ino(inode), parent: ino(newParent), name: newName))
+        entry(try storeOrEIO().link(ino(inode), parent: ino(newParent), name: newName, reference: true))
     }
 
     public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
         let store = try storeOrEIO()
         let file = try store.inode(ino(inode))
         if file.isDirectory { throw .isDirectory }
+        // libfuse negotiates atomic O_TRUNC: the truncation is ours to do.
+        if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY && file.size != 0 {
+            _ = try store.setAttributes(file.ino, CacheAttributeChanges(size: 0))
+        }
         store.opened(file.ino)
         return OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true)
     }
@@ -170,9 +186,9 @@ public final class CacheTree: Subtree {
                        context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
         let store = try storeOrEIO()
         let file = try store.create(parent: ino(parent), name: name, mode: S_IFREG | (mode & 0o7777),
-                                    uid: context.uid, gid: context.gid)
-        store.opened(file.ino)
-        return (entry(file), OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true))
+                                    uid: context.uid, gid: context.gid, open: true)
+        return (Entry(attributes: attributes(file), cache: Self.cache),
+                OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true))
     }
 
     public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,

@@ -14,6 +14,7 @@ public final class MtmfsMount: Sendable {
     public let dataDirectory: DataDirectory
     public let mountPoint: String
     let fuse: FuseMount
+    let notifier: KernelCacheNotifier
     let startedAt: Timestamp
 
     /// Checks the data directory and mounts. `options` are extra FUSE `-o` options.
@@ -29,6 +30,7 @@ public final class MtmfsMount: Sendable {
         let ownership = Ownership.currentProcess()
         self.startedAt = ownership.since
         let notifier = KernelCacheNotifier()
+        self.notifier = notifier
         let settings = SettingsTree(plistPath: dataDirectory.settingsPath, ownership: ownership, notifier: notifier)
         let activeKey = "ActiveServiceAccountUUID"
         let accounts = AccountsTree(
@@ -71,6 +73,7 @@ public final class MtmfsMount: Sendable {
     public func run(onReady: @escaping @Sendable () -> Void) -> Int32 {
         Log.info("mounted \(dataDirectory.path) on \(mountPoint)")
         let status = fuse.run(onReady: onReady)
+        notifier.attach(nil)  // the notifier held the mount: let both go
         Log.info("unmounted \(mountPoint)")
         return status
     }

@@ -208,6 +208,29 @@ import Glibc
         #expect(Run.shell("cat \(a)/password").stdout == "topsecret\n")
     }
 
+    /// Review findings: rmdir of an account with values is ENOTEMPTY; a write pending when
+    /// the lock comes is refused at close, and the descriptor stays refused after unlock.
+    @Test func rmdirKeepsValuesAndLockRefusesOldDescriptors() throws {
+        let store = try unlockedStore()
+        defer { store.close() }
+        let a = store.path("accounts/\(Self.uuid)")
+        #expect(Run.shell("echo keep > \(a)/password").status == 0)
+        #expect(errnoOf { rmdir(a) } == ENOTEMPTY)
+        let fd = open(a + "/password", O_WRONLY | O_TRUNC)
+        #expect(Glibc.write(fd, "new\n", 4) == 4)
+        #expect(Run.mtmfs("lock", store.mountPoint).status == 0)
+        #expect(errnoOf { close(fd) } == EACCES)
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
+        #expect(Run.shell("cat \(a)/password").stdout == "keep\n")
+        let reader = open(a + "/password", O_RDONLY)
+        #expect(Run.mtmfs("lock", store.mountPoint).status == 0)
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
+        var buffer = [UInt8](repeating: 0, count: 16)
+        #expect(errnoOf { Int32(Glibc.read(reader, &buffer, 16)) } == EACCES, "a descriptor from before a lock")
+        close(reader)
+        #expect(Run.shell("rm -r \(a) && ls \(store.path("accounts"))").stdout == "")
+    }
+
     @Test func unlockPathsAndWrongPassphrase() throws {
         let store = try MountedStore()
         defer { store.close() }

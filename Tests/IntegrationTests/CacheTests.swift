@@ -193,6 +193,20 @@ import Glibc
         #expect(Run.program("sqlite3", [store.dataDirectory + "/cache.sqlite", "PRAGMA integrity_check"]).stdout == "ok\n")
     }
 
+    /// Review findings: O_TRUNC on an existing file, times outside 1677–2262 and before 1970,
+    /// expiry on a directory.
+    @Test func overwriteTruncatesAndTimesAreSafe() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let c = store.path("cache")
+        #expect(Run.shell("printf 'hello world\\n' > \(c)/f && echo hi > \(c)/f && cat \(c)/f && stat -c %s \(c)/f").stdout == "hi\n3\n")
+        #expect(Run.shell("printf 'long line\\n' > \(c)/g && python3 -c \"open('\(c)/g','w').write('x')\" && cat \(c)/g").stdout == "x")
+        #expect(Run.shell("touch -d '2300-01-01' \(c)/f && touch -d '1600-01-01' \(c)/f && stat -c %s \(c)/f").status == 0)
+        #expect(Run.shell("touch -d '1969-12-31 23:59:59.5' \(c)/f && stat -c %y \(c)/f").stdout.hasPrefix("1969-12-31 23:59:59.5"))
+        #expect(Run.shell("cat \(store.path(".mtmfs/status"))").status == 0, "the daemon survived")
+        #expect(Run.shell("mkdir \(c)/d && setfattr -n user.cache.expires -v 1 \(c)/d").stderr.contains("Operation not permitted"))
+    }
+
     @Test func cacheLimitEvictsTheLeastRecentlyUsedClosedFiles() throws {
         let store = try MountedStore(options: ["--cache-limit", "300K"])
         defer { store.close() }

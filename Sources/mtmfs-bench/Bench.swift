@@ -1,0 +1,270 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Posix
+
+/// The set-up (native, bindfs, mtmfs side by side), the workloads, and the report.
+final class Bench {
+    let options: Benchmark.Options
+    let root: String
+    let mtmfs: String
+    let mountPoint: String
+    let dataDirectory: String
+    var systems: [String: System] = [:]  // per workload family: name → directory
+    var samples: [Sample] = []
+    var notes: [String] = []
+    var daemonPID: pid_t = 0
+    static let account = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+    static let passphrase = "bench passphrase"
+
+    var iterations: Int { options.quick ? 2_000 : 100_000 }
+    var processRuns: Int { options.quick ? 20 : 200 }
+    var smallFiles: Int { options.quick ? 300 : 10_000 }
+    var bigBytes: Int { options.quick ? 16 << 20 : 256 << 20 }
+
+    init(options: Benchmark.Options) throws {
+        self.options = options
+        var template = Array("/tmp/mtmfs-bench.XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { throw BenchError("cannot make a directory in /tmp") }
+        root = String(cString: made)
+        chmod(root, 0o755)
+        let here = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
+        let sibling = here.appendingPathComponent("mtmfs").path
+        mtmfs = FileManager.default.isExecutableFile(atPath: sibling) ? sibling : "mtmfs"
+        mountPoint = root + "/mtmfs"
+        dataDirectory = root + "/data"
+    }
+
+    func tearDown() {
+        for mount in Benchmark.mounts.reversed() { Shell.run("fusermount3", ["-uz", mount]) }
+        Benchmark.mounts.removeAll()
+        try? FileManager.default.removeItem(atPath: root)
+    }
+
+    // MARK: Set-up
+
+    func setUp() throws {
+        for directory in ["native", "native/cache", "bindsrc", "bindsrc/cache", "bindfs", "mtmfs"] {
+            mkdir(root + "/" + directory, 0o755)
+        }
+        for base in ["native", "bindsrc"] {
+            try "correct-horse-battery-staple\n".write(toFile: "\(root)/\(base)/password", atomically: true, encoding: .utf8)
+            try "42\n".write(toFile: "\(root)/\(base)/BenchKey", atomically: true, encoding: .utf8)
+        }
+        guard Shell.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", dataDirectory], input: Bench.passphrase + "\n") == 0 else {
+            throw BenchError("mtmfs init failed (is \(mtmfs) built?)")
+        }
+        let mountTime = try seconds {
+            guard Shell.run(mtmfs, ["mount", "--auto-lock", "0", "--data-dir", dataDirectory, mountPoint]) == 0 else {
+                throw BenchError("mtmfs mount failed")
+            }
+        }
+        Benchmark.mounts.append(mountPoint)
+        samples.append(Sample(workload: "W9 mount to ready (s)", system: "mtmfs", value: mountTime))
+        daemonPID = pid_t(statusValue("pid") ?? "") ?? 0
+        samples.append(Sample(workload: "W8 daemon RSS idle (MB)", system: "mtmfs", value: rss()))
+        let unlockTime = try seconds {
+            guard Shell.run(mtmfs, ["unlock", mountPoint], input: Bench.passphrase + "\n") == 0 else { throw BenchError("unlock failed") }
+        }
+        samples.append(Sample(workload: "W9 unlock, interactive KDF (s)", system: "mtmfs", value: unlockTime))
+        mkdir("\(mountPoint)/accounts/\(Bench.account)", 0o700)
+        try "correct-horse-battery-staple\n".write(toFile: "\(mountPoint)/accounts/\(Bench.account)/password", atomically: false, encoding: .utf8)
+        try "42\n".write(toFile: "\(mountPoint)/settings/BenchKey", atomically: false, encoding: .utf8)
+        systems = ["native": System(name: "native", directory: root + "/native")]
+        if Shell.exists("bindfs") && Shell.run("bindfs", [root + "/bindsrc", root + "/bindfs"]) == 0 {
+            Benchmark.mounts.append(root + "/bindfs")
+            systems["bindfs"] = System(name: "bindfs", directory: root + "/bindfs")
+        } else {
+            notes.append("bindfs: skipped (not installed: mount-helpers/install-deps --bench)")
+        }
+        for peer in ["gocryptfs", "pass"] where !Shell.exists(peer) {
+            notes.append("\(peer): skipped (not installed)")
+        }
+    }
+
+    func statusValue(_ key: String) -> String? {
+        guard let text = try? String(contentsOfFile: mountPoint + "/.mtmfs/status", encoding: .utf8) else { return nil }
+        return text.split(separator: "\n").first { $0.hasPrefix(key + "=") }.map { String($0.dropFirst(key.count + 1)) }
+    }
+
+    func rss() -> Double {
+        guard let text = try? String(contentsOfFile: "/proc/\(daemonPID)/status", encoding: .utf8),
+              let line = text.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }) else { return 0 }
+        return Double(line.split(separator: " ").dropFirst().first ?? "0").map { $0 / 1024 } ?? 0
+    }
+
+    /// The file or directory a workload uses on each system.
+    func paths(_ kind: String) -> [(String, String)] {
+        var result: [(String, String)] = []
+        for name in ["native", "bindfs", "mtmfs"] {
+            let base: String
+            switch name {
+            case "mtmfs":
+                base = kind == "password" ? "\(mountPoint)/accounts/\(Bench.account)/password"
+                     : kind == "key" ? "\(mountPoint)/settings/BenchKey" : "\(mountPoint)/cache"
+            default:
+                guard let system = systems[name] else { continue }
+                base = kind == "password" ? system.directory + "/password" : kind == "key" ? system.directory + "/BenchKey" : system.directory + "/cache"
+            }
+            result.append((name, base))
+        }
+        return result
+    }
+
+    // MARK: Workloads
+
+    func record(_ workload: String, _ system: String, _ value: Double) {
+        samples.append(Sample(workload: workload, system: system, value: value))
+    }
+
+    func run() throws {
+        try setUp()
+        for round in 0..<options.rounds {
+            guard Benchmark.interrupted == 0 else { throw BenchError("interrupted") }
+            let rotate = { (list: [(String, String)]) in Array(list[(round % list.count)...] + list[..<(round % list.count)]) }
+            for (system, path) in rotate(paths("password")) {
+                let runs = processRuns
+                let total = seconds { for _ in 0..<runs { Shell.run("/bin/cat", [path]) } }
+                record("W1 cat a field, whole process (ms)", system, total / Double(runs) * 1000)
+            }
+            for (system, path) in rotate(paths("password")) {
+                record("W2 open+read+close (µs)", system, try openReadClose(path, times: iterations) * 1e6)
+            }
+            for (system, path) in rotate(paths("key")) {
+                let n = iterations / 10
+                record("W4 read a settings key (µs)", system, try openReadClose(path, times: n) * 1e6)
+                record("W4 write a settings key (µs)", system, try writeValue(path, times: n / 4) * 1e6)
+            }
+            for (system, directory) in rotate(paths("cache")) {
+                try smallFileRound(system, directory + "/round\(round)")
+            }
+            if round == 0, daemonPID > 0 { record("W8 daemon RSS after W5 (MB)", "mtmfs", rss()) }
+            for (system, directory) in rotate(paths("cache")) {
+                try bigFileRound(system, directory + "/big\(round)")
+            }
+            if round == 0, daemonPID > 0 { record("W8 daemon RSS after W6 (MB)", "mtmfs", rss()) }
+        }
+        report()
+    }
+
+    /// Seconds per open+read+close of one file, in one process.
+    func openReadClose(_ path: String, times: Int) throws -> Double {
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        return try seconds {
+            for _ in 0..<times {
+                let fd = open(path, O_RDONLY)
+                guard fd >= 0 else { throw BenchError("open \(path): \(Errno.current)") }
+                _ = read(fd, &buffer, buffer.count)
+                close(fd)
+            }
+        } / Double(times)
+    }
+
+    func writeValue(_ path: String, times: Int) throws -> Double {
+        try seconds {
+            for index in 0..<times {
+                let fd = open(path, O_WRONLY | O_TRUNC)
+                guard fd >= 0 else { throw BenchError("open \(path): \(Errno.current)") }
+                let text = Array("\(index)\n".utf8)
+                _ = write(fd, text, text.count)
+                close(fd)
+            }
+        } / Double(times)
+    }
+
+    func smallFileRound(_ system: String, _ directory: String) throws {
+        let count = smallFiles
+        let payload = [UInt8](repeating: 0x61, count: 1024)
+        mkdir(directory, 0o755)
+        let create = try seconds {
+            for index in 0..<count {
+                let fd = open("\(directory)/f\(index)", O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+                guard fd >= 0 else { throw BenchError("create: \(Errno.current)") }
+                _ = write(fd, payload, payload.count)
+                close(fd)
+            }
+        }
+        record("W5 create \(count) × 1 KiB (ms)", system, create * 1000)
+        _ = Shell.run("ls", ["-l", directory])  // warm
+        let list = seconds { _ = Shell.run("ls", ["-l", directory]) }
+        record("W5 ls -l, warm (ms)", system, list * 1000)
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let cat = seconds {
+            for index in 0..<count {
+                let fd = open("\(directory)/f\(index)", O_RDONLY)
+                _ = read(fd, &buffer, buffer.count)
+                close(fd)
+            }
+        }
+        record("W5 read all, warm (ms)", system, cat * 1000)
+        let remove = seconds { _ = Shell.run("rm", ["-r", directory]) }
+        record("W5 rm -r (ms)", system, remove * 1000)
+    }
+
+    func bigFileRound(_ system: String, _ path: String) throws {
+        let block = [UInt8](repeating: 0x5A, count: 1 << 20)
+        let total = bigBytes
+        let write = try seconds {
+            let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+            guard fd >= 0 else { throw BenchError("create \(path): \(Errno.current)") }
+            var written = 0
+            while written < total { written += Glibc.write(fd, block, block.count) }
+            fsync(fd)
+            close(fd)
+        }
+        record("W6 sequential write + fsync (MB/s)", system, Double(total) / write / 1e6)
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        let read = seconds {
+            let fd = open(path, O_RDONLY)
+            while Glibc.read(fd, &buffer, buffer.count) > 0 {}
+            close(fd)
+        }
+        record("W6 sequential read, warm (MB/s)", system, Double(total) / read / 1e6)
+        unlink(path)
+    }
+
+    // MARK: Report
+
+    static let targets: [String: String] = [
+        "W1 cat a field, whole process (ms)": "≤ 1.10×", "W2 open+read+close (µs)": "≤ 3×",
+        "W4 read a settings key (µs)": "≤ 3×", "W4 write a settings key (µs)": "≤ 20×",
+        "W5 ls -l, warm (ms)": "≤ 3×", "W5 read all, warm (ms)": "≤ 2×",
+        "W6 sequential write + fsync (MB/s)": "≥ 0.25×", "W6 sequential read, warm (MB/s)": "≥ 0.9×",
+        "W8 daemon RSS idle (MB)": "≤ 15 MB", "W8 daemon RSS after W6 (MB)": "≤ 64 MB",
+    ]
+
+    func report() {
+        var workloads: [String] = []
+        for sample in samples where !workloads.contains(sample.workload) { workloads.append(sample.workload) }
+        func stats(_ workload: String, _ system: String) -> (median: Double, low: Double, high: Double)? {
+            let values = samples.filter { $0.workload == workload && $0.system == system }.map(\.value).sorted()
+            guard !values.isEmpty else { return nil }
+            return (values[values.count / 2], values.first!, values.last!)
+        }
+        func format(_ value: Double) -> String { value >= 100 ? String(format: "%.0f", value) : String(format: "%.3g", value) }
+        let systemsShown = ["native", "bindfs", "mtmfs"].filter { name in samples.contains { $0.system == name } }
+        var lines = ["| workload | " + systemsShown.joined(separator: " | ") + " | target |",
+                     "|---|" + systemsShown.map { _ in "---:|" }.joined() + "---|"]
+        var json: [[String: Any]] = []
+        for workload in workloads {
+            let native = stats(workload, "native")?.median
+            var cells: [String] = []
+            for system in systemsShown {
+                guard let s = stats(workload, system) else { cells.append("—"); continue }
+                var cell = "\(format(s.median)) (\(format(s.low))–\(format(s.high)))"
+                if let native, system != "native", native > 0 { cell += String(format: " **%.2f×**", s.median / native) }
+                cells.append(cell)
+                json.append(["workload": workload, "system": system, "median": s.median, "min": s.low, "max": s.high,
+                             "ratio_to_native": native.map { s.median / $0 } ?? NSNull()])
+            }
+            lines.append("| \(workload) | " + cells.joined(separator: " | ") + " | \(Self.targets[workload] ?? "report") |")
+        }
+        print("mtmfs-bench: \(options.rounds) rounds\(options.quick ? " (quick)" : ""), medians (min–max), ratio to native in the same run\n")
+        print(lines.joined(separator: "\n"))
+        for note in notes { print("\n- \(note)") }
+        if let path = options.json, let data = try? JSONSerialization.data(withJSONObject: json, options: [.prettyPrinted]) {
+            FileManager.default.createFile(atPath: path, contents: data)
+        }
+    }
+}

@@ -1,0 +1,122 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Posix
+
+/// One measured quantity on one system in one round.
+struct Sample {
+    var workload: String
+    var system: String
+    var value: Double
+}
+
+/// The systems compared side by side, each a directory to work in.
+struct System {
+    var name: String
+    /// Where plain files of the workload live (for mtmfs: the subtree the workload uses).
+    var directory: String
+}
+
+/// `mtmfs-bench`: sets up a native directory, a bindfs passthrough of it (when bindfs is
+/// installed) and an mtmfs mount side by side on the same disk, runs each workload on each,
+/// interleaved round by round, and prints medians (min–max) with the ratio to the native
+/// directory measured in the same round, as markdown and JSON. Everything it mounts it
+/// unmounts, also on Ctrl-C.
+enum Benchmark {
+    struct Options {
+        var quick = false
+        var rounds = 5
+        var json: String?
+    }
+
+    nonisolated(unsafe) static var mounts: [String] = []
+    nonisolated(unsafe) static var interrupted: sig_atomic_t = 0
+
+    static func main(_ arguments: [String]) -> Int32 {
+        var options = Options()
+        var index = 0
+        while index < arguments.count {
+            switch arguments[index] {
+            case "--quick": options.quick = true; options.rounds = 2
+            case "--rounds": index += 1; options.rounds = Int(arguments[safe: index] ?? "") ?? 5
+            case "--json": index += 1; options.json = arguments[safe: index]
+            case "-h", "--help":
+                print("""
+                Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE]
+
+                Measures mtmfs against a native directory and a bindfs passthrough (installed by
+                `mount-helpers/install-deps --bench`), side by side on the same disk, interleaved
+                round by round. --quick: few iterations, for a smoke run.
+                """)
+                return 0
+            default:
+                FileHandle.standardError.write(Data("mtmfs-bench: unknown option \(arguments[index])\n".utf8))
+                return 2
+            }
+            index += 1
+        }
+        signal(SIGINT) { _ in Benchmark.interrupted = 1 }
+        signal(SIGTERM) { _ in Benchmark.interrupted = 1 }
+        do {
+            let bench = try Bench(options: options)
+            defer { bench.tearDown() }
+            try bench.run()
+            return 0
+        } catch {
+            FileHandle.standardError.write(Data("mtmfs-bench: \(error)\n".utf8))
+            for mount in mounts { _ = Shell.run("fusermount3", ["-uz", mount]) }
+            return 1
+        }
+    }
+}
+
+extension Array {
+    subscript(safe index: Int) -> Element? { indices.contains(index) ? self[index] : nil }
+}
+
+struct BenchError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Runs helper programs (posix_spawn, output discarded unless asked for).
+enum Shell {
+    @discardableResult
+    static func run(_ program: String, _ arguments: [String], input: String? = nil) -> Int32 {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        var inputPath: String?
+        if let input {
+            let path = "/tmp/mtmfs-bench-input-\(getpid())"
+            FileManager.default.createFile(atPath: path, contents: Data(input.utf8))
+            posix_spawn_file_actions_addopen(&actions, 0, path, O_RDONLY, 0)
+            inputPath = path
+        } else {
+            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        }
+        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        let argv = [program] + arguments
+        var cArguments: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
+        defer { cArguments.forEach { free($0) } }
+        var pid: pid_t = 0
+        guard posix_spawnp(&pid, program, &actions, nil, &cArguments, environ) == 0 else { return 127 }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+        if let inputPath { unlink(inputPath) }
+        return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+    }
+
+    static func exists(_ program: String) -> Bool { run("/bin/sh", ["-c", "command -v \(program)"]) == 0 }
+}
+
+/// Wall-clock seconds of `body`.
+func seconds(_ body: () throws -> Void) rethrows -> Double {
+    var start = timespec(), end = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &start)
+    try body()
+    clock_gettime(CLOCK_MONOTONIC, &end)
+    return Double(end.tv_sec - start.tv_sec) + Double(end.tv_nsec - start.tv_nsec) / 1e9
+}
