@@ -163,7 +163,7 @@ public final class AccountsTree: Subtree {
             let local = s.resolve(space.local(inode))
             if let uid = changes.uid, uid != s.ownership.uid { throw .notPermitted }
             if let gid = changes.gid, gid != s.ownership.gid { throw .notPermitted }
-            if let size = changes.size { try s.truncate(local, to: Int(clamping: size), deferred: handle != nil) }
+            if let size = changes.size { try s.truncate(local, to: Int(clamping: size), deferred: handle != nil, owner: handle ?? 0) }
             let entry = try s.entry(local)
             return (entry.attributes, entry.cache)
         }
@@ -251,9 +251,10 @@ public final class AccountsTree: Subtree {
             let local = s.resolve(space.local(inode))
             try s.requireUnlocked()
             guard !s.isDirectory(local) else { throw .isDirectory }
-            if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true) }
+            let handle = s.newHandle()
+            if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true, owner: handle) }
             s.lastSecretAccess = Date()
-            return OpenedFile(handle: s.generation, directIO: true)
+            return OpenedFile(handle: handle, directIO: true)
         }
     }
 
@@ -261,8 +262,9 @@ public final class AccountsTree: Subtree {
                        context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
         try locked { (s) throws(Errno) in
             let entry = try s.create(space.local(parent), name, exclusive: flags & O_EXCL != 0)
-            if flags & O_TRUNC != 0 { try s.truncate(space.local(entry.inode), to: 0, deferred: true) }
-            return (entry, OpenedFile(handle: s.generation, directIO: true))
+            let handle = s.newHandle()
+            if flags & O_TRUNC != 0 { try s.truncate(space.local(entry.inode), to: 0, deferred: true, owner: handle) }
+            return (entry, OpenedFile(handle: handle, directIO: true))
         }
     }
 
@@ -279,7 +281,7 @@ public final class AccountsTree: Subtree {
             guard s.vault != nil else { throw .ioError }
             let local = s.resolve(space.local(inode))
             try s.requireUnlocked()
-            guard handle == s.generation else { throw .permissionDenied }  // opened before a lock
+            guard s.isCurrent(handle) else { throw .permissionDenied }  // opened before a lock
             s.lastSecretAccess = Date()
             let content = try s.content(local)
             defer { if s.isTemporaryContent(local) { content.wipe() } }
@@ -297,12 +299,12 @@ public final class AccountsTree: Subtree {
         return try locked { (s) throws(Errno) in
             let local = s.resolve(space.local(inode))
             try s.requireUnlocked()
-            guard handle == s.generation else { throw .permissionDenied }  // opened before a lock
+            guard s.isCurrent(handle) else { throw .permissionDenied }  // opened before a lock
             s.lastSecretAccess = Date()
             // The bytes sit in libfuse's receive buffer: once copied into secure memory,
             // they are zeroed there so that no plaintext lingers in an idle worker's buffer.
             defer { if let base = data.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), data.count) } }
-            try s.write(local, at: offset, data, append: flags & O_APPEND != 0)
+            try s.write(local, at: offset, data, append: flags & O_APPEND != 0, owner: handle)
             return data.count
         }
     }
@@ -311,19 +313,19 @@ public final class AccountsTree: Subtree {
         defer { SecureBytes.burnStack() }
         try locked { (s) throws(Errno) in
             // Written before a lock: the lock discarded it, and the writer hears so here.
-            if handle != s.generation { throw .permissionDenied }
-            try s.commit(s.resolve(space.local(inode)), finalClose: false)
+            if !s.isCurrent(handle) { throw .permissionDenied }
+            try s.commit(s.resolve(space.local(inode)), finalClose: false, by: handle)
         }
     }
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
         defer { SecureBytes.burnStack() }
-        _ = try? locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: true) }
+        _ = try? locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: true, by: handle) }
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
         defer { SecureBytes.burnStack() }
-        try locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: false) }
+        try locked { (s) throws(Errno) in try s.commit(s.resolve(space.local(inode)), finalClose: false, by: handle) }
     }
 
     public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {
@@ -344,6 +346,9 @@ extension AccountsTree {
         var bytes: SecureBytes
         var written = false
         var rejected = false
+        /// The handle that truncated or wrote it (0: a truncate without one): only its
+        /// close commits it, never another descriptor's late release.
+        var owner: UInt64 = 0
     }
 
     /// An editor's file in an account directory (or a temporary symlink at the top).
@@ -377,6 +382,15 @@ extension AccountsTree {
         var lastSecretAccess = Date()
         /// Counts locks: a handle opened under another generation is refused (EACCES).
         var generation: UInt64 = 1
+        var nextHandle: UInt64 = 1
+
+        /// A new handle: the lock generation in the high bits, a counter in the low ones.
+        mutating func newHandle() -> UInt64 {
+            nextHandle += 1
+            return generation << 40 | (nextHandle & ((1 << 40) - 1))
+        }
+
+        func isCurrent(_ handle: UInt64) -> Bool { handle >> 40 == generation }
         var invalidations: [InodeNumber] = []
 
         init(vaultPath: String, ownership: Ownership, space: InodeSpace, autoLockSeconds: Int) {
@@ -739,7 +753,7 @@ extension AccountsTree {
 
         // MARK: Writing
 
-        mutating func truncate(_ local: UInt64, to size: Int, deferred: Bool) throws(Errno) {
+        mutating func truncate(_ local: UInt64, to size: Int, deferred: Bool, owner: UInt64 = 0) throws(Errno) {
             try requireUnlocked()
             guard size <= AccountFieldSyntax.maximumSize + 2 else { throw .fileTooLarge }
             if let value = scratch[local] {
@@ -752,12 +766,14 @@ extension AccountsTree {
             value.bytes.resize(to: size)
             value.written = false
             value.rejected = false
+            value.owner = owner
             pending[local] = value
             modified[local] = .now()
-            if !deferred { try commit(local, finalClose: true) }
+            if !deferred { try commit(local, finalClose: true, by: owner) }
         }
 
-        mutating func write(_ local: UInt64, at offset: UInt64, _ data: UnsafeRawBufferPointer, append: Bool) throws(Errno) {
+        mutating func write(_ local: UInt64, at offset: UInt64, _ data: UnsafeRawBufferPointer, append: Bool,
+                            owner: UInt64) throws(Errno) {
             if let value = scratch[local] {
                 let start = append ? value.bytes.count : Int(clamping: offset)
                 guard start <= 16 << 20, data.count <= (16 << 20) - start else { throw .fileTooLarge }
@@ -768,6 +784,7 @@ extension AccountsTree {
             guard let (_, index) = field(local) else { throw .noSuchFileOrDirectory }
             var value: Pending
             if let existing = pending[local] { value = existing } else { value = Pending(bytes: try content(local)) }
+            value.owner = owner
             var start = append ? value.bytes.count : Int(clamping: offset)
             // An empty field reads as "\n": appending to it starts from nothing.
             if value.bytes.count == 1 && value.bytes.withUnsafeBytes({ $0[0] == 0x0A }) && (append || start == 1) {
@@ -811,8 +828,8 @@ extension AccountsTree {
 
         /// Seals pending content: what was written at any flush, a bare truncation only at
         /// the last close (shells open, dup2 and close before writing).
-        mutating func commit(_ local: UInt64, finalClose: Bool) throws(Errno) {
-            guard let value = pending[local], value.written || value.rejected || finalClose else { return }
+        mutating func commit(_ local: UInt64, finalClose: Bool, by handle: UInt64) throws(Errno) {
+            guard let value = pending[local], value.owner == handle, value.written || value.rejected || finalClose else { return }
             pending[local] = nil
             defer { value.bytes.wipe() }
             if value.rejected { throw .invalidArgument }
