@@ -123,7 +123,7 @@ public final class SettingsTree: Subtree {
                               context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
         try locked { (s) throws(Errno) in
             let local = s.local(inode)
-            try s.setAttributes(local, changes, hasHandle: handle != nil)
+            try s.setAttributes(local, changes, handle: handle)
             return (s.attributes(of: local, node: try s.node(local)), Self.cache)
         }
     }
@@ -176,8 +176,9 @@ public final class SettingsTree: Subtree {
             let local = s.local(inode)
             let node = try s.node(local)
             if node.isDirectory { throw .isDirectory }
-            if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true) }
-            return OpenedFile()
+            let handle = s.newHandle()
+            if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true, owner: handle) }
+            return OpenedFile(handle: handle)
         }
     }
 
@@ -185,8 +186,9 @@ public final class SettingsTree: Subtree {
                        context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
         try locked { (s) throws(Errno) in
             let (entry, local) = try s.create(s.local(parent), name, mode: mode, exclusive: flags & O_EXCL != 0)
-            if flags & O_TRUNC != 0 { try s.truncate(local, to: 0, deferred: true) }
-            return (entry, OpenedFile())
+            let handle = s.newHandle()
+            if flags & O_TRUNC != 0 { try s.truncate(local, to: 0, deferred: true, owner: handle) }
+            return (entry, OpenedFile(handle: handle))
         }
     }
 
@@ -203,21 +205,21 @@ public final class SettingsTree: Subtree {
     public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
                       flags: Int32, context: RequestContext) throws(Errno) -> Int {
         try locked { (s) throws(Errno) in
-            try s.write(s.local(inode), at: offset, Array(data), append: flags & O_APPEND != 0)
+            try s.write(s.local(inode), at: offset, Array(data), append: flags & O_APPEND != 0, owner: handle)
             return data.count
         }
     }
 
     public func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {
-        try locked { (s) throws(Errno) in try s.commit(s.local(inode)) }
+        try locked { (s) throws(Errno) in try s.commit(s.local(inode), by: handle) }
     }
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
-        _ = try? locked { (s) throws(Errno) in try s.commit(s.local(inode), finalClose: true) }
+        _ = try? locked { (s) throws(Errno) in try s.commit(s.local(inode), finalClose: true, by: handle) }
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
-        try locked { (s) throws(Errno) in try s.commit(s.local(inode)) }
+        try locked { (s) throws(Errno) in try s.commit(s.local(inode), by: handle) }
     }
 
     public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {
@@ -283,6 +285,8 @@ extension SettingsTree {
         var rejected = false
         /// Data was written into `pending` (not only truncated): a flush commits it.
         var pendingWritten = false
+        /// The handle that truncated or wrote `pending` (0: none): only its close commits.
+        var pendingOwner: UInt64 = 0
         /// The text last written to a key, shown while it still means the stored value.
         var display: [UInt8]?
         /// A scratch file with a key-like name (or a recreated key): the key it becomes
@@ -315,6 +319,12 @@ extension SettingsTree {
         var nextInode: UInt64 = 2
         var invalidations: [Invalidation] = []
         var lastLoadAttempt = Date.distantPast
+        var nextHandle: UInt64 = 0
+
+        mutating func newHandle() -> UInt64 {
+            nextHandle += 1
+            return nextHandle
+        }
 
         init(plistPath: String, ownership: Ownership, space: InodeSpace) {
             self.plistPath = plistPath
@@ -784,7 +794,7 @@ extension SettingsTree {
             return (scratchIn[directory] ?? [:]).values.contains { nodes[$0]?.intendedKey == path }
         }
 
-        mutating func truncate(_ local: UInt64, to size: UInt64, deferred: Bool) throws(Errno) {
+        mutating func truncate(_ local: UInt64, to size: UInt64, deferred: Bool, owner: UInt64 = 0) throws(Errno) {
             var node = try node(local)
             guard !node.isDirectory else { throw .isDirectory }
             var content = self.content(of: node)
@@ -795,20 +805,21 @@ extension SettingsTree {
                 node.pending = content
                 node.rejected = false
                 node.pendingWritten = false
+                node.pendingOwner = owner
             case .scratch, .removed:
                 node.bytes = content
             }
             node.modified = .now()
             node.changed = node.modified
             nodes[local] = node
-            if !deferred { try commit(local, finalClose: true) }
+            if !deferred { try commit(local, finalClose: true, by: owner) }
         }
 
         static func limit(for node: Node) -> Int {
             node.binding == .scratch && node.intendedKey == nil ? SettingsTree.maximumScratchSize : SettingsTree.maximumValueSize + 2
         }
 
-        mutating func write(_ local: UInt64, at offset: UInt64, _ data: [UInt8], append: Bool) throws(Errno) {
+        mutating func write(_ local: UInt64, at offset: UInt64, _ data: [UInt8], append: Bool, owner: UInt64) throws(Errno) {
             var node = try node(local)
             guard !node.isDirectory else { throw .isDirectory }
             if node.binding != .removed, case .scratch = node.binding, node.intendedKey == nil, case .file = node.kind {
@@ -853,6 +864,7 @@ extension SettingsTree {
             case .key:
                 node.pending = content
                 node.pendingWritten = true
+                node.pendingOwner = owner
             case .scratch, .removed:
                 node.bytes = content
                 node.written = true
@@ -878,11 +890,14 @@ extension SettingsTree {
         /// A flush (any close, fsync) commits what was written. A truncation alone is
         /// committed only at the last close (`finalClose`): shells open, dup2 and close the
         /// descriptor before writing, and that close must not commit an empty value.
-        mutating func commit(_ local: UInt64, finalClose: Bool = false) throws(Errno) {
+        mutating func commit(_ local: UInt64, finalClose: Bool = false, by handle: UInt64) throws(Errno) {
             guard var node = nodes[local], !node.isDirectory else { return }
             switch node.binding {
             case .key(let path):
-                guard let pending = node.pending, node.pendingWritten || node.rejected || finalClose else { return }
+                // Only the descriptor that truncated or wrote commits: another one's late
+                // release must not commit a half-written value.
+                guard let pending = node.pending, node.pendingOwner == handle,
+                      node.pendingWritten || node.rejected || finalClose else { return }
                 nodes[local]?.pending = nil
                 nodes[local]?.pendingWritten = false
                 if node.rejected {
@@ -1049,7 +1064,7 @@ extension SettingsTree {
             nodes[inode]?.bytes = []
         }
 
-        mutating func setAttributes(_ local: UInt64, _ changes: AttributeChanges, hasHandle: Bool) throws(Errno) {
+        mutating func setAttributes(_ local: UInt64, _ changes: AttributeChanges, handle: UInt64?) throws(Errno) {
             var node = try node(local)
             if let uid = changes.uid, uid != ownership.uid { throw .notPermitted }
             if let gid = changes.gid, gid != ownership.gid { throw .notPermitted }
@@ -1060,7 +1075,7 @@ extension SettingsTree {
             if let size = changes.size {
                 // ftruncate by an editor between truncate and write is never committed alone;
                 // truncate(1) on a closed file is.
-                try truncate(local, to: size, deferred: hasHandle)
+                try truncate(local, to: size, deferred: handle != nil, owner: handle ?? 0)
             }
         }
 
