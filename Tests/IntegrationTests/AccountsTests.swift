@@ -160,7 +160,7 @@ import Glibc
         for (field, value) in [("url", "not a url"), ("url", "https://bad host/"), ("url", "1http://h/"), ("url", "https://h:99999/"),
                                ("url", "https://h:0/"), ("protocol", "ht tp"), ("server", "-bad-.example"), ("port", "65536"),
                                ("port", "080"), ("port", "x"), ("path", "no-slash")] {
-            let fd = open("\(a)/\(field)", O_WRONLY | O_TRUNC)
+            let fd = open("\(a)/\(field)", O_WRONLY | O_TRUNC | O_CLOEXEC)
             #expect(fd >= 0)
             let bytes = Array((value + "\n").utf8)
             #expect(errnoOf { Int32(Glibc.write(fd, bytes, bytes.count)) } == EINVAL, "\(field) = \(value)")
@@ -169,7 +169,7 @@ import Glibc
         #expect(try Data(contentsOf: URL(fileURLWithPath: store.dataDirectory + "/vault")) == vault)
         #expect(Run.shell("cat \(a)/url").stdout == "https://h.example/p\n")
         // Over 64 KiB: EFBIG.
-        let fd = open("\(a)/comment", O_WRONLY | O_TRUNC)
+        let fd = open("\(a)/comment", O_WRONLY | O_TRUNC | O_CLOEXEC)
         let chunk = [UInt8](repeating: 0x61, count: 70_000)
         #expect(errnoOf { Int32(Glibc.write(fd, chunk, chunk.count)) } == EFBIG)
         close(fd)
@@ -190,7 +190,7 @@ import Glibc
         defer { store.close() }
         let a = store.path("accounts/\(Self.uuid)")
         #expect(Run.shell("echo topsecret > \(a)/password").status == 0)
-        let held = open("\(a)/password", O_RDONLY)
+        let held = open("\(a)/password", O_RDONLY | O_CLOEXEC)
         #expect(held >= 0)
         #expect(Run.mtmfs("lock", store.mountPoint).status == 0)
         #expect(try store.status()["state"] == "locked")
@@ -218,13 +218,22 @@ import Glibc
         let a = store.path("accounts/\(Self.uuid)")
         #expect(Run.shell("echo keep > \(a)/password").status == 0)
         #expect(errnoOf { rmdir(a) } == ENOTEMPTY)
-        let fd = open(a + "/password", O_WRONLY | O_TRUNC)
-        #expect(Glibc.write(fd, "new\n", 4) == 4)
-        #expect(Run.mtmfs("lock", store.mountPoint).status == 0)
-        #expect(errnoOf { close(fd) } == EACCES)
+        // One single-threaded process holds the descriptor: in this (parallel, spawning)
+        // test process any exec elsewhere would close a copy and flush it early.
+        let sequence = Run.program("python3", ["-c", """
+            import os, sys, errno
+            fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
+            os.write(fd, b'new\\n')
+            with open(sys.argv[2], 'w') as lock: lock.write('lock\\n')
+            try:
+                os.close(fd); print('closed')
+            except OSError as e:
+                print(errno.errorcode[e.errno])
+            """, a + "/password", store.path(".mtmfs/lock")])
+        #expect(sequence.stdout == "EACCES\n", "\(sequence)")
         #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
         #expect(Run.shell("cat \(a)/password").stdout == "keep\n")
-        let reader = open(a + "/password", O_RDONLY)
+        let reader = open(a + "/password", O_RDONLY | O_CLOEXEC)
         #expect(Run.mtmfs("lock", store.mountPoint).status == 0)
         #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
         var buffer = [UInt8](repeating: 0, count: 16)
@@ -238,7 +247,7 @@ import Glibc
         defer { store.close() }
         let wrong = Run.mtmfs("unlock", store.mountPoint, input: "not it\n")
         #expect(wrong.status == 1 && wrong.stderr.contains("wrong passphrase"), "\(wrong)")
-        let control = open(store.path(".mtmfs/unlock"), O_WRONLY)
+        let control = open(store.path(".mtmfs/unlock"), O_WRONLY | O_CLOEXEC)
         #expect(errnoOf { Int32(Glibc.write(control, "not it\n", 7)) } == EACCES)
         close(control)
         #expect(errnoOf { open(store.path(".mtmfs/unlock"), O_RDONLY) } == EACCES)

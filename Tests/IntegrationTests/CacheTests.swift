@@ -215,7 +215,7 @@ import Glibc
             #expect(Run.shell("head -c 102400 /dev/urandom > \(c)/\(name) && sleep 0.05").status == 0)
         }
         // "one" is the oldest but open: it must stay.
-        let held = open(c + "/one", O_RDONLY)
+        let held = open(c + "/one", O_RDONLY | O_CLOEXEC)
         defer { close(held) }
         #expect(MountTable.wait(seconds: 3) { (try? store.status()["cache_bytes"]).flatMap { Int($0 ?? "") } ?? .max <= 300 * 1024 })
         let names = Set(try FileManager.default.contentsOfDirectory(atPath: c))

@@ -186,6 +186,10 @@ enum MountTable {
     }
 }
 
+/// Tests run in parallel in one process and spawn programs: a descriptor a test holds
+/// must be O_CLOEXEC, or a child's exit closes its copy and FUSE sends a FLUSH for the
+/// test's open file (which commits a pending value early).
+
 /// The errno a file operation ended with (0 for success).
 func errnoOf(_ body: () -> Int32) -> Int32 {
     errno = 0
