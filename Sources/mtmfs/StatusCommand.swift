@@ -45,6 +45,16 @@ struct StatusCommand: Command {
             accounts += ", auto-lock in \(seconds) s"
         }
         lines.append(accounts)
+        if let error = values["vault_error"] { lines.append("  vault: \(error)") }
+        if let error = values["cache_error"] {
+            lines.append("  cache: \(error)")
+        } else if let files = values["cache_files"], let bytes = values["cache_bytes"] {
+            var cache = "  cache: \(files) file(s), \(bytes) bytes"
+            if let limit = values["cache_limit"] { cache += " (limit \(limit))" }
+            if let evicted = values["cache_evictions"], evicted != "0" { cache += ", \(evicted) evicted" }
+            if let expired = values["cache_expired"], expired != "0" { cache += ", \(expired) expired" }
+            lines.append(cache)
+        }
         return lines.joined(separator: "\n")
     }
 }

@@ -57,15 +57,11 @@ import Glibc
         let emacs = Run.shell("emacs --batch \(a)/password --eval '(progn (goto-char (point-min)) (insert \"x\") (save-buffer))'", timeout: 30)
         #expect(emacs.status == 0, "\(emacs)")
         #expect(Run.shell("cat \(a)/password").stdout == "xfirst-secret\n")
-        let session = "mtmfs-nano-acct-\(getpid())"
-        defer { Run.program("tmux", ["kill-session", "-t", session]) }
-        #expect(Run.program("tmux", ["new-session", "-d", "-s", session, "-x", "80", "-y", "24", "nano \(a)/password"]).status == 0)
-        usleep(400_000)
-        Run.program("tmux", ["send-keys", "-t", session, "C-k", "nano-secret", "C-o"])
-        usleep(300_000)
-        Run.program("tmux", ["send-keys", "-t", session, "Enter"])
-        usleep(300_000)
-        Run.program("tmux", ["send-keys", "-t", session, "C-x"])
+        let nano = TerminalSession("nano \(a)/password")
+        defer { nano.close() }
+        nano.send("C-k", "nano-secret", "C-o")
+        nano.send("Enter")
+        nano.send("C-x")
         #expect(MountTable.wait(seconds: 5) { Run.shell("cat \(a)/password").stdout == "nano-secret\n" })
         #expect(MountTable.wait(seconds: 5) { Run.shell("ls -A \(a)").stdout.split(separator: "\n").count == 9 },
                 "\(Run.shell("ls -A \(a)").stdout)")
@@ -89,20 +85,15 @@ import Glibc
         defer { Run.mtmfs("unmount", mnt) }
         #expect(MountTable.wait { FileManager.default.fileExists(atPath: mnt + "/accounts") })
         // The terminal prompt does not echo the passphrase.
-        let session = "mtmfs-unlock-\(getpid())-\(Int.random(in: 0...1_000_000))"
-        defer { Run.program("tmux", ["kill-session", "-t", session]) }
-        #expect(Run.program("tmux", ["new-session", "-d", "-s", session, "-x", "120", "-y", "10", "\(Run.mtmfs) unlock \(mnt); sleep 5"]).status == 0)
-        usleep(300_000)
-        Run.program("tmux", ["send-keys", "-t", session, "wrong guess", "Enter"])
-        #expect(MountTable.wait(seconds: 5) { Run.program("tmux", ["capture-pane", "-p", "-t", session]).stdout.contains("wrong passphrase") })
-        Run.program("tmux", ["kill-session", "-t", session])
-        let second = session + "-again"
-        defer { Run.program("tmux", ["kill-session", "-t", second]) }
-        #expect(Run.program("tmux", ["new-session", "-d", "-s", second, "-x", "120", "-y", "10", "\(Run.mtmfs) unlock \(mnt); sleep 5"]).status == 0)
-        usleep(300_000)
-        Run.program("tmux", ["send-keys", "-t", second, Run.passphrase, "Enter"])
-        #expect(MountTable.wait(seconds: 5) { Run.program("tmux", ["capture-pane", "-p", "-t", second]).stdout.contains("Unlocked") })
-        let screen = Run.program("tmux", ["capture-pane", "-p", "-t", second]).stdout
+        let first = TerminalSession("\(Run.mtmfs) unlock \(mnt); sleep 5")
+        defer { first.close() }
+        first.send("wrong guess", "Enter")
+        #expect(MountTable.wait(seconds: 5) { first.screen.contains("wrong passphrase") })
+        let second = TerminalSession("\(Run.mtmfs) unlock \(mnt); sleep 5")
+        defer { second.close() }
+        second.send(Run.passphrase, "Enter")
+        #expect(MountTable.wait(seconds: 5) { second.screen.contains("Unlocked") })
+        let screen = second.screen
         #expect(screen.contains("Passphrase for") && !screen.contains(Run.passphrase), "\(screen)")
         let a = mnt + "/accounts/" + Self.uuid
         #expect(mkdir(a, 0o700) == 0)
@@ -240,6 +231,20 @@ import Glibc
         #expect(errnoOf { Int32(Glibc.read(reader, &buffer, 16)) } == EACCES, "a descriptor from before a lock")
         close(reader)
         #expect(Run.shell("rm -r \(a) && ls \(store.path("accounts"))").stdout == "")
+    }
+
+    /// On a terminal a step over half a second says it is working (moderate KDF: ~0.5 s).
+    @Test func slowStepsSayTheyAreWorking() throws {
+        let scratch = Scratch()
+        defer { scratch.remove() }
+        let session = TerminalSession("\(Run.mtmfs) init --data-dir \(scratch.sub("data")) --kdf sensitive; sleep 10")
+        defer { session.close() }
+        session.send("long enough phrase", "Enter")
+        #expect(session.screen.contains("Repeat the passphrase"), "\(session.screen)")
+        session.send("long enough phrase", "Enter")
+        #expect(MountTable.wait(seconds: 15) { session.screen.contains("deriving the key") }, "\(session.screen)")
+        #expect(MountTable.wait(seconds: 15) { session.screen.contains("Initialized an mtmfs store") })
+        #expect(!session.screen.contains("long enough phrase"))
     }
 
     @Test func unlockPathsAndWrongPassphrase() throws {

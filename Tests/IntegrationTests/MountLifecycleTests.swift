@@ -172,6 +172,7 @@ import Glibc
         #expect(result.status == 0, "\(result)")
         #expect(result.stdout.contains("\(store.mountPoint): mounted from \(store.dataDirectory)"), "\(result)")
         #expect(result.stdout.contains("accounts: locked"), "\(result)")
+        #expect(result.stdout.contains("cache: 0 file(s), 0 bytes"), "\(result)")
         let all = Run.mtmfs("status")
         #expect(all.stdout.contains(store.mountPoint))
     }

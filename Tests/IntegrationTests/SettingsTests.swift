@@ -190,15 +190,11 @@ import Glibc
         defer { store.close() }
         let s = store.path("settings")
         #expect(Run.shell("echo 5 > \(s)/N").status == 0)
-        let session = "mtmfs-nano-\(getpid())-\(Int.random(in: 0...1_000_000))"
-        defer { Run.program("tmux", ["kill-session", "-t", session]) }
-        #expect(Run.program("tmux", ["new-session", "-d", "-s", session, "-x", "80", "-y", "24", "-c", s, "nano N"]).status == 0)
-        usleep(400_000)
-        Run.program("tmux", ["send-keys", "-t", session, "C-k", "6", "C-o"])
-        usleep(300_000)
-        Run.program("tmux", ["send-keys", "-t", session, "Enter"])
-        usleep(300_000)
-        Run.program("tmux", ["send-keys", "-t", session, "C-x"])
+        let nano = TerminalSession("nano N", directory: s)
+        defer { nano.close() }
+        nano.send("C-k", "6", "C-o")
+        nano.send("Enter")
+        nano.send("C-x")
         #expect(MountTable.wait(seconds: 5) { Run.shell("cat \(s)/N").stdout == "6\n" })
         #expect(MountTable.wait(seconds: 5) { !Run.shell("ls -A \(s)").stdout.contains(".N.swp") })
         #expect(Self.dump(store.dataDirectory) == "\(Self.defaults) N:integer=6")

@@ -204,3 +204,25 @@ func isRunning(_ pid: pid_t) -> Bool {
     let state = text[text.index(after: close)...].trimmingCharacters(in: .whitespaces).first
     return state != "Z" && state != "X"
 }
+
+/// A terminal program driven through tmux (nano, prompts without echo).
+final class TerminalSession {
+    let name = "mtmfs-test-\(getpid())-\(Int.random(in: 0...1_000_000_000))"
+
+    init(_ command: String, directory: String? = nil) {
+        var arguments = ["new-session", "-d", "-s", name, "-x", "120", "-y", "24"]
+        if let directory { arguments += ["-c", directory] }
+        Run.program("tmux", arguments + [command])
+        usleep(400_000)
+    }
+
+    /// Sends keys (tmux names such as "C-o" and "Enter", or text), then lets it react.
+    func send(_ keys: String...) {
+        Run.program("tmux", ["send-keys", "-t", name] + keys)
+        usleep(300_000)
+    }
+
+    var screen: String { Run.program("tmux", ["capture-pane", "-p", "-t", name]).stdout }
+
+    func close() { Run.program("tmux", ["kill-session", "-t", name]) }
+}
