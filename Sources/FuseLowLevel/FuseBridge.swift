@@ -239,6 +239,10 @@ final class FuseBridge: Sendable {
             want |= UInt32(FUSE_CAP_READDIRPLUS)
             want &= ~UInt32(FUSE_CAP_READDIRPLUS_AUTO)
         }
+        if kernel.explicitDataInvalidation && capable & UInt32(FUSE_CAP_EXPLICIT_INVAL_DATA) != 0 {
+            want |= UInt32(FUSE_CAP_EXPLICIT_INVAL_DATA)
+            want &= ~UInt32(FUSE_CAP_AUTO_INVAL_DATA)
+        }
         if kernel.writebackCache && capable & UInt32(FUSE_CAP_WRITEBACK_CACHE) != 0 {
             want |= UInt32(FUSE_CAP_WRITEBACK_CACHE)
         }

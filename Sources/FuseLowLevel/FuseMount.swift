@@ -18,6 +18,10 @@ public struct KernelOptions: Sendable {
     public var writebackCache = false
     /// Always use READDIRPLUS (names and attributes in one round trip).
     public var readDirectoryPlus = true
+    /// Keep file pages until the file system invalidates them (FUSE_CAP_EXPLICIT_INVAL_DATA)
+    /// instead of dropping them whenever a file's mtime or size looks different. Safe when
+    /// every subtree invalidates its own changes or does not use the page cache.
+    public var explicitDataInvalidation = true
     /// Maximum worker threads of the loop.
     public var maximumThreads: UInt32 = 8
 
