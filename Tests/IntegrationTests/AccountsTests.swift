@@ -329,20 +329,18 @@ import Glibc
 
     @Test(arguments: ["flip", "truncate", "garbage"])
     func damagedVaultGivesEIOAndTheOtherStoresWork(kind: String) throws {
-        let scratch = Scratch()
-        defer { scratch.remove() }
-        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.initStore(data).status == 0)
-        let vault = data + "/vault"
-        switch kind {
-        case "flip": #expect(Run.shell("printf '\\377' | dd of=\(vault) bs=1 seek=150 conv=notrunc 2>/dev/null").status == 0)
-        case "truncate": #expect(Run.shell("truncate -s 100 \(vault)").status == 0)
-        default: #expect(Run.shell("head -c 300 /dev/urandom > \(vault)").status == 0)
+        var before = Data()
+        let store = try MountedStore { data in
+            let vault = data + "/vault"
+            switch kind {
+            case "flip": #expect(Run.shell("printf '\\377' | dd of=\(vault) bs=1 seek=150 conv=notrunc 2>/dev/null").status == 0)
+            case "truncate": #expect(Run.shell("truncate -s 100 \(vault)").status == 0)
+            default: #expect(Run.shell("head -c 300 /dev/urandom > \(vault)").status == 0)
+            }
+            before = try Data(contentsOf: URL(fileURLWithPath: vault))
         }
-        let before = try Data(contentsOf: URL(fileURLWithPath: vault))
-        mkdir(mnt, 0o755)
-        #expect(Run.mtmfs("mount", "--data-dir", data, mnt).status == 0)
-        defer { Run.mtmfs("unmount", mnt) }
+        defer { store.close() }
+        let mnt = store.mountPoint, vault = store.dataDirectory + "/vault"
         let listing = Run.shell("ls \(mnt)/accounts")
         #expect(listing.status != 0 && listing.stderr.contains("Input/output error"), "\(listing)")
         let status = try String(contentsOfFile: mnt + "/.mtmfs/status", encoding: .utf8)

@@ -262,15 +262,13 @@ import Glibc
     }
 
     @Test func damagedCacheGivesEIOAndTheOtherStoresWork() throws {
-        let scratch = Scratch()
-        defer { scratch.remove() }
-        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.initStore(data).status == 0)
-        #expect(Run.shell("head -c 8192 /dev/urandom > \(data)/cache.sqlite").status == 0)
-        let before = try Data(contentsOf: URL(fileURLWithPath: data + "/cache.sqlite"))
-        mkdir(mnt, 0o755)
-        #expect(Run.mtmfs("mount", "--data-dir", data, mnt).status == 0)
-        defer { Run.mtmfs("unmount", mnt) }
+        var before = Data()
+        let store = try MountedStore { data in
+            #expect(Run.shell("head -c 8192 /dev/urandom > \(data)/cache.sqlite").status == 0)
+            before = try Data(contentsOf: URL(fileURLWithPath: data + "/cache.sqlite"))
+        }
+        defer { store.close() }
+        let mnt = store.mountPoint, data = store.dataDirectory
         let listing = Run.shell("ls \(mnt)/cache")
         #expect(listing.status != 0 && listing.stderr.contains("Input/output error"), "\(listing)")
         #expect(Run.shell("cat \(mnt)/settings/IsFirstRun && ls \(mnt)/accounts").status == 0)

@@ -154,6 +154,24 @@ import Glibc
         #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
     }
 
+    @Test func busyMountIsReportedAndLazyUnmountDetaches() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        // A process with its working directory inside keeps the mount busy.
+        let holder = Run.program("/bin/sh", ["-c", "cd \"$0\" && sleep 30 >/dev/null 2>&1 & echo $!", store.path("cache")])
+        let pid = try #require(Int32(holder.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
+        defer { kill(pid, SIGKILL) }
+        #expect(MountTable.wait { (try? String(contentsOfFile: "/proc/\(pid)/cwd/../.mtmfs/status", encoding: .utf8)) != nil })
+        let busy = Run.mtmfs("unmount", store.mountPoint)
+        #expect(busy.status == 1 && busy.stderr.contains("is busy: close the files and shells using it"), "\(busy)")
+        #expect(MountTable.isMounted(store.mountPoint))
+        // Lazily detached, the daemon serves until its last user leaves: unmount waits for that.
+        let lazy = Run.program("/bin/sh", ["-c", "(sleep 0.5; kill -9 \(pid)) & \"$0\" unmount --lazy \"$1\"",
+                                           Run.mtmfs, store.mountPoint])
+        #expect(lazy.status == 0, "\(lazy)")
+        #expect(!MountTable.isMounted(store.mountPoint))
+    }
+
     @Test func unmountAndStatusOfSomethingElse() throws {
         let scratch = Scratch()
         defer { scratch.remove() }

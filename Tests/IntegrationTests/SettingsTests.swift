@@ -142,7 +142,7 @@ import Glibc
         let listing = Run.shell("ls -A \(s)").stdout
         #expect(!listing.contains(".swp") && !listing.contains("4913"), "\(tool): \(listing)")
         // No editor file reached the data directory.
-        #expect(try Syscall.listDirectoryNames(store.dataDirectory).sorted() == ["Settings.plist", "cache.sqlite", "vault"])
+        #expect(try DataFiles.names(in: store.dataDirectory).sorted() == ["Settings.plist", "cache.sqlite", "vault"])
     }
 
     /// A key renamed away (vim's `K~`) or unlinked (mv, install) and recreated keeps its
@@ -224,19 +224,16 @@ import Glibc
     }
 
     @Test func binaryFormatAndKeyOrderAreKept() throws {
-        let scratch = Scratch()
-        defer { scratch.remove() }
-        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.initStore(data).status == 0)
-        #expect(Run.program("python3", ["-c", """
-            import plistlib, sys
-            d = {'Zeta': 1, 'Alpha': {'b': True, 'a': [1, 'x']}, 'Mid': 'm'}
-            open(sys.argv[1], 'wb').write(plistlib.dumps(d, fmt=plistlib.FMT_BINARY, sort_keys=False))
-            """, data + "/Settings.plist"]).status == 0)
-        mkdir(mnt, 0o755)
-        #expect(Run.mtmfs("mount", "--data-dir", data, mnt).status == 0)
-        defer { Run.mtmfs("unmount", mnt) }
-        let s = mnt + "/settings"
+        let store = try MountedStore { data in
+            #expect(Run.program("python3", ["-c", """
+                import plistlib, sys
+                d = {'Zeta': 1, 'Alpha': {'b': True, 'a': [1, 'x']}, 'Mid': 'm'}
+                open(sys.argv[1], 'wb').write(plistlib.dumps(d, fmt=plistlib.FMT_BINARY, sort_keys=False))
+                """, data + "/Settings.plist"]).status == 0)
+        }
+        defer { store.close() }
+        let data = store.dataDirectory
+        let s = store.path("settings")
         #expect(Run.shell("ls -f \(s) | grep -v '^\\.'").stdout == "Zeta\nAlpha\nMid\n")
         #expect(Run.shell("ls -f \(s)/Alpha | grep -v '^\\.'").stdout == "b\na\n")
         #expect(Run.shell("ls -f \(s)/Alpha/a | grep -v '^\\.'").stdout == "0\n1\n")
@@ -265,20 +262,18 @@ import Glibc
 
     @Test(arguments: ["random", "truncated", "deep"])
     func damagedPlistGivesEIOAndTheOtherStoresKeepWorking(kind: String) throws {
-        let scratch = Scratch()
-        defer { scratch.remove() }
-        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.initStore(data).status == 0)
-        let plist = data + "/Settings.plist"
-        switch kind {
-        case "random": #expect(Run.shell("head -c 4096 /dev/urandom > \(plist)").status == 0)
-        case "truncated": #expect(Run.shell("head -c 100 \(plist) > \(plist).cut && mv \(plist).cut \(plist)").status == 0)
-        default: #expect(Run.shell("python3 -c \"print('<plist>' + '<array>' * 100000 + '</array>' * 100000 + '</plist>')\" > \(plist)").status == 0)
+        var before = Data()
+        let store = try MountedStore { data in
+            let plist = data + "/Settings.plist"
+            switch kind {
+            case "random": #expect(Run.shell("head -c 4096 /dev/urandom > \(plist)").status == 0)
+            case "truncated": #expect(Run.shell("head -c 100 \(plist) > \(plist).cut && mv \(plist).cut \(plist)").status == 0)
+            default: #expect(Run.shell("python3 -c \"print('<plist>' + '<array>' * 100000 + '</array>' * 100000 + '</plist>')\" > \(plist)").status == 0)
+            }
+            before = try Data(contentsOf: URL(fileURLWithPath: plist))
         }
-        let before = try Data(contentsOf: URL(fileURLWithPath: plist))
-        mkdir(mnt, 0o755)
-        #expect(Run.mtmfs("mount", "--data-dir", data, mnt).status == 0)
-        defer { Run.mtmfs("unmount", mnt) }
+        defer { store.close() }
+        let mnt = store.mountPoint, plist = store.dataDirectory + "/Settings.plist"
         let listing = Run.shell("ls \(mnt)/settings")
         #expect(listing.status != 0 && listing.stderr.contains("Input/output error"), "\(listing)")
         #expect(Run.shell("echo x > \(mnt)/settings/K").stderr.contains("Input/output error"))
@@ -300,15 +295,15 @@ import Glibc
         Run.program("fusermount3", ["-uz", store.mountPoint])
         #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
         #expect(MountTable.wait(seconds: 2) {
-            (try? Syscall.listDirectoryNames(store.dataDirectory).sorted()) == ["Settings.plist", "cache.sqlite", "vault"]
+            (try? DataFiles.names(in: store.dataDirectory).sorted()) == ["Settings.plist", "cache.sqlite", "vault"]
         })
     }
 }
 
-enum Syscall {
+enum DataFiles {
     /// The files of a data directory, less SQLite's own -wal and -shm companions of the
     /// open cache database.
-    static func listDirectoryNames(_ path: String) throws -> [String] {
+    static func names(in path: String) throws -> [String] {
         try FileManager.default.contentsOfDirectory(atPath: path)
             .filter { $0 != "cache.sqlite-wal" && $0 != "cache.sqlite-shm" }
     }

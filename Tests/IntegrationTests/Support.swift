@@ -124,9 +124,12 @@ final class MountedStore {
     var dataDirectory: String { scratch.sub("data") }
     var mountPoint: String { scratch.sub("mnt") }
 
-    init(options: [String] = []) throws {
+    /// `prepare` runs between init and mount, with the data directory (to damage a store,
+    /// or to put another Settings.plist in place).
+    init(options: [String] = [], prepare: (String) throws -> Void = { _ in }) throws {
         let initialized = Run.initStore(dataDirectory)
         try #require(initialized.status == 0, "init: \(initialized)")
+        try prepare(dataDirectory)
         mkdir(mountPoint, 0o755)
         let mounted = Run.program(Run.mtmfs, ["mount", "--data-dir", dataDirectory] + options + [mountPoint])
         if mounted.status != 0 { scratch.remove() }
