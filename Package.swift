@@ -11,6 +11,7 @@ let package = Package(
     products: [
         .executable(name: "mtmfs", targets: ["mtmfs"]),
         .executable(name: "mtmfs-bench", targets: ["mtmfs-bench"]),
+        .executable(name: "mtmfs-reliability", targets: ["mtmfs-reliability"]),
     ],
     targets: [
         // System libraries: a module map and a shim header each.
@@ -38,6 +39,9 @@ let package = Package(
         .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "Posix"]),
         // Side-by-side measurements against a native directory and peers.
         .executableTarget(name: "mtmfs-bench", dependencies: ["Posix"]),
+        // Faults, bad input and attackers: crash, full disk, damaged stores, concurrency, security.
+        .executableTarget(name: "mtmfs-reliability",
+                          dependencies: ["Posix", "CSodium", "CredentialVault", "SettingsStore"]),
 
         .testTarget(name: "PosixTests", dependencies: ["Posix"]),
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),

@@ -85,7 +85,15 @@ public final class CacheStore: @unchecked Sendable {
         var fs = statvfs()
         guard statvfs(path, &fs) == 0 else { return }
         let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
-        if free < Self.reservedBytes + UInt64(bytes) { throw .noSpace }
+        let needed = Self.reservedBytes + UInt64(bytes)
+        if free >= needed { return }
+        // Deleted files leave their pages on SQLite's free list, where new data goes first:
+        // those count as room too (found by mtmfs-reliability: after `rm` on a full disk,
+        // writes kept failing because the database file does not shrink).
+        let pages = (try? database.scalarText("PRAGMA freelist_count")).flatMap { $0.flatMap { UInt64($0) } } ?? 0
+        let pageSize = (try? database.scalarText("PRAGMA page_size")).flatMap { $0.flatMap { UInt64($0) } } ?? 0
+        // The write-ahead log still needs real disk for the new pages (plus 1 MiB of margin).
+        if free + pages * pageSize < needed || free < UInt64(bytes) + (1 << 20) { throw .noSpace }
     }
 
     /// The extended attribute that makes a file disappear at a time (Unix seconds or ISO 8601).

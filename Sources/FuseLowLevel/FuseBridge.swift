@@ -36,7 +36,7 @@ final class FuseBridge: Sendable {
             bridge.configure(conn)
         }
         ops.lookup = { req, parent, name in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "lookup", parent) { fs, context throws(Errno) in
                 FuseBridge.replyEntry(req, try fs.lookup(parent: parent, name: try FuseBridge.decode(name), context: context))
             }
         }
@@ -53,13 +53,13 @@ final class FuseBridge: Sendable {
             fuse_reply_none(req)
         }
         ops.getattr = { req, inode, _ in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "getattr", inode) { fs, context throws(Errno) in
                 let (attributes, cache) = try fs.attributes(of: inode, context: context)
                 FuseBridge.replyAttributes(req, attributes, cache)
             }
         }
         ops.setattr = { req, inode, attr, toSet, fi in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "setattr", inode) { fs, context throws(Errno) in
                 let changes = FuseBridge.attributeChanges(attr!.pointee, toSet)
                 let handle = fi.map { $0.pointee.fh }
                 let (attributes, cache) = try fs.setAttributes(of: inode, changes, handle: handle,
@@ -68,42 +68,42 @@ final class FuseBridge: Sendable {
             }
         }
         ops.readlink = { req, inode in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "readlink", inode) { fs, context throws(Errno) in
                 _ = fuse_reply_readlink(req, try fs.readLink(inode, context: context))
             }
         }
         ops.mknod = { req, parent, name, mode, device in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "mknod", parent) { fs, context throws(Errno) in
                 FuseBridge.replyEntry(req, try fs.makeNode(parent: parent, name: try FuseBridge.decode(name), mode: mode,
                                                 device: device, context: context))
             }
         }
         ops.mkdir = { req, parent, name, mode in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "mkdir", parent) { fs, context throws(Errno) in
                 FuseBridge.replyEntry(req, try fs.makeDirectory(parent: parent, name: try FuseBridge.decode(name),
                                                      mode: mode, context: context))
             }
         }
         ops.unlink = { req, parent, name in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "unlink", parent) { fs, context throws(Errno) in
                 try fs.unlink(parent: parent, name: try FuseBridge.decode(name), context: context)
                 fuse_reply_err(req, 0)
             }
         }
         ops.rmdir = { req, parent, name in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "rmdir", parent) { fs, context throws(Errno) in
                 try fs.removeDirectory(parent: parent, name: try FuseBridge.decode(name), context: context)
                 fuse_reply_err(req, 0)
             }
         }
         ops.symlink = { req, target, parent, name in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "symlink", parent) { fs, context throws(Errno) in
                 FuseBridge.replyEntry(req, try fs.makeSymbolicLink(target: try FuseBridge.decode(target), parent: parent,
                                                         name: try FuseBridge.decode(name), context: context))
             }
         }
         ops.rename = { req, parent, name, newParent, newName, flags in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "rename", parent) { fs, context throws(Errno) in
                 try fs.rename(parent: parent, name: try FuseBridge.decode(name), newParent: newParent,
                               newName: try FuseBridge.decode(newName), flags: RenameFlags(rawValue: flags),
                               context: context)
@@ -111,20 +111,20 @@ final class FuseBridge: Sendable {
             }
         }
         ops.link = { req, inode, newParent, newName in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "link", inode) { fs, context throws(Errno) in
                 FuseBridge.replyEntry(req, try fs.link(inode, newParent: newParent, newName: try FuseBridge.decode(newName),
                                             context: context))
             }
         }
         ops.open = { req, inode, fi in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "open", inode) { fs, context throws(Errno) in
                 let opened = try fs.open(inode, flags: fi!.pointee.flags, context: context)
                 FuseBridge.apply(opened, to: fi!)
                 _ = fuse_reply_open(req, fi)
             }
         }
         ops.create = { req, parent, name, mode, fi in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "create", parent) { fs, context throws(Errno) in
                 let (entry, opened) = try fs.create(parent: parent, name: try FuseBridge.decode(name), mode: mode,
                                                     flags: fi!.pointee.flags, context: context)
                 FuseBridge.apply(opened, to: fi!)
@@ -133,13 +133,13 @@ final class FuseBridge: Sendable {
             }
         }
         ops.read = { req, inode, size, offset, fi in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "read", inode) { fs, context throws(Errno) in
                 try fs.read(inode, handle: fi!.pointee.fh, offset: UInt64(offset), size: size,
                             context: context) { bytes in _ = fuse_reply_buf(req, bytes.baseAddress, bytes.count) }
             }
         }
         ops.write = { req, inode, buffer, size, offset, fi in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "write", inode) { fs, context throws(Errno) in
                 let data = UnsafeRawBufferPointer(start: buffer, count: size)
                 let written = try fs.write(inode, handle: fi!.pointee.fh, offset: UInt64(offset),
                                            data: data, flags: fi!.pointee.flags, context: context)
@@ -147,7 +147,7 @@ final class FuseBridge: Sendable {
             }
         }
         ops.flush = { req, inode, fi in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "flush", inode) { fs, context throws(Errno) in
                 try fs.flush(inode, handle: fi!.pointee.fh, context: context)
                 fuse_reply_err(req, 0)
             }
@@ -157,13 +157,13 @@ final class FuseBridge: Sendable {
             fuse_reply_err(req, 0)
         }
         ops.fsync = { req, inode, dataOnly, fi in
-            FuseBridge.respond(req) { fs, _ throws(Errno) in
+            FuseBridge.respond(req, "fsync", inode) { fs, _ throws(Errno) in
                 try fs.synchronize(inode, handle: fi!.pointee.fh, dataOnly: dataOnly != 0)
                 fuse_reply_err(req, 0)
             }
         }
         ops.opendir = { req, inode, fi in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "opendir", inode) { fs, context throws(Errno) in
                 try fs.openDirectory(inode, context: context)
                 let stream = DirectoryStream(inode: inode,
                                              entries: try fs.listDirectory(inode, context: context))
@@ -185,7 +185,7 @@ final class FuseBridge: Sendable {
         }
         ops.fsyncdir = { req, _, _, _ in fuse_reply_err(req, 0) }
         ops.statfs = { req, inode in
-            FuseBridge.respond(req) { fs, _ throws(Errno) in
+            FuseBridge.respond(req, "statfs", inode) { fs, _ throws(Errno) in
                 let stats = try fs.statistics(inode)
                 var out = statvfs()
                 out.f_bsize = UInt(stats.blockSize)
@@ -201,7 +201,7 @@ final class FuseBridge: Sendable {
             }
         }
         ops.setxattr = { req, inode, name, value, size, flags in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "setxattr", inode) { fs, context throws(Errno) in
                 let bytes = value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
                 try fs.setExtendedAttribute(inode, name: try FuseBridge.decode(name), value: bytes, flags: flags,
                                             context: context)
@@ -209,13 +209,13 @@ final class FuseBridge: Sendable {
             }
         }
         ops.getxattr = { req, inode, name, size in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "getxattr", inode) { fs, context throws(Errno) in
                 let value = try fs.extendedAttribute(inode, name: try FuseBridge.decode(name), context: context)
                 try FuseBridge.replySized(req, value, limit: size)
             }
         }
         ops.listxattr = { req, inode, size in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "listxattr", inode) { fs, context throws(Errno) in
                 var list: [UInt8] = []
                 for name in try fs.extendedAttributeNames(inode, context: context) {
                     list += Array(name.utf8) + [0]
@@ -224,7 +224,7 @@ final class FuseBridge: Sendable {
             }
         }
         ops.removexattr = { req, inode, name in
-            FuseBridge.respond(req) { fs, context throws(Errno) in
+            FuseBridge.respond(req, "removexattr", inode) { fs, context throws(Errno) in
                 try fs.removeExtendedAttribute(inode, name: try FuseBridge.decode(name), context: context)
                 fuse_reply_err(req, 0)
             }
@@ -258,15 +258,19 @@ final class FuseBridge: Sendable {
     }
 
     /// Runs one request: the body replies on success; a thrown `Errno` becomes the reply.
+    /// At debug level each request is logged with its inode, caller and result — never a
+    /// name's or a value's bytes.
     @inline(__always)
-    private static func respond(_ req: fuse_req_t?,
+    private static func respond(_ req: fuse_req_t?, _ operation: StaticString, _ inode: fuse_ino_t,
                                 _ body: (any FileSystem, RequestContext) throws(Errno) -> Void) {
         let fs = bridge(req).fileSystem
         let raw = fuse_req_ctx(req)!.pointee
         let context = RequestContext(uid: raw.uid, gid: raw.gid, pid: raw.pid, umask: raw.umask)
         do {
             try body(fs, context)
+            if Log.isDebugging { Log.debug("\(operation) inode \(inode) from pid \(raw.pid): ok") }
         } catch {
+            if Log.isDebugging { Log.debug("\(operation) inode \(inode) from pid \(raw.pid): \(error)") }
             fuse_reply_err(req, error.rawValue)
         }
     }

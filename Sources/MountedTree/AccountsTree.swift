@@ -398,6 +398,8 @@ extension AccountsTree {
             self.ownership = ownership
             self.space = space
             self.autoLockSeconds = autoLockSeconds
+            // A save cut short by a kill leaves its (sealed) temporary file behind.
+            AtomicFile.removeStaleTemporaries(of: vaultPath)
             do {
                 vault = try Vault(path: vaultPath)
             } catch {
@@ -593,6 +595,7 @@ extension AccountsTree {
             } catch {
                 throw error.errno
             }
+            Log.debug("vault saved: account \(name) added (\(vault.accounts.count) accounts)")
             let local = id(of: uuid) << 8
             return try entry(local)
         }
@@ -617,6 +620,7 @@ extension AccountsTree {
             } catch {
                 throw error.errno
             }
+            Log.debug("vault saved: account \(name) removed (\(vault.accounts.count) accounts)")
             for index in 0...AccountsTree.urlIndex {
                 let local = fieldInode(id, index)
                 pending.removeValue(forKey: local)?.bytes.wipe()
@@ -860,6 +864,7 @@ extension AccountsTree {
             } catch {
                 throw error.errno
             }
+            Log.debug("vault saved: \(changes.count) field(s) of one account changed (values not logged)")
             let now = Timestamp.now()
             modified[local] = now
             if index == AccountsTree.urlIndex || [.protocol, .server, .port, .path].contains(AccountField.allCases[index]) {

@@ -519,6 +519,7 @@ extension SettingsTree {
                 Log.error(error.description)
                 throw error.errno
             }
+            Log.debug("Settings.plist saved (\(dictionary.count) keys)")
         }
 
         func position(of path: [String]) -> Int? {

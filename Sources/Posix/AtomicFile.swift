@@ -48,7 +48,9 @@ public enum AtomicFile {
         guard let names = try? Syscall.listDirectory(directory) else { return }
         for name in names where name.hasPrefix(prefix) {
             let pid = name.dropFirst(prefix.count).split(separator: "-").first.flatMap { pid_t($0) }
-            if let pid, pid != getpid(), ProcessState.isRunning(pid) { continue }
+            if let pid, pid != getpid(), ProcessState.isRunning(pid), ProcessState.name(of: pid) == ProcessState.name(of: getpid()) {
+                continue  // a live process of this program may be writing it (a pid reused by another program is not)
+            }
             try? Syscall.unlink(directory + "/" + name)
         }
     }

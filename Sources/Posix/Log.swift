@@ -19,6 +19,15 @@ public enum Log {
         destination.withLock { $0 = newDestination }
     }
 
+    private static let debugging = Atomic<Bool>(false)
+
+    /// Turns debug lines on (`mtmfs mount --debug`): one line per request and per store event.
+    public static func enableDebug() { debugging.store(true, ordering: .relaxed) }
+    public static var isDebugging: Bool { debugging.load(ordering: .relaxed) }
+
+    public static func debug(_ message: @autoclosure () -> String) {
+        if isDebugging { write(LOG_DEBUG, "debug", message()) }
+    }
     public static func info(_ message: String) { write(LOG_INFO, "info", message) }
     public static func warning(_ message: String) { write(LOG_WARNING, "warning", message) }
     public static func error(_ message: String) { write(LOG_ERR, "error", message) }

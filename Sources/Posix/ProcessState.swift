@@ -15,4 +15,11 @@ public enum ProcessState {
         let state = text[close + 2]
         return state != UInt8(ascii: "Z") && state != UInt8(ascii: "X")
     }
+
+    /// The command name of a process (/proc/PID/comm), nil when it is gone.
+    public static func name(of pid: pid_t) -> String? {
+        guard let fd = try? Syscall.open("/proc/\(pid)/comm", O_RDONLY) else { return nil }
+        defer { Syscall.close(fd) }
+        return (try? Syscall.readAll(fd)).map { String(decoding: $0.prefix { $0 != UInt8(ascii: "\n") }, as: UTF8.self) }
+    }
 }

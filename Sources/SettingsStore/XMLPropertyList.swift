@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 /// Apple's XML property-list format, read and written by hand: one pass over the bytes,
 /// nesting limited to `PropertyList.maximumDepth`, no external entities, no DTD loading.
 enum XMLPropertyList {
@@ -146,10 +149,27 @@ enum XMLPropertyList {
             position += 1
         }
 
+        /// The index of the next `<` or `&` at or after `start` (or the end), found with memchr.
+        func nextMarkup(from start: Int) -> Int {
+            bytes.withUnsafeBufferPointer { buffer in
+                guard let base = buffer.baseAddress, start < buffer.count else { return buffer.count }
+                let count = buffer.count - start
+                let tag = memchr(base + start, Int32(UInt8(ascii: "<")), count)
+                let end = tag.map { UnsafeRawPointer($0) - UnsafeRawPointer(base) } ?? buffer.count
+                let entity = memchr(base + start, Int32(UInt8(ascii: "&")), end - start)
+                return entity.map { UnsafeRawPointer($0) - UnsafeRawPointer(base) } ?? end
+            }
+        }
+
         /// Character data up to the next `<` (CDATA sections and comments included), unescaped.
         mutating func text() throws(PlistError) -> String {
             var out: [UInt8] = []
             while position < bytes.count {
+                // Plain characters in one slice: a 64 MiB value takes one copy, not 64 Mi steps.
+                let run = position
+                position = nextMarkup(from: position)
+                out += bytes[run..<position]
+                guard position < bytes.count else { break }
                 if starts(with: "<![CDATA[") {
                     position += 9
                     let start = position
@@ -157,13 +177,10 @@ enum XMLPropertyList {
                     out += bytes[start..<position - 3]
                 } else if starts(with: "<!--") {
                     try skip(past: "-->")
-                } else if bytes[position] == UInt8(ascii: "<") {
-                    break
                 } else if bytes[position] == UInt8(ascii: "&") {
                     out += try entity()
                 } else {
-                    out.append(bytes[position])
-                    position += 1
+                    break  // the next tag
                 }
             }
             guard let string = String(validating: out, as: UTF8.self) else { throw PlistError("text that is not UTF-8") }

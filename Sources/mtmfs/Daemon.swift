@@ -14,7 +14,7 @@ import Posix
 enum Daemon {
     /// Starts the daemon and waits for its word; returns its pid once the mount is ready.
     static func start(dataDirectory: String, mountPoint: String, options: [String],
-                      autoLockSeconds: Int = 900, cacheLimit: Int64? = nil) throws(CommandFailure) -> pid_t {
+                      autoLockSeconds: Int = 900, cacheLimit: Int64? = nil, debug: Bool = false) throws(CommandFailure) -> pid_t {
         let pipe: (read: Int32, write: Int32)
         do {
             pipe = try Syscall.pipe()
@@ -24,6 +24,7 @@ enum Daemon {
         var arguments = [Paths.executable(), "mount", "--ready-fd", "3", "--data-dir", dataDirectory,
                          "--auto-lock", String(autoLockSeconds)]
         if let cacheLimit { arguments += ["--cache-limit", String(cacheLimit)] }
+        if debug { arguments.append("--debug") }
         for option in options { arguments += ["-o", option] }
         arguments.append(mountPoint)
 

@@ -1,4 +1,5 @@
 import MountedTree
+import Posix
 
 /// `mtmfs mount`: mounts a data directory; returns once the mount answers.
 struct MountCommand: Command {
@@ -6,7 +7,7 @@ struct MountCommand: Command {
     static let abstract = "mount a data directory (returns once the mount is ready)"
     static let usage = """
     Usage: mtmfs mount [--data-dir DIR] [-f] [-o OPTIONS] [--unlock [--passphrase-file FILE]]
-                       [--auto-lock SECONDS] [--cache-limit BYTES] MOUNT
+                       [--auto-lock SECONDS] [--cache-limit BYTES] [--debug] MOUNT
 
     Mounts the stores of DIR on the empty directory MOUNT. Without -f the daemon detaches,
     logs to syslog, and this command returns only once MOUNT answers, so the next line of a
@@ -22,8 +23,10 @@ struct MountCommand: Command {
                                (default 900; 0 never)
       --cache-limit BYTES      keep cache/ under this size (K, M, G suffixes):
                                least recently used closed files are removed
+      --debug          log every request (operation, inode, caller, result) and
+                       store event; names and values are never logged
     """
-    static let flags: Set<String> = ["-f", "--foreground", "--unlock"]
+    static let flags: Set<String> = ["-f", "--foreground", "--unlock", "--debug"]
     static let options: Set<String> = ["--data-dir", "-o", "--ready-fd", "--auto-lock", "--passphrase-file", "--cache-limit"]
 
     let dataDirectory: String
@@ -36,6 +39,7 @@ struct MountCommand: Command {
     let unlock: Bool
     let passphraseFile: String?
     let cacheLimit: Int64?
+    let debug: Bool
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         let positionals = try arguments.positionals(1...1, named: "the mount point (mtmfs mount MOUNT)")
@@ -47,6 +51,7 @@ struct MountCommand: Command {
         }
         autoLockSeconds = seconds
         unlock = arguments.has("--unlock")
+        debug = arguments.has("--debug")
         passphraseFile = arguments.value("--passphrase-file")
         if let text = arguments.value("--cache-limit") {
             guard let bytes = Self.byteCount(text) else {
@@ -67,6 +72,7 @@ struct MountCommand: Command {
     }
 
     func run() throws(CommandFailure) {
+        if debug { Log.enableDebug() }
         if readyFD != nil || foreground {
             if readyFD == nil {
                 do {
@@ -88,7 +94,7 @@ struct MountCommand: Command {
         let passphrase = unlock ? try PassphraseInput.read(prompt: "Passphrase: ", file: passphraseFile) : nil
         defer { passphrase?.wipe() }
         _ = try Daemon.start(dataDirectory: dataDirectory, mountPoint: mountPoint, options: options,
-                             autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit)
+                             autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit, debug: debug)
         if let passphrase {
             do {
                 try PassphraseInput.unlock(mountPoint: mountPoint, with: passphrase)

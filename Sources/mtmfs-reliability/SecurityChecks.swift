@@ -1,0 +1,206 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Posix
+
+/// What an attacker on the same machine can get: another user, the logs, the daemon's
+/// memory and core files, and passphrase guessing.
+final class SecurityChecks {
+    let scratch = Scratch("security")
+    let account = "5a1e0c7b-95f1-4d2c-8a3e-6b7c8d9e0f10"
+    let secret = "s3cr3t-field-value-7f3a"
+    let otherUser = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--"]
+
+    func run() -> [Tally] {
+        defer { scratch.remove() }
+        return [otherUsers(), logs(), memoryAndCores(), guessing()]
+    }
+
+    /// Runs `line` as user nobody; its exit status.
+    func asNobody(_ line: String) -> Finished {
+        Program.run(otherUser[0], Array(otherUser.dropFirst()) + ["/bin/sh", "-c", line])
+    }
+
+    func populate(_ store: Store) -> [String] {
+        var problems: [String] = []
+        if mkdir(store.path("accounts/\(account)"), 0o700) != 0 { problems.append("mkdir account: \(errnoName(errno))") }
+        if writeFile(store.path("accounts/\(account)/password"), Array((secret + "\n").utf8)) != 0 { problems.append("write password") }
+        if writeFile(store.path("cache/note"), Array("cached\n".utf8)) != 0 { problems.append("write cache") }
+        return problems
+    }
+
+    func otherUsers() -> Tally {
+        let tally = Tally("security: other users (default and allow_other)")
+        let paths = [".", "accounts", "accounts/\(account)", "accounts/\(account)/password", "settings",
+                     "settings/IsFirstRun", "cache", "cache/note", ".mtmfs/status"]
+        // The scratch directory must be traversable by nobody for the checks to mean anything.
+        chmod(scratch.path, 0o755)
+        do {
+            let store = try Store(in: scratch)
+            chmod(store.dataDirectory, 0o700)
+            try store.mount()
+            tally.record("populate", populate(store))
+            for path in paths {
+                let target = store.path(path)
+                let attempt = asNobody("ls -la \(Workload.quoted(target)) >/dev/null 2>&1 || cat \(Workload.quoted(target)) >/dev/null 2>&1 || stat \(Workload.quoted(target)) >/dev/null 2>&1")
+                tally.record("nobody reaches \(path) (default mount)", attempt.status == 0 ? ["it could"] : [])
+            }
+            store.unmount()
+
+            try store.mount(options: ["-o", "allow_other"])
+            var modes: [String] = []
+            var info = stat()
+            if stat(store.path("accounts/\(account)/password"), &info) != 0 || info.st_mode & 0o777 != 0o600 {
+                modes.append(String(format: "password mode %o", info.st_mode & 0o777))
+            }
+            if stat(store.path("accounts/\(account)"), &info) != 0 || info.st_mode & 0o777 != 0o700 {
+                modes.append(String(format: "account directory mode %o", info.st_mode & 0o777))
+            }
+            tally.record("secret files 0600, account directories 0700 with allow_other", modes)
+            for path in ["accounts/\(account)/password", "accounts/\(account)"] {
+                let target = Workload.quoted(store.path(path))
+                let attempt = asNobody("cat \(target) 2>/dev/null || ls \(target) 2>/dev/null | grep -q .")
+                tally.record("nobody reads \(path) with allow_other", attempt.status == 0 ? ["it could: \(attempt.output)"] : [])
+            }
+            let write = asNobody("echo x > \(Workload.quoted(store.path("accounts/\(account)/password")))")
+            tally.record("nobody writes the password with allow_other", write.status == 0 ? ["it could"] : [])
+            let unlock = asNobody("echo x > \(Workload.quoted(store.path(".mtmfs/unlock")))")
+            tally.record("nobody writes .mtmfs/unlock with allow_other", unlock.status == 0 ? ["it could"] : [])
+            store.unmount()
+        } catch {
+            tally.record("run", ["\(error)"])
+        }
+        return tally
+    }
+
+    /// A whole session at debug level (ours and libfuse's), in the foreground: the log
+    /// has lines, but neither the passphrase nor any field value.
+    func logs() -> Tally {
+        let tally = Tally("security: no passphrase or field value in the debug log")
+        do {
+            let sub = Scratch("security-log")
+            defer { sub.remove() }
+            let store = try Store(in: sub)
+            let log = sub.sub("daemon.log")
+            let daemon = Program.start(Program.mtmfs, ["mount", "-f", "--debug", "-o", "debug", "--auto-lock", "0",
+                                                       "--data-dir", store.dataDirectory, store.mountPoint],
+                                       stdout: log, stderr: log)
+            defer {
+                store.unmount()
+                Program.wait(daemon, timeout: 10)
+            }
+            var ready = false
+            for _ in 0..<500 where !ready {
+                usleep(10_000)
+                ready = readText(store.path(".mtmfs/status")) != nil
+            }
+            guard ready else { throw SuiteError("the foreground mount did not come up") }
+            store.daemon = daemon
+            tally.record("unlock", store.unlock() ? [] : ["failed"])
+            var session = populate(store)
+            let other = "another-value-with-\(secret.reversed())"
+            for field in ["username", "comment", "label"] where writeFile(store.path("accounts/\(account)/\(field)"), Array((other + field + "\n").utf8)) != 0 {
+                session.append("write \(field)")
+            }
+            if Program.shell("sed -i s/\(secret)/\(secret)2/ \(Workload.quoted(store.path("accounts/\(account)/password")))").status != 0 {
+                session.append("sed -i on the password")
+            }
+            if readText(store.path("accounts/\(account)/password")) != secret + "2\n" { session.append("read back") }
+            let wrong = Program.run(Program.mtmfs, ["unlock", store.mountPoint], input: "wrong \(suitePassphrase)\n")
+            if wrong.status == 0 { session.append("a wrong passphrase unlocked") }
+            if !store.lock() { session.append("lock") }
+            tally.record("session", session)
+            store.unmount()
+            Program.wait(daemon, timeout: 10)
+            let text = readText(log) ?? ""
+            let lines = text.split(separator: "\n")
+            tally.record("the log has debug lines", lines.contains { $0.contains("debug:") } && lines.count > 50 ? [] : ["only \(lines.count) lines"])
+            for needle in [suitePassphrase, secret, other, "s3cr3t"] {
+                tally.record("log free of \(needle.prefix(6))…", text.contains(needle) ? ["found in the log"] : [])
+            }
+        } catch {
+            tally.record("run", ["\(error)"])
+        }
+        return tally
+    }
+
+    /// Key pages locked in memory; RLIMIT_CORE 0 and no core file after SIGSEGV and SIGABRT.
+    func memoryAndCores() -> Tally {
+        let tally = Tally("security: locked key memory, no core files")
+        for crashSignal in [SIGSEGV, SIGABRT] {
+            do {
+                let sub = Scratch("security-core")
+                defer { sub.remove() }
+                let store = try Store(in: sub)
+                // Started from a shell that allows cores, in a directory we can search afterwards.
+                let started = Program.shell("cd \(sub.path) && ulimit -c unlimited && \(Program.mtmfs) mount --auto-lock 0 --data-dir \(store.dataDirectory) --unlock --passphrase-file \(store.passphraseFile) \(store.mountPoint)")
+                guard started.status == 0 else { throw SuiteError("mount: \(started.errors)") }
+                store.daemon = pid_t(store.status()["pid"] ?? "") ?? 0
+                let daemon = store.daemon
+                let status = readText("/proc/\(daemon)/status") ?? ""
+                let locked = status.split(separator: "\n").first { $0.hasPrefix("VmLck:") }
+                    .flatMap { Int($0.split(separator: " ")[1]) } ?? 0
+                tally.record("VmLck while unlocked (signal \(crashSignal) run)", locked > 0 ? [] : ["VmLck is 0 kB"])
+                let limits = readText("/proc/\(daemon)/limits") ?? ""
+                let coreLine = limits.split(separator: "\n").first { $0.hasPrefix("Max core file size") } ?? ""
+                tally.record("RLIMIT_CORE 0", coreLine.split(separator: " ").filter { !$0.isEmpty }.dropFirst(4).first == "0" ? [] : ["\(coreLine)"])
+                let cwd = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(daemon)/cwd")) ?? "/"
+                let before = Set(coreFiles(in: [cwd, sub.path, store.dataDirectory]))
+                kill(daemon, crashSignal)
+                for _ in 0..<500 where ProcessState.isRunning(daemon) { usleep(10_000) }
+                Program.run("fusermount3", ["-uz", store.mountPoint])
+                usleep(200_000)
+                let after = Set(coreFiles(in: [cwd, sub.path, store.dataDirectory]))
+                let coredumps = Program.shell("coredumpctl list --no-legend 2>/dev/null | grep -c mtmfs").output.trimmingCharacters(in: .whitespacesAndNewlines)
+                var problems: [String] = []
+                if ProcessState.isRunning(daemon) { problems.append("the daemon survived the signal") }
+                if !after.subtracting(before).isEmpty { problems.append("core files: \(after.subtracting(before).sorted())") }
+                if let count = Int(coredumps), count > 0 { problems.append("coredumpctl lists \(count)") }
+                tally.record("no core after signal \(crashSignal)", problems)
+            } catch {
+                tally.record("signal \(crashSignal)", ["\(error)"])
+            }
+        }
+        return tally
+    }
+
+    func coreFiles(in directories: [String]) -> [String] {
+        directories.flatMap { directory in
+            (listing(directory) ?? []).filter { $0 == "core" || $0.hasPrefix("core.") }.map { directory + "/" + $0 }
+        }
+    }
+
+    /// Each wrong passphrase costs a full key derivation (MODERATE limits here).
+    func guessing() -> Tally {
+        let tally = Tally("security: every wrong passphrase costs the full KDF")
+        do {
+            let sub = Scratch("security-kdf")
+            defer { sub.remove() }
+            let store = try Store(in: sub, kdf: "moderate")
+            try store.mount(unlocked: false)
+            defer { store.unmount() }
+            func timed(_ passphrase: String) -> (Double, Int32) {
+                let started = Date()
+                let result = Program.run(Program.mtmfs, ["unlock", store.mountPoint], input: passphrase + "\n")
+                let took = Date().timeIntervalSince(started)
+                if result.status == 0 { _ = store.lock() }
+                return (took, result.status)
+            }
+            var rights: [Double] = []
+            for _ in 0..<3 { rights.append(timed(suitePassphrase).0) }
+            let right = rights.sorted()[1]
+            for attempt in 1...5 {
+                let (took, status) = timed("guess number \(attempt)")
+                var problems: [String] = []
+                if status == 0 { problems.append("accepted") }
+                if took < right * 0.8 { problems.append(String(format: "took %.3f s, a right one %.3f s", took, right)) }
+                tally.record("wrong passphrase \(attempt)", problems)
+            }
+            say(String(format: "  (unlock with MODERATE limits: right %.3f s; wrong ones measured against it)", right))
+        } catch {
+            tally.record("run", ["\(error)"])
+        }
+        return tally
+    }
+}

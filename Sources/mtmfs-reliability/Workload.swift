@@ -1,0 +1,135 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Posix
+
+/// The mixed workload of the crash driver: one worker process per store, each writing
+/// numbered values and logging `A` (attempt) before and `K` (acknowledged) after every
+/// change, so that after a crash the suite knows which value each file may hold.
+///
+/// Log lines (one `write` each, O_APPEND):
+///   `A value PATH N` / `K value PATH N`  — PATH (relative to the mount) set to "vN"
+///   `A mkdir PATH` / `K mkdir PATH`      — an account directory made
+///   `A file PATH N SIZE` / `K file PATH N SIZE` — a cache file written and fsynced
+enum Workload {
+    static let settingsKeys = ["CrashString1", "CrashString2", "CrashString3"]
+    static let accountFields = ["username", "password", "comment", "label"]
+    static let account = "0d5c7a1e-3b2f-4c6d-8e9f-a0b1c2d3e4f5"
+
+    /// The bytes of cache file N of SIZE bytes (so the check needs only the log line).
+    static func cacheContent(_ n: Int, size: Int) -> [UInt8] {
+        var state = UInt64(truncatingIfNeeded: n) &* 0x9E37_79B9_7F4A_7C15 | 1
+        return (0..<size).map { _ in
+            state ^= state << 13; state ^= state >> 7; state ^= state << 17
+            return UInt8(truncatingIfNeeded: state)
+        }
+    }
+
+    /// A save strategy of SPEC §4 (and the ones an account field sees): a program that sets
+    /// FILE to VALUE plus a newline.
+    struct Strategy: Sendable {
+        let name: String
+        let run: @Sendable (_ file: String, _ value: String, _ scratch: String) -> Bool
+    }
+
+    static func sh(_ line: String) -> Bool { Program.shell(line, timeout: 30).status == 0 }
+    static func quoted(_ text: String) -> String { "'" + text.replacingOccurrences(of: "'", with: "'\\''") + "'" }
+
+    static let strategies: [Strategy] = [
+        Strategy(name: "write") { file, value, _ in writeFile(file, Array((value + "\n").utf8)) == 0 },
+        Strategy(name: ">") { file, value, _ in sh("echo \(value) > \(quoted(file))") },
+        Strategy(name: "sed -i") { file, value, _ in sh("sed -i 's/.*/\(value)/' \(quoted(file))") },
+        Strategy(name: "perl -pi") { file, value, _ in sh("perl -pi -e 's/.*/\(value)/' \(quoted(file))") },
+        Strategy(name: "vim") { file, value, _ in
+            sh("vim -N -u NONE -i NONE -es -c '%s/.*/\(value)/' -c 'wq' \(quoted(file)) </dev/null")
+        },
+        Strategy(name: "vim backupcopy=yes") { file, value, _ in
+            sh("vim -N -u NONE -i NONE -es -c 'set backupcopy=yes' -c '%s/.*/\(value)/' -c 'wq' \(quoted(file)) </dev/null")
+        },
+        Strategy(name: "ed") { file, value, _ in sh("printf '1c\\n\(value)\\n.\\nw\\nq\\n' | ed -s \(quoted(file))") },
+        Strategy(name: "tee") { file, value, _ in sh("echo \(value) | tee \(quoted(file)) >/dev/null") },
+        Strategy(name: "cp") { file, value, scratch in
+            sh("echo \(value) > \(scratch)/cp.tmp && cp \(scratch)/cp.tmp \(quoted(file))")
+        },
+        Strategy(name: "mv") { file, value, scratch in
+            sh("echo \(value) > \(scratch)/mv.tmp && mv \(scratch)/mv.tmp \(quoted(file))")
+        },
+        Strategy(name: "install") { file, value, scratch in
+            sh("echo \(value) > \(scratch)/install.tmp && install -m 600 \(scratch)/install.tmp \(quoted(file))")
+        },
+        Strategy(name: "python") { file, value, _ in
+            Program.run("python3", ["-c", "import sys; open(sys.argv[1], 'w').write(sys.argv[2] + '\\n')", file, value],
+                        timeout: 30).status == 0
+        },
+        Strategy(name: "emacs") { file, value, _ in
+            sh("emacs --batch \(quoted(file)) --eval '(progn (erase-buffer) (insert \"\(value)\\n\") (save-buffer))' 2>/dev/null")
+        },
+    ]
+
+    /// Runs one worker until the mount goes away (or it is killed).
+    static func work(store: String, mountPoint: String, log: String, seed: UInt64, scratch: String) -> Int32 {
+        var random = SplitMix(seed: seed)
+        let logFD = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        guard logFD >= 0 else { return 2 }
+        func note(_ line: String) {
+            let bytes = Array((line + "\n").utf8)
+            _ = bytes.withUnsafeBytes { write(logFD, $0.baseAddress, $0.count) }
+        }
+        // A tool's exit status alone is no acknowledgement (`perl -pi` exits 0 when it cannot
+        // open the file): the value must also read back through the mount.
+        func acknowledged(_ succeeded: Bool, _ path: String, _ n: Int) -> Bool {
+            succeeded && readText(mountPoint + "/" + path) == "v\(n)\n"
+        }
+        var failures = 0
+        var counter = Int(seed % 1_000_000) * 1_000
+        while failures < 20 {
+            counter += 1
+            var ok = false
+            switch store {
+            case "settings":
+                let key = "settings/" + settingsKeys[Int(random.next() % UInt64(settingsKeys.count))]
+                let strategy = strategies[Int(random.next() % UInt64(strategies.count))]
+                note("A value \(key) \(counter)")
+                ok = acknowledged(strategy.run(mountPoint + "/" + key, "v\(counter)", scratch), key, counter)
+                if ok { note("K value \(key) \(counter)") }
+            case "accounts":
+                if random.next() % 25 == 0 {
+                    let uuid = UUID().uuidString.lowercased()
+                    note("A mkdir accounts/\(uuid)")
+                    ok = mkdir(mountPoint + "/accounts/" + uuid, 0o700) == 0
+                    if ok { note("K mkdir accounts/\(uuid)") }
+                } else {
+                    let field = "accounts/\(account)/" + accountFields[Int(random.next() % UInt64(accountFields.count))]
+                    // Editors that fields support: the plain ones and vim/sed (SPEC §2).
+                    let strategy = strategies[Int(random.next() % 5)]
+                    note("A value \(field) \(counter)")
+                    ok = acknowledged(strategy.run(mountPoint + "/" + field, "v\(counter)", scratch), field, counter)
+                    if ok { note("K value \(field) \(counter)") }
+                }
+            default:
+                let size = [0, 1, 4_095, 65_536, 65_537, 200_000][Int(random.next() % 6)]
+                let path = "cache/crash/f\(counter)"
+                note("A file \(path) \(counter) \(size)")
+                ok = writeFile(mountPoint + "/" + path, cacheContent(counter, size: size), sync: true) == 0
+                if ok { note("K file \(path) \(counter) \(size)") }
+            }
+            failures = ok ? 0 : failures + 1
+        }
+        close(logFD)
+        return 0
+    }
+}
+
+/// A small deterministic generator (SplitMix64) so a failing run can be repeated by seed.
+struct SplitMix: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}

@@ -1,0 +1,78 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+
+// mtmfs-reliability: faults, bad input and attackers (crash, full disk, damaged stores,
+// concurrency, security). Each part prints "N tried, N survived"; the exit status is 1
+// when anything did not survive. `--short` is the CI form.
+
+let usage = """
+Usage: mtmfs-reliability [--short] [--seed N] [--keep] [--rounds N] [PART…]
+
+Parts: crash, full-disk, damage, concurrency, security (default: all of them).
+  --short    the CI form: 20 crashes, 8 processes × 6 s, fewer damage cases
+  --seed N   the random seed (printed at the start, to repeat a run)
+  --rounds N crash: this many kills instead of 200 (20 with --short)
+  --keep     keep the temporary directories (data, logs) for a look afterwards
+"""
+
+var arguments = Array(CommandLine.arguments.dropFirst())
+if arguments.first == "worker", arguments.count == 6 {
+    // A workload process of the crash driver: worker STORE MOUNT LOG SEED SCRATCH.
+    exit(Workload.work(store: arguments[1], mountPoint: arguments[2], log: arguments[3],
+                       seed: UInt64(arguments[4]) ?? 1, scratch: arguments[5]))
+}
+if arguments.first == "actor", arguments.count == 6 {
+    // A process of the concurrency run: actor INDEX MOUNT SECONDS SEED MODEL.
+    exit(ConcurrencyRun.act(index: Int(arguments[1]) ?? 0, mountPoint: arguments[2],
+                            seconds: Double(arguments[3]) ?? 5, seed: UInt64(arguments[4]) ?? 1, model: arguments[5]))
+}
+
+var short = false
+var seed = UInt64(time(nil))
+var parts: [String] = []
+var crashRounds: Int?
+while let argument = arguments.first {
+    arguments.removeFirst()
+    switch argument {
+    case "--short": short = true
+    case "--keep": Scratch.keep = true
+    case "--rounds":
+        guard let value = arguments.first.flatMap({ Int($0) }), value > 0 else { complain(usage); exit(2) }
+        crashRounds = value
+        arguments.removeFirst()
+    case "--seed":
+        guard let value = arguments.first.flatMap({ UInt64($0) }) else { complain(usage); exit(2) }
+        seed = value
+        arguments.removeFirst()
+    case "-h", "--help": say(usage); exit(0)
+    case "crash", "full-disk", "damage", "concurrency", "security": parts.append(argument)
+    default: complain("mtmfs-reliability: unknown argument \(argument)\n\(usage)"); exit(2)
+    }
+}
+if parts.isEmpty { parts = ["damage", "full-disk", "security", "concurrency", "crash"] }
+signal(SIGPIPE, SIG_IGN)
+say("mtmfs-reliability: seed \(seed)\(short ? ", short form" : "")")
+
+var tallies: [Tally] = []
+for part in parts {
+    let started = Date()
+    let partTallies: [Tally]
+    switch part {
+    case "crash": partTallies = [CrashDriver(rounds: crashRounds ?? (short ? 20 : 200), seed: seed).run()]
+    case "full-disk": partTallies = [FullDisk().run()]
+    case "damage": partTallies = DamagedStores(short: short, seed: seed).run()
+    case "concurrency": partTallies = [ConcurrencyRun(processes: 8, seconds: short ? 6 : 60, seed: seed).run()]
+    default: partTallies = SecurityChecks().run()
+    }
+    for tally in partTallies {
+        say(tally.line)
+        for failure in tally.failures.prefix(20) { say("  FAILED \(failure)") }
+    }
+    say(String(format: "  (%@: %.1f s)", part, Date().timeIntervalSince(started)))
+    tallies += partTallies
+}
+let failed = tallies.filter { $0.survived != $0.tried }
+say(failed.isEmpty ? "mtmfs-reliability: everything survived" : "mtmfs-reliability: \(failed.count) part(s) with failures")
+exit(failed.isEmpty ? 0 : 1)
