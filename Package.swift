@@ -12,6 +12,7 @@ let package = Package(
         .executable(name: "mtmfs", targets: ["mtmfs"]),
         .executable(name: "mtmfs-bench", targets: ["mtmfs-bench"]),
         .executable(name: "mtmfs-reliability", targets: ["mtmfs-reliability"]),
+        .executable(name: "mtmfs-fuzz", targets: ["mtmfs-fuzz"]),
     ],
     targets: [
         // System libraries: a module map and a shim header each.
@@ -43,6 +44,12 @@ let package = Package(
         .executableTarget(name: "mtmfs-reliability",
                           dependencies: ["Posix", "CSodium", "CredentialVault", "SettingsStore"]),
 
+        // Parsers of untrusted bytes as fuzzing entry points, and their libFuzzer driver
+        // (mount-helpers/fuzz builds it with -sanitize=fuzzer; a normal build replays inputs).
+        .target(name: "FuzzTargets", dependencies: ["CredentialVault", "SettingsStore", "CSodium"]),
+        .executableTarget(name: "mtmfs-fuzz", dependencies: ["FuzzTargets", "CPosixShims"]),
+
+        .testTarget(name: "FuzzTargetsTests", dependencies: ["FuzzTargets"], exclude: ["Corpus"]),
         .testTarget(name: "PosixTests", dependencies: ["Posix"]),
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),
         .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault"]),

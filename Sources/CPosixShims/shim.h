@@ -6,6 +6,8 @@
 #include <syslog.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <stdint.h>
+#include <stddef.h>
 
 static inline int mtmfs_prctl_set_dumpable(int dumpable) {
     return prctl(PR_SET_DUMPABLE, (unsigned long)dumpable, 0UL, 0UL, 0UL);
@@ -28,3 +30,7 @@ static inline int mtmfs_openat(int dirfd, const char *path, int flags, unsigned 
     return openat(dirfd, path, flags, (mode_t)mode);
 }
 #endif
+
+/* libFuzzer's driver, present only in binaries linked with -sanitize=fuzzer (mtmfs-fuzz
+   built by mount-helpers/fuzz); referenced only under `#if FUZZING`. */
+int LLVMFuzzerRunDriver(int *argc, char ***argv, int (*callback)(const uint8_t *data, size_t size));

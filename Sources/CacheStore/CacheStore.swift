@@ -3,7 +3,6 @@ import Glibc
 #endif
 import CSQLite
 import Posix
-import Synchronization
 
 /// One inode row of the cache (see `docs/cache-schema.md`).
 public struct CacheInode: Hashable, Sendable {
@@ -62,7 +61,7 @@ public final class CacheStore: @unchecked Sendable {
 
     let path: String
     private let database: SQLiteDatabase
-    private let lock = Mutex(())
+    private let lock = Lock()
     private var statements: [String: Statement] = [:]
     /// Kernel lookup references and open handles per inode (both keep an unlinked inode).
     private var lookups: [Int64: UInt64] = [:]
@@ -73,7 +72,7 @@ public final class CacheStore: @unchecked Sendable {
 
     /// Files removed for the size limit, and for their expiry time, since the mount began.
     public func removals() -> (evictions: Int, expirations: Int) {
-        lock.withLock { _ in (evictions, expirations) }
+        lock.withLock { (evictions, expirations) }
     }
 
     /// Free space kept on the data directory's file system: writes that would eat into it
@@ -197,7 +196,7 @@ public final class CacheStore: @unchecked Sendable {
     }
 
     private func withLock<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
-        try lock.withLock { (_) throws(Errno) -> T in try body() }
+        try lock.withLock { () throws(Errno) -> T in try body() }
     }
 
     /// Runs `body` in one write transaction (rolled back if it throws). On a full disk the
@@ -659,7 +658,7 @@ public final class CacheStore: @unchecked Sendable {
     // MARK: References and durability
 
     public func lookedUp(_ ino: Int64, count: UInt64 = 1) {
-        lock.withLock { _ in lookups[ino, default: 0] += count }
+        lock.withLock { lookups[ino, default: 0] += count }
     }
 
     public func forgot(_ ino: Int64, count: UInt64) {

@@ -143,7 +143,8 @@ public final class Vault: @unchecked Sendable {
         try self.init(path: path, bytes: bytes, random: random)
     }
 
-    convenience init(path: String, bytes: [UInt8], random: RandomSource) throws(VaultError) {
+    /// Opens (locked) a vault from its bytes, as if read from `path` (tests and fuzzing).
+    public convenience init(path: String, bytes: [UInt8], random: RandomSource) throws(VaultError) {
         Sodium.initialize()
         let checksumSize = Int(crypto_generichash_BYTES)
         guard bytes.count >= VaultFormat.headerSize + 4 + VaultFormat.nonceSize + 4 + checksumSize else {

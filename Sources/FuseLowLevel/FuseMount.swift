@@ -117,12 +117,9 @@ public final class FuseMount: @unchecked Sendable {
     /// Drops the kernel's cached name `name` in directory `parent`.
     @discardableResult
     public func invalidateEntry(parent: InodeNumber, name: String) -> Bool {
-        let bytes = Array(name.utf8)
-        return bytes.withUnsafeBufferPointer {
-            $0.withMemoryRebound(to: CChar.self) {
-                fuse_lowlevel_notify_inval_entry(session, parent, $0.baseAddress, bytes.count) == 0
-            }
-        }
+        // libfuse sends the name with its terminating NUL (namelen + 1 bytes): a C string it
+        // must be (found by AddressSanitizer: a bare UTF-8 array was read one byte past its end).
+        name.withCString { fuse_lowlevel_notify_inval_entry(session, parent, $0, name.utf8.count) == 0 }
     }
 }
 

@@ -1,5 +1,5 @@
 import Dispatch
-import Synchronization
+import Posix
 
 /// Tells the kernel to drop what it cached of an inode or a name, from any thread.
 ///
@@ -7,7 +7,7 @@ import Synchronization
 /// later. Invalidations are sent from a serial queue of its own, never from inside a
 /// request handler (where the kernel may hold the very locks the invalidation needs).
 public final class KernelCacheNotifier: Sendable {
-    private let mount = Mutex<FuseMount?>(nil)
+    private let mount = Locked<FuseMount?>(nil)
     private let queue = DispatchQueue(label: "mtmfs.kernel-cache-notifier")
 
     public init() {}

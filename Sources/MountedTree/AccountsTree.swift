@@ -37,7 +37,7 @@ public final class AccountsTree: Subtree {
     public let space = InodeSpace.accounts
     let notifier: KernelCacheNotifier
     let active: ActiveAccountLink
-    let state: Mutex<State>
+    let state: Locked<State>
     private let running = Atomic<Bool>(true)
 
     static let fieldNames = AccountField.allCases.map(\.rawValue) + ["url"]
@@ -54,7 +54,7 @@ public final class AccountsTree: Subtree {
                 autoLockSeconds: Int) {
         self.notifier = notifier
         self.active = active
-        self.state = Mutex(State(vaultPath: vaultPath, ownership: ownership, space: .accounts, autoLockSeconds: autoLockSeconds))
+        self.state = Locked(State(vaultPath: vaultPath, ownership: ownership, space: .accounts, autoLockSeconds: autoLockSeconds))
         Thread.detachNewThread { [weak self] in
             while true {
                 usleep(100_000)

@@ -3,7 +3,6 @@ import Glibc
 #endif
 import FuseLowLevel
 import Posix
-import Synchronization
 
 /// The `.mtmfs/` directory: small control files whose contents are computed on open
 /// (`status`) or whose writes are commands (`unlock`, `lock`).
@@ -35,7 +34,7 @@ public final class ControlTree: Subtree {
     public let space = InodeSpace.control
     let files: [File]
     let ownership: Ownership
-    private let handles = Mutex<(next: UInt64, open: [UInt64: [UInt8]])>((1, [:]))
+    private let handles = Locked<(next: UInt64, open: [UInt64: [UInt8]])>((1, [:]))
 
     public init(files: [File], ownership: Ownership) {
         self.files = files

@@ -33,7 +33,7 @@ public final class SettingsTree: Subtree {
     public let name = "settings"
     public let space = InodeSpace.settings
     let notifier: KernelCacheNotifier
-    let state: Mutex<State>
+    let state: Locked<State>
     private let watching = Atomic<Bool>(true)
 
     /// Largest value a key takes (EFBIG beyond), and largest scratch file.
@@ -45,7 +45,7 @@ public final class SettingsTree: Subtree {
     public init(plistPath: String, ownership: Ownership, notifier: KernelCacheNotifier,
                 watchInterval: Double = 0.2) {
         self.notifier = notifier
-        self.state = Mutex(State(plistPath: plistPath, ownership: ownership, space: .settings))
+        self.state = Locked(State(plistPath: plistPath, ownership: ownership, space: .settings))
         Thread.detachNewThread { [weak self] in
             while true {
                 usleep(UInt32(watchInterval * 1_000_000))

@@ -11,7 +11,7 @@ import Synchronization
 public enum Log {
     public enum Destination: Sendable { case standardError, syslog, none }
 
-    private static let destination = Mutex<Destination>(.standardError)
+    private static let destination = Locked<Destination>(.standardError)
 
     /// Chooses where lines go; `.syslog` opens the syslog connection.
     public static func use(_ newDestination: Destination) {

@@ -362,4 +362,21 @@ import Glibc
         #expect(Run.mtmfs("mount", "--unlock", "--data-dir", store.dataDirectory, store.mountPoint, input: Run.passphrase + "\n").status == 0)
         #expect(Run.shell("cat \(a)/password").stdout.hasPrefix("pw"))
     }
+
+    /// Found by mtmfs-reliability: a vault save cut short by a kill left its temporary file
+    /// for good. A mount sweeps those of dead processes (also when the pid now belongs to
+    /// another program) and keeps the vault itself.
+    @Test func mountSweepsTemporariesOfKilledSaves() throws {
+        let leftovers = [".vault.tmp-999999-0-1", ".vault.tmp-1-0-2"]  // no such pid; pid 1 is not mtmfs
+        let store = try MountedStore { data in
+            for name in leftovers {
+                #expect(FileManager.default.createFile(atPath: data + "/" + name, contents: Data(repeating: 7, count: 300)))
+            }
+        }
+        defer { store.close() }
+        let names = try FileManager.default.contentsOfDirectory(atPath: store.dataDirectory)
+        #expect(names.filter { $0.hasPrefix(".vault.tmp-") }.isEmpty, "\(names)")
+        #expect(names.contains("vault"))
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
+    }
 }
