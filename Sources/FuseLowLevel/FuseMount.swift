@@ -81,27 +81,61 @@ public final class FuseMount: @unchecked Sendable {
 
     /// Serves requests until unmount or signal, then unmounts; `onReady` runs on another
     /// thread once the mount point answers a `stat`. Returns 0 on a clean end.
+    ///
+    /// The workers are our own threads, not libfuse's `fuse_session_loop_mt`: that loop ends
+    /// by `pthread_cancel`ing its workers inside a blocked read, which ThreadSanitizer cannot
+    /// follow (the daemon died at every exit under `-sanitize=thread`) and which leaves no
+    /// say over how a worker stops. Here a worker stops between requests: at the end it is
+    /// woken from its read by SIGUSR2 (see `WorkerWakeUp`), and only then is the mount
+    /// unmounted and the stores shut down.
     public func run(onReady: @escaping @Sendable () -> Void = {}) -> Int32 {
-        TerminationSignals.install(session: session)
+        let stop = UnsafeMutablePointer<sem_t>.allocate(capacity: 1)
+        sem_init(stop, 0, 0)
+        defer { sem_destroy(stop); stop.deallocate() }
+        TerminationSignals.install(session: session, stop: stop)
         defer { TerminationSignals.uninstall() }
+        WorkerWakeUp.install()
         let mountPoint = self.mountPoint
+        let session = self.session
+        let count = WorkerCount()
+        var workers: [pthread_t] = []
         TerminationSignals.withBlocked {
+            for _ in 0..<max(1, bridge.kernel.maximumThreads) {
+                let worker = Worker(session: session, stop: stop, count: count)
+                var thread = pthread_t()
+                let context = Unmanaged.passRetained(worker).toOpaque()
+                guard pthread_create(&thread, nil, { context in
+                    Unmanaged<Worker>.fromOpaque(context!).takeRetainedValue().serve()
+                    return nil
+                }, context) == 0 else {
+                    Unmanaged<Worker>.fromOpaque(context).release()
+                    continue
+                }
+                count.running.add(1, ordering: .sequentiallyConsistent)
+                workers.append(thread)
+            }
             Thread.detachNewThread {
-                // A stat through the kernel proves the loop answers requests.
+                // A stat through the kernel proves the workers answer requests.
                 var st = Glibc.stat()
                 while fstatat(AT_FDCWD, mountPoint, &st, 0) != 0 && errno == EINTR {}
                 onReady()
             }
         }
-        guard let config = fuse_loop_cfg_create() else { return 1 }
-        defer { fuse_loop_cfg_destroy(config) }
-        fuse_loop_cfg_set_max_threads(config, bridge.kernel.maximumThreads)
-        fuse_loop_cfg_set_clone_fd(config, 0)
-        let result = fuse_session_loop_mt(session, config)
+        guard !workers.isEmpty else { return 1 }
+        // Until a signal or a worker (the kernel ended the session) says stop.
+        while fuse_session_exited(session) == 0 {
+            while sem_wait(stop) == -1 && errno == EINTR {}
+        }
+        // Wake every worker still blocked in its read until all have left their loops.
+        while count.running.load(ordering: .sequentiallyConsistent) > 0 {
+            for worker in workers { pthread_kill(worker, SIGUSR2) }
+            usleep(2_000)
+        }
+        for worker in workers { pthread_join(worker, nil) }
         fuse_session_unmount(session)
         // Flush and lock every store here, on the way out, whatever else holds this mount.
         bridge.fileSystem.shutDown()
-        return result
+        return 0
     }
 
     /// Ends the loop as a termination signal would.
@@ -123,24 +157,76 @@ public final class FuseMount: @unchecked Sendable {
     }
 }
 
+/// The count of workers still in their loops.
+private final class WorkerCount: Sendable {
+    let running = Atomic<Int>(0)
+}
+
+/// One worker thread: receives a request from the session and processes it, until the
+/// session ends (the kernel unmounted it, or `run` was told to stop).
+private final class Worker {
+    let session: OpaquePointer
+    let stop: UnsafeMutablePointer<sem_t>
+    let count: WorkerCount
+
+    init(session: OpaquePointer, stop: UnsafeMutablePointer<sem_t>, count: WorkerCount) {
+        self.session = session
+        self.stop = stop
+        self.count = count
+    }
+
+    func serve() {
+        WorkerWakeUp.unblock()
+        var buffer = fuse_buf()
+        while fuse_session_exited(session) == 0 {
+            let received = fuse_session_receive_buf(session, &buffer)
+            if received == -EINTR || received == -EAGAIN { continue }
+            if received <= 0 { break }  // 0 or -ENODEV: the kernel ended the session
+            fuse_session_process_buf(session, &buffer)
+        }
+        free(buffer.mem)
+        fuse_session_exit(session)
+        count.running.subtract(1, ordering: .sequentiallyConsistent)
+        sem_post(stop)
+    }
+}
+
+/// SIGUSR2 with a handler that does nothing and no SA_RESTART: sent to a worker blocked in
+/// its read of /dev/fuse, it makes the read fail with EINTR so the worker sees the end.
+enum WorkerWakeUp {
+    static func install() {
+        var action = sigaction()
+        action.__sigaction_handler.sa_handler = { _ in }
+        sigemptyset(&action.sa_mask)
+        action.sa_flags = 0
+        sigaction(SIGUSR2, &action, nil)
+    }
+
+    /// In a worker (started with every signal blocked): let SIGUSR2 in, and only it.
+    static func unblock() {
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigaddset(&set, SIGUSR2)
+        pthread_sigmask(SIG_UNBLOCK, &set, nil)
+    }
+}
+
 /// SIGINT, SIGTERM and SIGHUP end the loop. libfuse's own handlers are not used: they skip
 /// a signal inherited as ignored, which is what a daemon started with `&` from a script has.
 enum TerminationSignals {
     nonisolated(unsafe) static var session: OpaquePointer?
-    nonisolated(unsafe) static var loopThread = pthread_self()
+    nonisolated(unsafe) static var stop: UnsafeMutablePointer<sem_t>?
     static let signals: [Int32] = [SIGINT, SIGTERM, SIGHUP]
 
-    static func install(session: OpaquePointer) {
+    /// The handler ends the session and posts `stop` (both async-signal-safe), on whatever
+    /// thread the signal lands.
+    static func install(session: OpaquePointer, stop: UnsafeMutablePointer<sem_t>) {
         Self.session = session
-        Self.loopThread = pthread_self()
+        Self.stop = stop
         var action = sigaction()
-        action.__sigaction_handler.sa_handler = { signal in
+        action.__sigaction_handler.sa_handler = { _ in
             if let session = TerminationSignals.session { fuse_session_exit(session) }
-            // libfuse's loop waits in sem_wait on the loop thread; a signal caught on another
-            // thread is passed on so that the wait is interrupted.
-            if pthread_equal(pthread_self(), TerminationSignals.loopThread) == 0 {
-                pthread_kill(TerminationSignals.loopThread, signal)
-            }
+            if let stop = TerminationSignals.stop { sem_post(stop) }
         }
         sigemptyset(&action.sa_mask)
         action.sa_flags = 0
@@ -155,10 +241,11 @@ enum TerminationSignals {
     static func uninstall() {
         for signal in signals { Glibc.signal(signal, SIG_DFL) }
         session = nil
+        stop = nil
     }
 
     /// Runs `body` (which starts threads) with every signal blocked, so that the threads it
-    /// starts inherit a full mask and signals reach the loop thread.
+    /// starts inherit a full mask and termination signals reach the waiting thread.
     static func withBlocked(_ body: () -> Void) {
         var all = sigset_t(), previous = sigset_t()
         sigfillset(&all)

@@ -13,8 +13,9 @@ struct Finished {
 
 /// Starting programs: to their end with output captured, or in the background.
 enum Program {
-    /// The `mtmfs` built next to this executable, or the one on PATH.
-    static let mtmfs: String = sibling("mtmfs")
+    /// $MTMFS_BIN (e.g. a sanitizer build), else the `mtmfs` built next to this executable,
+    /// else the one on PATH.
+    static let mtmfs: String = ProcessInfo.processInfo.environment["MTMFS_BIN"] ?? sibling("mtmfs")
     /// This executable (the suite runs copies of itself as workers).
     static let suite: String = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
 
