@@ -39,7 +39,7 @@ let package = Package(
         // Command line only.
         .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "Posix"]),
         // Side-by-side measurements against a native directory and peers.
-        .executableTarget(name: "mtmfs-bench", dependencies: ["Posix"]),
+        .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "CredentialVault"]),
         // Faults, bad input and attackers: crash, full disk, damaged stores, concurrency, security.
         .executableTarget(name: "mtmfs-reliability",
                           dependencies: ["Posix", "CSodium", "CredentialVault", "SettingsStore"]),

@@ -22,6 +22,10 @@ import Synchronization
 /// - a key renamed to a scratch name (vim's and emacs's `K~`) is *hidden*: it stays in the
 ///   plist with its last good value until the editor recreates it, renames the backup back,
 ///   or deletes the backup without recreating it.
+/// - an unlinked key is hidden too, and leaves the plist `removalDelay` later (at once on
+///   unmount) unless a new file takes its name first: `mv`/`install` from another file
+///   system (unlink K, create K) then replace the value in one rewrite, so a crash between
+///   their two steps cannot lose the key (found by the reliability suite's crash driver).
 ///
 /// Another program's change to the file shows within a second (a watcher polls the file's
 /// identity and tells the kernel what changed); a commit re-reads the file first, so it
@@ -50,7 +54,10 @@ public final class SettingsTree: Subtree {
             while true {
                 usleep(UInt32(watchInterval * 1_000_000))
                 guard let self, self.watching.load(ordering: .relaxed) else { return }
-                let invalidations = self.state.withLock { $0.refreshFromDisk() }
+                let invalidations = self.state.withLock { s in
+                    s.commitDueRemovals(before: Date())
+                    return s.refreshFromDisk()
+                }
                 Self.send(invalidations, via: self.notifier)
             }
         }
@@ -58,7 +65,16 @@ public final class SettingsTree: Subtree {
 
     deinit { watching.store(false, ordering: .relaxed) }
 
-    public func shutDown() { watching.store(false, ordering: .relaxed) }
+    public func shutDown() {
+        watching.store(false, ordering: .relaxed)
+        state.withLock { s in
+            s.commitDueRemovals(before: .distantFuture)
+            s.invalidations.removeAll()
+        }
+    }
+
+    /// How long an unlinked key stays in the plist (hidden) waiting for a new file of its name.
+    static let removalDelay: TimeInterval = 1
 
     static func send(_ invalidations: [Invalidation], via notifier: KernelCacheNotifier) {
         for invalidation in invalidations {
@@ -316,6 +332,8 @@ extension SettingsTree {
         var scratchIn: [UInt64: [String: UInt64]] = [:]
         var hidden: Set<[String]> = []
         var tombstones: [[String]: (type: PlistType, position: Int)] = [:]
+        /// Unlinked keys still in the plist (hidden), and when they leave it.
+        var pendingRemovals: [[String]: Date] = [:]
         var nextInode: UInt64 = 2
         var invalidations: [Invalidation] = []
         var lastLoadAttempt = Date.distantPast
@@ -744,7 +762,10 @@ extension SettingsTree {
                 throw .noSuchFileOrDirectory
             }
             switch value {
-            case .dictionary(let dictionary): if dictionary.count > 0 { throw .directoryNotEmpty }
+            case .dictionary(let dictionary):
+                // Keys unlinked a moment ago are still in the plist, waiting to leave it.
+                let left = dictionary.keys.filter { pendingRemovals[path + [$0]] == nil || !hidden.contains(path + [$0]) }
+                if !left.isEmpty { throw .directoryNotEmpty }
             case .array(let items): if !items.isEmpty { throw .directoryNotEmpty }
             default: throw .notDirectory
             }
@@ -786,7 +807,29 @@ extension SettingsTree {
             let path = directory + [name]
             guard let value = value(at: path) else { throw .noSuchFileOrDirectory }
             if value.isContainer { throw .isDirectory }
-            try removeKey(path, parent: parent)
+            if case .array? = Self.value(in: root, at: directory[...]) {
+                try removeKey(path, parent: parent)  // later elements renumber: no waiting
+                return
+            }
+            // Hidden now, out of the plist once `removalDelay` passes without a new file.
+            if let position = position(of: path) { tombstones[path] = (value.type, position) }
+            hidden.insert(path)
+            pendingRemovals[path] = Date().addingTimeInterval(SettingsTree.removalDelay)
+            if let inode = inodeForPath[path] { unbind(inode, path: path) }
+        }
+
+        /// Takes the unlinked keys whose time has come out of the plist (one rewrite each);
+        /// those a new file took meanwhile are no longer hidden and stay.
+        mutating func commitDueRemovals(before deadline: Date) {
+            for (path, due) in pendingRemovals where due <= deadline {
+                pendingRemovals[path] = nil
+                guard hidden.contains(path), Self.value(in: root, at: path[...]) != nil else { continue }
+                do {
+                    try removeKey(path, parent: inodeForPath[Array(path.dropLast())] ?? 1)
+                } catch {
+                    Log.error("settings: cannot remove \(path.joined(separator: "/")) from the plist: \(error)")
+                }
+            }
         }
 
         /// A fresh file in the key's directory will become the key (the editor's new copy).

@@ -45,9 +45,10 @@ enum Benchmark {
                 print("""
                 Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE]
 
-                Measures mtmfs against a native directory and a bindfs passthrough (installed by
-                `mount-helpers/install-deps --bench`), side by side on the same disk, interleaved
-                round by round. --quick: few iterations, for a smoke run.
+                Measures mtmfs against a native directory and its peers — a bindfs passthrough, a
+                gocryptfs mount and a `pass` store (installed by `mount-helpers/install-deps --bench`;
+                skipped when absent) — side by side on the same disk, interleaved round by round.
+                --quick: few iterations, for a smoke run.
                 """)
                 return 0
             default:
@@ -107,6 +108,27 @@ enum Shell {
         while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
         if let inputPath { unlink(inputPath) }
         return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+    }
+
+    /// Runs a program and returns its standard output (standard error discarded).
+    static func output(_ program: String, _ arguments: [String], input: String = "") -> String {
+        let path = "/tmp/mtmfs-bench-output-\(getpid())"
+        let inputPath = "/tmp/mtmfs-bench-stdin-\(getpid())"
+        defer { unlink(path); unlink(inputPath) }
+        FileManager.default.createFile(atPath: inputPath, contents: Data(input.utf8))
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, inputPath, O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        var cArguments: [UnsafeMutablePointer<CChar>?] = ([program] + arguments).map { strdup($0) } + [nil]
+        defer { cArguments.forEach { free($0) } }
+        var pid: pid_t = 0
+        guard posix_spawnp(&pid, program, &actions, nil, &cArguments, environ) == 0 else { return "" }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+        return (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
     }
 
     static func exists(_ program: String) -> Bool { run("/bin/sh", ["-c", "command -v \(program)"]) == 0 }

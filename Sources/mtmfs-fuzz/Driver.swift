@@ -15,14 +15,19 @@ enum Driver {
     """
 
     static func main(_ arguments: [String]) -> Int32 {
-        guard arguments.count >= 2, let target = FuzzTarget(rawValue: arguments[1]) else {
+        // libFuzzer runs copies of this binary (merge, fork) with its own flags only: they
+        // find the target in the environment, where the first run put it.
+        var rest = Array(arguments.dropFirst())
+        let named = rest.first.flatMap { FuzzTarget(rawValue: $0) }
+        if named != nil { rest.removeFirst() }
+        guard let target = named ?? getenv("MTMFS_FUZZ_TARGET").flatMap({ FuzzTarget(rawValue: String(cString: $0)) }) else {
             print(usage)
             return 2
         }
+        setenv("MTMFS_FUZZ_TARGET", target.rawValue, 1)
         selectedTarget = target
         #if FUZZING
-        // libFuzzer sees argv[0] and everything after the target's name.
-        var cArguments: [UnsafeMutablePointer<CChar>?] = ([arguments[0]] + arguments.dropFirst(2)).map { strdup($0) } + [nil]
+        var cArguments: [UnsafeMutablePointer<CChar>?] = ([arguments[0]] + rest).map { strdup($0) } + [nil]
         var count = Int32(cArguments.count - 1)
         return cArguments.withUnsafeMutableBufferPointer { buffer in
             var argv = buffer.baseAddress
@@ -33,7 +38,7 @@ enum Driver {
         }
         #else
         var replayed = 0
-        for path in arguments.dropFirst(2) {
+        for path in rest {
             for file in files(at: path) {
                 guard let bytes = contents(of: file) else { continue }
                 target.run(bytes)

@@ -282,6 +282,34 @@ import Glibc
         #expect(try Data(contentsOf: URL(fileURLWithPath: plist)) == before)
     }
 
+    /// Found by the reliability suite's crash driver: `mv`/`install` from another file system
+    /// unlink K and then create it; a kill between the two lost the key. Now an unlinked key
+    /// leaves the plist a second later (or at unmount) unless a new K comes first.
+    @Test func unlinkedKeyLeavesThePlistLaterAndSurvivesAKillBeforeItsRecreation() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let s = store.path("settings")
+        #expect(Run.shell("echo kept > \(s)/Key && echo gone > \(s)/Other").status == 0)
+        let pid = try #require(Int32(try store.status()["pid"] ?? ""))
+        // unlink, then the daemon dies before the new file arrives.
+        #expect(Run.shell("rm \(s)/Key && kill -9 \(pid)").status == 0)
+        Run.program("fusermount3", ["-uz", store.mountPoint])
+        #expect(Self.dump(store.dataDirectory).contains("Key:string='kept'"))
+        #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
+        #expect(Run.shell("cat \(s)/Key").stdout == "kept\n")
+        // mv from another file system: the value is replaced in place, type and position kept.
+        let outside = store.scratch.sub("outside")
+        #expect(Run.shell("echo new > \(outside) && mv \(outside) \(s)/Key && cat \(s)/Key").stdout == "new\n")
+        #expect(Self.dump(store.dataDirectory) == Self.defaults + " Key:string='new' Other:string='gone'")
+        // A plain rm: hidden at once, out of the plist within a second or so.
+        #expect(Run.shell("rm \(s)/Other; ls \(s)").stdout == "ActiveServiceAccountUUID\nIsFirstRun\nKey\n")
+        #expect(MountTable.wait(seconds: 5) { !Self.dump(store.dataDirectory).contains("Other") })
+        // And at unmount at once.
+        #expect(Run.shell("rm \(s)/Key").status == 0)
+        #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
+        #expect(Self.dump(store.dataDirectory) == Self.defaults)
+    }
+
     @Test func killDuringABurstOfWritesLeavesAValidPlist() throws {
         let store = try MountedStore()
         defer { store.close() }
