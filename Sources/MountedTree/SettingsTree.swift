@@ -935,7 +935,7 @@ extension SettingsTree {
         /// committed only at the last close (`finalClose`): shells open, dup2 and close the
         /// descriptor before writing, and that close must not commit an empty value.
         mutating func commit(_ local: UInt64, finalClose: Bool = false, by handle: UInt64) throws(Errno) {
-            guard var node = nodes[local], !node.isDirectory else { return }
+            guard let node = nodes[local], !node.isDirectory else { return }
             switch node.binding {
             case .key(let path):
                 // Only the descriptor that truncated or wrote commits: another one's late

@@ -9,25 +9,14 @@ import Glibc
 /// was reported as a race, hiding any real one. pthread mutexes are intercepted by the
 /// sanitizers and cost the same uncontended (one atomic exchange each way).
 public final class Locked<Value>: @unchecked Sendable {
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let lock = Lock()
     private var value: Value
 
-    public init(_ value: Value) {
-        self.value = value
-        mutex = .allocate(capacity: 1)
-        pthread_mutex_init(mutex, nil)
-    }
-
-    deinit {
-        pthread_mutex_destroy(mutex)
-        mutex.deallocate()
-    }
+    public init(_ value: Value) { self.value = value }
 
     @inline(__always)
     public func withLock<Result, Failure: Error>(_ body: (inout Value) throws(Failure) -> Result) throws(Failure) -> Result {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        return try body(&value)
+        try lock.withLock { () throws(Failure) -> Result in try body(&value) }
     }
 }
 

@@ -287,23 +287,16 @@ final class Bench {
         let list = seconds { _ = Shell.run("ls", ["-l", directory]) }
         record("W5 ls -l, warm (ms)", system, list * 1000)
         var buffer = [UInt8](repeating: 0, count: 4096)
-        let cat = seconds {
+        let readAll = {
             for index in 0..<count {
                 let fd = open("\(directory)/f\(index)", O_RDONLY)
                 _ = read(fd, &buffer, buffer.count)
                 close(fd)
             }
         }
-        record("W5 read all, warm (ms)", system, cat * 1000)
+        record("W5 read all, warm (ms)", system, seconds(readAll) * 1000)
         dropCaches()
-        let cold = seconds {
-            for index in 0..<count {
-                let fd = open("\(directory)/f\(index)", O_RDONLY)
-                _ = read(fd, &buffer, buffer.count)
-                close(fd)
-            }
-        }
-        record("W5 read all, after drop_caches (ms)", system, cold * 1000)
+        record("W5 read all, after drop_caches (ms)", system, seconds(readAll) * 1000)
         let remove = seconds { _ = Shell.run("rm", ["-r", directory]) }
         record("W5 rm -r (ms)", system, remove * 1000)
     }
@@ -321,19 +314,14 @@ final class Bench {
         }
         record("W6 sequential write + fsync (MB/s)", system, Double(total) / write / 1e6)
         var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        let readWhole = {
+            let fd = open(path, O_RDONLY)
+            while Glibc.read(fd, &buffer, buffer.count) > 0 {}
+            close(fd)
+        }
         dropCaches()
-        let cold = seconds {
-            let fd = open(path, O_RDONLY)
-            while Glibc.read(fd, &buffer, buffer.count) > 0 {}
-            close(fd)
-        }
-        record("W6 sequential read, cold (MB/s)", system, Double(total) / cold / 1e6)
-        let read = seconds {
-            let fd = open(path, O_RDONLY)
-            while Glibc.read(fd, &buffer, buffer.count) > 0 {}
-            close(fd)
-        }
-        record("W6 sequential read, warm (MB/s)", system, Double(total) / read / 1e6)
+        record("W6 sequential read, cold (MB/s)", system, Double(total) / seconds(readWhole) / 1e6)
+        record("W6 sequential read, warm (MB/s)", system, Double(total) / seconds(readWhole) / 1e6)
         unlink(path)
     }
 

@@ -85,29 +85,11 @@ struct BenchError: Error, CustomStringConvertible {
 enum Shell {
     @discardableResult
     static func run(_ program: String, _ arguments: [String], input: String? = nil) -> Int32 {
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        var inputPath: String?
-        if let input {
-            let path = "/tmp/mtmfs-bench-input-\(getpid())"
-            FileManager.default.createFile(atPath: path, contents: Data(input.utf8))
-            posix_spawn_file_actions_addopen(&actions, 0, path, O_RDONLY, 0)
-            inputPath = path
-        } else {
-            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        }
-        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-        let argv = [program] + arguments
-        var cArguments: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
-        defer { cArguments.forEach { free($0) } }
-        var pid: pid_t = 0
-        guard posix_spawnp(&pid, program, &actions, nil, &cArguments, environ) == 0 else { return 127 }
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-        if let inputPath { unlink(inputPath) }
-        return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+        let inputPath = "/tmp/mtmfs-bench-input-\(getpid())"
+        if let input { FileManager.default.createFile(atPath: inputPath, contents: Data(input.utf8)) }
+        defer { if input != nil { unlink(inputPath) } }
+        guard let pid = try? Spawn.start(program, arguments, stdin: input == nil ? .null : .file(inputPath)) else { return 127 }
+        return Spawn.wait(pid)
     }
 
     /// Runs a program and returns its standard output (standard error discarded).
@@ -116,18 +98,8 @@ enum Shell {
         let inputPath = "/tmp/mtmfs-bench-stdin-\(getpid())"
         defer { unlink(path); unlink(inputPath) }
         FileManager.default.createFile(atPath: inputPath, contents: Data(input.utf8))
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, inputPath, O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-        var cArguments: [UnsafeMutablePointer<CChar>?] = ([program] + arguments).map { strdup($0) } + [nil]
-        defer { cArguments.forEach { free($0) } }
-        var pid: pid_t = 0
-        guard posix_spawnp(&pid, program, &actions, nil, &cArguments, environ) == 0 else { return "" }
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+        guard let pid = try? Spawn.start(program, arguments, stdin: .file(inputPath), stdout: .file(path)) else { return "" }
+        Spawn.wait(pid)
         return (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
     }
 

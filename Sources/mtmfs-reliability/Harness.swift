@@ -48,46 +48,17 @@ enum Program {
         run("/bin/sh", ["-c", line], input: input, timeout: timeout)
     }
 
-    /// Starts a program in the background; its pid (0 when it cannot start).
+    /// Starts a program in the background (output appended to files); its pid, 0 when it
+    /// cannot start.
     static func start(_ program: String, _ arguments: [String], stdin: String = "/dev/null",
-                      stdout: String = "/dev/null", stderr: String = "/dev/null",
-                      environment: [String: String] = [:]) -> pid_t {
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, stdin, O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, stdout, O_WRONLY | O_CREAT | O_APPEND, 0o600)
-        posix_spawn_file_actions_addopen(&actions, 2, stderr, O_WRONLY | O_CREAT | O_APPEND, 0o600)
-        let argv = [program] + arguments
-        var cArguments: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
-        defer { cArguments.forEach { free($0) } }
-        var merged = ProcessInfo.processInfo.environment
-        for (key, value) in environment { merged[key] = value }
-        var cEnvironment: [UnsafeMutablePointer<CChar>?] = merged.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { cEnvironment.forEach { free($0) } }
-        var pid: pid_t = 0
-        guard posix_spawnp(&pid, program, &actions, nil, &cArguments, &cEnvironment) == 0 else { return 0 }
-        return pid
+                      stdout: String = "/dev/null", stderr: String = "/dev/null") -> pid_t {
+        (try? Spawn.start(program, arguments, stdin: .file(stdin), stdout: .file(stdout, append: true),
+                          stderr: .file(stderr, append: true))) ?? 0
     }
 
     /// Reaps `pid`; SIGKILL after `timeout` seconds. The exit status, or 128 + signal.
     @discardableResult
-    static func wait(_ pid: pid_t, timeout: Double = 120) -> Int32 {
-        var status: Int32 = 0
-        let deadline = Date().addingTimeInterval(timeout)
-        while true {
-            let reaped = waitpid(pid, &status, WNOHANG)
-            if reaped == pid { break }
-            if reaped == -1 && errno != EINTR { return -1 }
-            if Date() > deadline {
-                kill(pid, SIGKILL)
-                while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-                break
-            }
-            usleep(2_000)
-        }
-        return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
-    }
+    static func wait(_ pid: pid_t, timeout: Double = 120) -> Int32 { Spawn.wait(pid, timeout: timeout) }
 
     static func exists(_ program: String) -> Bool { shell("command -v \(program)").status == 0 }
 }

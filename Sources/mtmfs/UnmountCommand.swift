@@ -70,29 +70,9 @@ enum StatusFile {
     }
 }
 
-/// Runs a helper program and collects its exit status and combined output (posix_spawn and
-/// a pipe: Foundation's Process leaked under LeakSanitizer and can hang in waitUntilExit).
+/// Runs a helper program and collects its exit status and combined output.
 enum Subprocess {
     static func run(_ program: String, _ arguments: [String]) -> (Int32, String) {
-        guard let pipe = try? Syscall.pipe() else { return (127, "cannot run \(program): no pipe") }
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, pipe.write, 1)
-        posix_spawn_file_actions_adddup2(&actions, pipe.write, 2)
-        posix_spawn_file_actions_addclose(&actions, pipe.read)
-        var cArguments: [UnsafeMutablePointer<CChar>?] = ([program] + arguments).map { strdup($0) } + [nil]
-        defer { cArguments.forEach { free($0) } }
-        var pid: pid_t = 0
-        let rc = posix_spawnp(&pid, program, &actions, nil, &cArguments, environ)
-        Syscall.close(pipe.write)
-        defer { Syscall.close(pipe.read) }
-        guard rc == 0 else { return (127, "cannot run \(program): \(Errno(rc))") }
-        let output = (try? Syscall.readAll(pipe.read)) ?? []
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-        let exitStatus = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
-        return (exitStatus, String(decoding: output, as: UTF8.self))
+        Spawn.output(program, arguments)
     }
 }

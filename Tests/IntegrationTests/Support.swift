@@ -1,4 +1,5 @@
 import Foundation
+import Posix
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -45,34 +46,15 @@ enum Run {
         defer { scratch.remove() }
         let inPath = scratch.sub("in"), outPath = scratch.sub("out"), errPath = scratch.sub("err")
         _ = FileManager.default.createFile(atPath: inPath, contents: Data((input ?? "").utf8))
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, inPath, O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, outPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-        posix_spawn_file_actions_addopen(&actions, 2, errPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-        let argv = [path] + arguments
-        var cArguments: [UnsafeMutablePointer<CChar>?] = argv.map { strdup($0) } + [nil]
-        defer { cArguments.forEach { free($0) } }
         let env = (environment ?? ProcessInfo.processInfo.environment).map { "\($0.key)=\($0.value)" }
-        var cEnvironment: [UnsafeMutablePointer<CChar>?] = env.map { strdup($0) } + [nil]
-        defer { cEnvironment.forEach { free($0) } }
-        var pid: pid_t = 0
-        let rc = posix_spawnp(&pid, path, &actions, nil, &cArguments, &cEnvironment)
-        guard rc == 0 else {
-            return CommandResult(status: 127, stdout: "", stderr: "cannot run \(path): \(String(cString: strerror(rc)))")
+        let pid: pid_t
+        do {
+            pid = try Spawn.start(path, arguments, stdin: .file(inPath), stdout: .file(outPath), stderr: .file(errPath),
+                                  environment: env)
+        } catch {
+            return CommandResult(status: 127, stdout: "", stderr: "cannot run \(path): \(error)")
         }
-        var status: Int32 = 0
-        let deadline = Date().addingTimeInterval(timeout)
-        while waitpid(pid, &status, WNOHANG) == 0 {
-            if Date() > deadline {
-                kill(pid, SIGKILL)
-                waitpid(pid, &status, 0)
-                break
-            }
-            usleep(2_000)
-        }
-        let exitStatus = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+        let exitStatus = Spawn.wait(pid, timeout: timeout)
         return CommandResult(status: exitStatus,
                              stdout: (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? "",
                              stderr: (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? "")

@@ -1,0 +1,103 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Starting and reaping child processes with posix_spawn: the one place that does it, for
+/// the command line (fusermount3), the benchmark, the reliability suite and the tests.
+/// (Foundation's `Process` can hang in `waitUntilExit` when several threads spawn, and
+/// leaked under LeakSanitizer.)
+public enum Spawn {
+    /// Where a child's standard stream goes.
+    public enum Stream: Sendable {
+        /// A file opened for the child: read-only for fd 0, else created and written
+        /// (appended to with `append`).
+        case file(String, append: Bool = false)
+        /// A descriptor of ours, duplicated onto the child's.
+        case descriptor(Int32)
+
+        public static let null = Stream.file("/dev/null")
+    }
+
+    /// Starts `program` (looked up in PATH) with `arguments`; the child's pid.
+    /// `environment` replaces ours when given ("NAME=value" strings).
+    public static func start(_ program: String, _ arguments: [String], stdin: Stream = .null,
+                             stdout: Stream = .null, stderr: Stream = .null,
+                             closing: [Int32] = [], environment: [String]? = nil) throws(Errno) -> pid_t {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        for (fd, stream) in [(Int32(0), stdin), (1, stdout), (2, stderr)] {
+            switch stream {
+            case .file(let path, let append):
+                let flags = fd == 0 ? O_RDONLY : O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC)
+                posix_spawn_file_actions_addopen(&actions, fd, path, flags, 0o600)
+            case .descriptor(let source):
+                posix_spawn_file_actions_adddup2(&actions, source, fd)
+            }
+        }
+        for fd in closing { posix_spawn_file_actions_addclose(&actions, fd) }
+        var cArguments: [UnsafeMutablePointer<CChar>?] = ([program] + arguments).map { strdup($0) } + [nil]
+        defer { cArguments.forEach { free($0) } }
+        var cEnvironment: [UnsafeMutablePointer<CChar>?]? = environment.map { $0.map { strdup($0) } + [nil] }
+        defer { cEnvironment?.forEach { free($0) } }
+        var pid: pid_t = 0
+        let rc: Int32
+        if cEnvironment != nil {
+            rc = posix_spawnp(&pid, program, &actions, nil, &cArguments, &cEnvironment!)
+        } else {
+            rc = posix_spawnp(&pid, program, &actions, nil, &cArguments, environ)
+        }
+        guard rc == 0 else { throw Errno(rc) }
+        return pid
+    }
+
+    /// Reaps `pid`: its exit status, or 128 + the signal that ended it. With a `timeout`
+    /// (seconds) the child is killed with SIGKILL once it has run that long.
+    @discardableResult
+    public static func wait(_ pid: pid_t, timeout: Double? = nil) -> Int32 {
+        var status: Int32 = 0
+        if let timeout {
+            func now() -> Double {
+                var time = timespec()
+                clock_gettime(CLOCK_MONOTONIC, &time)
+                return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
+            }
+            let deadline = now() + timeout
+            while true {
+                let reaped = waitpid(pid, &status, WNOHANG)
+                if reaped == pid { break }
+                if reaped == -1 && errno != EINTR { return -1 }
+                if now() > deadline {
+                    kill(pid, SIGKILL)
+                    while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+                    break
+                }
+                usleep(2_000)
+            }
+        } else {
+            while waitpid(pid, &status, 0) == -1 {
+                if errno != EINTR { return -1 }
+            }
+        }
+        return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+    }
+
+    /// Runs a program to its end with its output (stdout and stderr together) collected
+    /// through a pipe; standard input is /dev/null.
+    public static func output(_ program: String, _ arguments: [String]) -> (status: Int32, output: String) {
+        guard let pipe = try? Syscall.pipe() else { return (127, "cannot run \(program): no pipe") }
+        let pid: pid_t
+        do {
+            pid = try start(program, arguments, stdout: .descriptor(pipe.write), stderr: .descriptor(pipe.write),
+                            closing: [pipe.read])
+        } catch {
+            Syscall.close(pipe.write)
+            Syscall.close(pipe.read)
+            return (127, "cannot run \(program): \(error)")
+        }
+        Syscall.close(pipe.write)
+        let bytes = (try? Syscall.readAll(pipe.read)) ?? []
+        Syscall.close(pipe.read)
+        return (wait(pid), String(decoding: bytes, as: UTF8.self))
+    }
+}
