@@ -266,6 +266,14 @@ public final class Vault: @unchecked Sendable {
     }
 
     /// The decrypted value of a field (empty if never set). Do not copy it into a String.
+    /// A field's own secure bytes (nil when unset): no copy, no allocation. The caller
+    /// must not keep or change them.
+    public func storedField(_ field: AccountField, of uuid: [UInt8]) throws(VaultError) -> SecureBytes? {
+        _ = try requireKey()
+        guard let values = fields[uuid] else { throw .noSuchAccount }
+        return values[field]
+    }
+
     public func field(_ field: AccountField, of uuid: [UInt8]) throws(VaultError) -> SecureBytes {
         _ = try requireKey()
         guard let values = fields[uuid] else { throw .noSuchAccount }

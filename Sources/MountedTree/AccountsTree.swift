@@ -43,7 +43,9 @@ public final class AccountsTree: Subtree {
     static let fieldNames = AccountField.allCases.map(\.rawValue) + ["url"]
     static let urlIndex = AccountField.allCases.count
     static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
-    static let fieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 0)
+    /// Field attributes (sizes) may be cached while unlocked: every commit and every lock
+    /// invalidates them, so a lock shows sizes 0 at once. The data itself is direct I/O.
+    static let fieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     static let activeInode: UInt64 = 2
     static let scratchBit: UInt64 = 1 << 54
 
@@ -78,7 +80,8 @@ public final class AccountsTree: Subtree {
     /// Unlocks with a passphrase (already in secure memory). Wrong: EACCES; damaged: EIO.
     public func unlock(passphrase: SecureBytes) throws(Errno) {
         defer { SecureBytes.burnStack() }
-        try state.withLock { (s) throws(Errno) in
+        // Sizes cached as 0 while locked are dropped, so `ls -l` right after shows the real ones.
+        let fields = try state.withLock { (s) throws(Errno) -> [InodeNumber] in
             guard let vault = s.vault else { throw .ioError }
             do throws(VaultError) {
                 try vault.unlock(passphrase: passphrase)
@@ -89,7 +92,12 @@ public final class AccountsTree: Subtree {
             }
             s.lastSecretAccess = Date()
             Log.info("accounts unlocked")
+            return s.uuidOf.keys.flatMap { id in
+                (0...AccountsTree.urlIndex).map { index in s.space.inode(id << 8 | UInt64(index + 1)) }
+            }
         }
+        for inode in fields { notifier.invalidateInode(inode) }
+        notifier.drain()
     }
 
     /// Zeroes every key and plaintext, and tells the kernel to forget every field.
@@ -283,9 +291,7 @@ public final class AccountsTree: Subtree {
             try s.requireUnlocked()
             guard s.isCurrent(handle) else { throw .permissionDenied }  // opened before a lock
             s.lastSecretAccess = Date()
-            let content = try s.content(local)
-            defer { if s.isTemporaryContent(local) { content.wipe() } }
-            content.withUnsafeBytes { bytes in
+            try s.withReadableContent(local) { bytes in
                 guard offset < UInt64(bytes.count) else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
                 let start = Int(offset)
                 reply(UnsafeRawBufferPointer(rebasing: bytes[start..<min(bytes.count, start + size)]))
@@ -373,6 +379,8 @@ extension AccountsTree {
         var uuidOf: [UInt64: [UInt8]] = [:]
         var nextAccountID: UInt64 = 1
         var pending: [UInt64: Pending] = [:]
+        /// Where a field's text is composed for getattr and read (see `withReadableContent`).
+        let readBuffer = SecureBytes(count: 0)
         var hidden: Set<UInt64> = []
         var scratch: [UInt64: Scratch] = [:]
         var scratchIn: [UInt64: [String: UInt64]] = [:]
@@ -516,9 +524,46 @@ extension AccountsTree {
         func isTemporaryContent(_ local: UInt64) -> Bool { scratch[local] == nil && pending[local] == nil }
 
         func size(_ local: UInt64) -> UInt64 {
-            guard vault?.isUnlocked == true, let content = try? content(local) else { return 0 }
-            defer { if isTemporaryContent(local) { content.wipe() } }
-            return UInt64(content.count)
+            guard vault?.isUnlocked == true else { return 0 }
+            return UInt64((try? withReadableContent(local) { $0.count }) ?? 0)
+        }
+
+        /// Runs `body` on a field's text (value and newline) without a new allocation: a
+        /// field's text is composed in `readBuffer`, secure memory made once and zeroed after
+        /// every use. (A fresh sodium_malloc per getattr and read — mmap, mprotect, mlock,
+        /// munmap with TLB shootdowns — was most of the daemon's time in `cat` of a field.)
+        func withReadableContent<T>(_ local: UInt64, _ body: (UnsafeRawBufferPointer) -> T) throws(Errno) -> T {
+            guard scratch[local] == nil, pending[local] == nil else {
+                let content = try content(local)
+                defer { if isTemporaryContent(local) { content.wipe() } }
+                return content.withUnsafeBytes(body)
+            }
+            guard let (account, index) = field(local) else { throw .noSuchFileOrDirectory }
+            guard let vault, vault.isUnlocked, let uuid = uuidOf[account] else {
+                return body(UnsafeRawBufferPointer(start: nil, count: 0))
+            }
+            let out = readBuffer
+            out.resize(to: 0)
+            defer { out.resize(to: 0) }  // zeroes what was written, keeps the allocation
+            do {
+                func bytes(_ value: SecureBytes?, _ use: (UnsafeRawBufferPointer) -> Void) {
+                    if let value { value.withUnsafeBytes(use) } else { use(UnsafeRawBufferPointer(start: nil, count: 0)) }
+                }
+                if index == AccountsTree.urlIndex {
+                    let parts = try [AccountField.protocol, .server, .port, .path].map { (f) throws(VaultError) in
+                        try vault.storedField(f, of: uuid)
+                    }
+                    bytes(parts[0]) { scheme in bytes(parts[1]) { server in bytes(parts[2]) { port in bytes(parts[3]) { path in
+                        AccountFieldSyntax.composeURL(protocol: scheme, server: server, port: port, path: path, into: out)
+                    } } } }
+                } else {
+                    bytes(try vault.storedField(AccountField.allCases[index], of: uuid)) { out.write($0, at: 0) }
+                }
+            } catch {
+                throw error.errno
+            }
+            [UInt8(0x0A)].withUnsafeBytes { out.write($0, at: out.count) }
+            return out.withUnsafeBytes(body)
         }
 
         func attributes(_ local: UInt64) throws(Errno) -> Attributes {
@@ -867,6 +912,7 @@ extension AccountsTree {
             Log.debug("vault saved: \(changes.count) field(s) of one account changed (values not logged)")
             let now = Timestamp.now()
             modified[local] = now
+            invalidations.append(space.inode(local))
             if index == AccountsTree.urlIndex || [.protocol, .server, .port, .path].contains(AccountField.allCases[index]) {
                 for related in [1, 2, 3, 4, AccountsTree.urlIndex] {
                     modified[fieldInode(account, related)] = now

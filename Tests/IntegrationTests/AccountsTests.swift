@@ -198,7 +198,10 @@ import Glibc
         // settings/ and cache/ are not behind the lock.
         #expect(Run.shell("cat \(store.path("settings/IsFirstRun"))").stdout == "true\n")
         #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
+        // Field sizes are cached while unlocked (1 s): unlock and every write drop them.
+        #expect(Run.shell("stat -c %s \(a)/password \(a)/username").stdout == "10\n1\n")
         #expect(Run.shell("cat \(a)/password").stdout == "topsecret\n")
+        #expect(Run.shell("printf abc > \(a)/username && stat -c %s \(a)/username && cat \(a)/username").stdout == "4\nabc\n")
     }
 
     /// Review findings: rmdir of an account with values is ENOTEMPTY; a write pending when
