@@ -19,6 +19,23 @@ public final class SecureBytes: @unchecked Sendable {
         sodium_memzero(pointer, capacity)
     }
 
+    /// Copies `bytes` into a new secure allocation, or nil when there is none to be had
+    /// (each allocation is a few memory mappings; `vm.max_map_count` bounds how many live).
+    public static func allocate(copying bytes: UnsafeRawBufferPointer) -> SecureBytes? {
+        Sodium.initialize()
+        let capacity = max(bytes.count, 1)
+        guard let pointer = sodium_malloc(capacity) else { return nil }
+        sodium_memzero(pointer, capacity)
+        if bytes.count > 0 { pointer.copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+        return SecureBytes(adopting: pointer, count: bytes.count, capacity: capacity)
+    }
+
+    private init(adopting pointer: UnsafeMutableRawPointer, count: Int, capacity: Int) {
+        self.pointer = pointer
+        self.count = count
+        self.capacity = capacity
+    }
+
     /// Copies `bytes` (which the caller must then clear if it was secret).
     public convenience init(copying bytes: UnsafeRawBufferPointer) {
         self.init(count: bytes.count)

@@ -343,7 +343,7 @@ public final class Vault: @unchecked Sendable {
         guard let old = fields[uuid], let index = records.firstIndex(where: { $0.uuid == uuid }) else { throw .noSuchAccount }
         let oldRecord = records[index]
         var new = old
-        for (field, value) in changes { new[field] = value.copy() }
+        for (field, value) in changes { new[field] = value.count == 0 ? nil : value.copy() }
         fields[uuid] = new
         do {
             try reseal(uuid)
@@ -431,10 +431,10 @@ public final class Vault: @unchecked Sendable {
         let plaintext = SecureBytes(count: 1)
         plaintext.withUnsafeMutableBytes { $0[0] = 1 }
         for field in AccountField.allCases {
-            let value = values[field] ?? SecureBytes()
-            let length = VaultFormat.bigEndian(UInt64(value.count), 4)
+            let value = values[field]
+            let length = VaultFormat.bigEndian(UInt64(value?.count ?? 0), 4)
             length.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
-            value.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
+            value?.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
         }
         defer { plaintext.wipe() }
         let nonce = random.bytes(VaultFormat.nonceSize)
@@ -450,7 +450,10 @@ public final class Vault: @unchecked Sendable {
             throw .damaged("record \(record.name) fails authentication (altered, swapped or copied from another vault)")
         }
         defer { plaintext.wipe() }
+        // Only set fields get a secure allocation (each is a few memory mappings, and
+        // vm.max_map_count bounds them: 10,000 accounts of 8 fields each crashed the daemon).
         var values: [AccountField: SecureBytes] = [:]
+        var outOfMemory = false
         let ok: Bool = plaintext.withUnsafeBytes { bytes in
             guard bytes.count >= 1, bytes[0] == 1 else { return false }
             var position = 1
@@ -459,10 +462,20 @@ public final class Vault: @unchecked Sendable {
                 let length = (0..<4).reduce(0) { $0 << 8 | Int(bytes[position + $1]) }
                 position += 4
                 guard bytes.count - position >= length else { return false }
-                values[field] = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[position..<position + length]))
+                if length > 0 {
+                    guard let value = SecureBytes.allocate(copying: UnsafeRawBufferPointer(rebasing: bytes[position..<position + length])) else {
+                        outOfMemory = true
+                        return true
+                    }
+                    values[field] = value
+                }
                 position += length
             }
             return position == bytes.count
+        }
+        if outOfMemory {
+            for (_, value) in values { value.wipe() }
+            throw .io(.noMemory)
         }
         guard ok else { throw .damaged("record \(record.name) has a malformed body") }
         return values
