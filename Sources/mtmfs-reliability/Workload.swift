@@ -36,28 +36,33 @@ enum Workload {
     static func sh(_ line: String) -> Bool { Program.shell(line, timeout: 30).status == 0 }
     static func quoted(_ text: String) -> String { "'" + text.replacingOccurrences(of: "'", with: "'\\''") + "'" }
 
+    /// vim in Ex mode, without a vimrc: its default save renames the file to a backup.
+    static func vim(_ options: String = "", named name: String = "vim") -> Strategy {
+        Strategy(name: name) { file, value, _ in
+            sh("vim -N -u NONE -i NONE -es \(options) -c '%s/.*/\(value)/' -c 'wq' \(quoted(file)) </dev/null")
+        }
+    }
+
+    /// A tool that brings in a file made on another file system (`mv` and `install` unlink
+    /// the key and create it again, `cp` truncates it).
+    static func fromAnotherFileSystem(_ tool: String, named name: String? = nil) -> Strategy {
+        Strategy(name: name ?? tool) { file, value, scratch in
+            sh("echo \(value) > \(scratch)/outside.tmp && \(tool) \(scratch)/outside.tmp \(quoted(file))")
+        }
+    }
+
     static let strategies: [Strategy] = [
         Strategy(name: "write") { file, value, _ in writeFile(file, Array((value + "\n").utf8)) == 0 },
         Strategy(name: ">") { file, value, _ in sh("echo \(value) > \(quoted(file))") },
         Strategy(name: "sed -i") { file, value, _ in sh("sed -i 's/.*/\(value)/' \(quoted(file))") },
         Strategy(name: "perl -pi") { file, value, _ in sh("perl -pi -e 's/.*/\(value)/' \(quoted(file))") },
-        Strategy(name: "vim") { file, value, _ in
-            sh("vim -N -u NONE -i NONE -es -c '%s/.*/\(value)/' -c 'wq' \(quoted(file)) </dev/null")
-        },
-        Strategy(name: "vim backupcopy=yes") { file, value, _ in
-            sh("vim -N -u NONE -i NONE -es -c 'set backupcopy=yes' -c '%s/.*/\(value)/' -c 'wq' \(quoted(file)) </dev/null")
-        },
+        vim(),
+        vim("-c 'set backupcopy=yes'", named: "vim backupcopy=yes"),
         Strategy(name: "ed") { file, value, _ in sh("printf '1c\\n\(value)\\n.\\nw\\nq\\n' | ed -s \(quoted(file))") },
         Strategy(name: "tee") { file, value, _ in sh("echo \(value) | tee \(quoted(file)) >/dev/null") },
-        Strategy(name: "cp") { file, value, scratch in
-            sh("echo \(value) > \(scratch)/cp.tmp && cp \(scratch)/cp.tmp \(quoted(file))")
-        },
-        Strategy(name: "mv") { file, value, scratch in
-            sh("echo \(value) > \(scratch)/mv.tmp && mv \(scratch)/mv.tmp \(quoted(file))")
-        },
-        Strategy(name: "install") { file, value, scratch in
-            sh("echo \(value) > \(scratch)/install.tmp && install -m 600 \(scratch)/install.tmp \(quoted(file))")
-        },
+        fromAnotherFileSystem("cp"),
+        fromAnotherFileSystem("mv"),
+        fromAnotherFileSystem("install -m 600", named: "install"),
         Strategy(name: "python") { file, value, _ in
             Program.run("python3", ["-c", "import sys; open(sys.argv[1], 'w').write(sys.argv[2] + '\\n')", file, value],
                         timeout: 30).status == 0
