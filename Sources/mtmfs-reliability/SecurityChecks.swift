@@ -34,8 +34,13 @@ final class SecurityChecks {
         let tally = Tally("security: other users (default and allow_other)")
         let paths = [".", "accounts", "accounts/\(account)", "accounts/\(account)/password", "settings",
                      "settings/IsFirstRun", "cache", "cache/note", ".mtmfs/status"]
-        // The scratch directory must be traversable by nobody for the checks to mean anything.
+        // The scratch directory must be traversable by nobody for the checks to mean anything,
+        // and the switch to nobody must work (else every refusal below would be vacuous).
         chmod(scratch.path, 0o755)
+        let whoami = asNobody("id -u")
+        tally.record("setpriv runs a command as nobody", whoami.status == 0 && whoami.output == "65534\n"
+                     ? [] : ["setpriv failed: \(whoami.errors)"])
+        guard whoami.status == 0 else { return tally }
         do {
             let store = try Store(in: scratch)
             chmod(store.dataDirectory, 0o700)
