@@ -274,10 +274,9 @@ public final class Vault: @unchecked Sendable {
         return values[field]
     }
 
+    /// A field's bytes (an empty buffer when unset).
     public func field(_ field: AccountField, of uuid: [UInt8]) throws(VaultError) -> SecureBytes {
-        _ = try requireKey()
-        guard let values = fields[uuid] else { throw .noSuchAccount }
-        return values[field] ?? SecureBytes()
+        try storedField(field, of: uuid) ?? SecureBytes()
     }
 
     public func addAccount(uuid: [UInt8], name: String) throws(VaultError) {

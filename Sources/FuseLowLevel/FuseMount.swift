@@ -30,8 +30,9 @@ public struct KernelOptions: Sendable {
 
 /// One mounted FUSE file system: the libfuse session, its mount point and its loop.
 ///
-/// Create it (which mounts), then call `run`, which blocks in libfuse's multithreaded loop
-/// until the file system is unmounted or a termination signal arrives, and then unmounts.
+/// Create it (which mounts), then call `run`, which serves requests on a pool of worker
+/// threads until the file system is unmounted or a termination signal arrives, and then
+/// unmounts.
 /// `invalidate…` may be called from any thread while the loop runs.
 public final class FuseMount: @unchecked Sendable {
     // @unchecked: `session` is set once in init and only read afterwards; libfuse's

@@ -497,27 +497,8 @@ extension AccountsTree {
                 if let target = scratch.symlink { return Array(target.utf8).withUnsafeBytes { SecureBytes(copying: $0) } }
                 return scratch.bytes
             }
-            guard let (account, index) = field(local) else { throw .noSuchFileOrDirectory }
             if let pending = pending[local] { return pending.bytes }
-            guard let vault, vault.isUnlocked, let uuid = uuidOf[account] else { return SecureBytes() }
-            let out = SecureBytes()
-            do {
-                if index == AccountsTree.urlIndex {
-                    let parts = try [AccountField.protocol, .server, .port, .path].map { (f) throws(VaultError) in try vault.field(f, of: uuid) }
-                    parts[0].withUnsafeBytes { scheme in parts[1].withUnsafeBytes { server in parts[2].withUnsafeBytes { port in
-                        parts[3].withUnsafeBytes { path in
-                            AccountFieldSyntax.composeURL(protocol: scheme, server: server, port: port, path: path, into: out)
-                        } } } }
-                } else {
-                    let value = try vault.field(AccountField.allCases[index], of: uuid)
-                    value.withUnsafeBytes { out.write($0, at: 0) }
-                }
-            } catch {
-                out.wipe()
-                throw error.errno
-            }
-            [UInt8(0x0A)].withUnsafeBytes { out.write($0, at: out.count) }
-            return out
+            return try withReadableContent(local) { SecureBytes(copying: $0) }
         }
 
         /// Content made for one read (not pending or scratch): wipe after use.
@@ -533,11 +514,11 @@ extension AccountsTree {
         /// every use. (A fresh sodium_malloc per getattr and read — mmap, mprotect, mlock,
         /// munmap with TLB shootdowns — was most of the daemon's time in `cat` of a field.)
         func withReadableContent<T>(_ local: UInt64, _ body: (UnsafeRawBufferPointer) -> T) throws(Errno) -> T {
-            guard scratch[local] == nil, pending[local] == nil else {
-                let content = try content(local)
-                defer { if isTemporaryContent(local) { content.wipe() } }
-                return content.withUnsafeBytes(body)
+            if let scratch = scratch[local] {
+                guard let target = scratch.symlink else { return scratch.bytes.withUnsafeBytes(body) }
+                return Array(target.utf8).withUnsafeBytes(body)  // a link target, not a secret
             }
+            if let pending = pending[local] { return pending.bytes.withUnsafeBytes(body) }
             guard let (account, index) = field(local) else { throw .noSuchFileOrDirectory }
             guard let vault, vault.isUnlocked, let uuid = uuidOf[account] else {
                 return body(UnsafeRawBufferPointer(start: nil, count: 0))

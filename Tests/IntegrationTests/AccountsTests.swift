@@ -75,9 +75,7 @@ import Glibc
     @Test func lockLeavesNoPlaintextAnywhere() throws {
         let scratch = Scratch()
         defer { scratch.remove() }
-        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.initStore(data).status == 0)
-        mkdir(mnt, 0o755)
+        let (data, mnt) = scratch.initializedStore()
         // A foreground daemon, its log captured.
         let log = scratch.sub("log")
         let start = Run.program("/bin/sh", ["-c", "\"$0\" mount -f --data-dir \"$1\" \"$2\" >\"$3\" 2>&1 & echo $!", Run.mtmfs, data, mnt, log])

@@ -217,7 +217,7 @@ import Glibc
         // "one" is the oldest but open: it must stay.
         let held = open(c + "/one", O_RDONLY | O_CLOEXEC)
         defer { close(held) }
-        #expect(MountTable.wait(seconds: 3) { (try? store.status()["cache_bytes"]).flatMap { Int($0 ?? "") } ?? .max <= 300 * 1024 })
+        #expect(MountTable.wait(seconds: 3) { (try? store.status()["cache_bytes"]).flatMap { Int($0) } ?? .max <= 300 * 1024 })
         let names = Set(try FileManager.default.contentsOfDirectory(atPath: c))
         #expect(names.contains("one") && names.contains("five") && !names.contains("two"), "\(names)")
         let status = try store.status()

@@ -26,9 +26,7 @@ import Glibc
         guard try Self.helperInstalled() else { return }
         let scratch = Scratch()
         defer { scratch.remove() }
-        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.initStore(data).status == 0)
-        mkdir(mnt, 0o755)
+        let (data, mnt) = scratch.initializedStore()
         let mounted = Run.program("mount", ["-t", "fuse.mtmfs", "-o", "rw,nofail,x-systemd.automount", data, mnt],
                                   environment: environment)
         #expect(mounted.status == 0, "\(mounted)")
@@ -46,9 +44,7 @@ import Glibc
         guard try Self.helperInstalled() else { return }
         let scratch = Scratch()
         defer { scratch.remove() }
-        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.initStore(data).status == 0)
-        mkdir(mnt, 0o755)
+        let (data, mnt) = scratch.initializedStore()
         let fstab = scratch.sub("fstab")
         try "\(data) \(mnt) fuse.mtmfs noauto,user,allow_other,noatime 0 0\n"
             .write(toFile: fstab, atomically: true, encoding: .utf8)

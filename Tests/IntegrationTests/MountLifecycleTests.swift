@@ -9,9 +9,7 @@ import Glibc
     @Test func mountIsReadyOnTheNextLineEveryTime() throws {
         let scratch = Scratch()
         defer { scratch.remove() }
-        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.initStore(data).status == 0)
-        mkdir(mnt, 0o755)
+        let (data, mnt) = scratch.initializedStore()
         let script = """
             set -e
             for i in $(seq 20); do
@@ -110,9 +108,7 @@ import Glibc
     func backgroundedForegroundDaemonUnmountsOnSignal(signal: String) throws {
         let scratch = Scratch()
         defer { scratch.remove() }
-        let data = scratch.sub("data"), mnt = scratch.sub("mnt")
-        #expect(Run.initStore(data).status == 0)
-        mkdir(mnt, 0o755)
+        let (data, mnt) = scratch.initializedStore()
         let start = Run.program("/bin/sh", ["-c", "\"$0\" mount -f --data-dir \"$1\" \"$2\" >/dev/null 2>&1 & echo $!",
                                             Run.mtmfs, data, mnt])
         let pid = try #require(Int32(start.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))

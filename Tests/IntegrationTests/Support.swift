@@ -93,6 +93,14 @@ final class Scratch {
 
     func sub(_ name: String) -> String { path + "/" + name }
 
+    /// An initialized data directory `data` and an empty mount point `mnt` in here.
+    func initializedStore() -> (data: String, mnt: String) {
+        let data = sub("data"), mnt = sub("mnt")
+        #expect(Run.initStore(data).status == 0)
+        mkdir(mnt, 0o755)
+        return (data, mnt)
+    }
+
     func remove() {
         MountTable.unmountAll(below: path)
         try? FileManager.default.removeItem(atPath: path)
