@@ -29,8 +29,7 @@ let package = Package(
         // libfuse's low-level API as a Swift protocol with errno results.
         .target(name: "FuseLowLevel", dependencies: ["CFuse", "Posix"]),
         // Stores, each usable without a mount.
-        .target(name: "SettingsStore", dependencies: ["Posix"],
-                resources: [.copy("Resources/Settings.plist")]),
+        .target(name: "SettingsStore", dependencies: ["Posix"]),
         .target(name: "CacheStore", dependencies: ["CSQLite", "Posix"]),
         .target(name: "CredentialVault", dependencies: ["CSodium", "Posix"]),
         // The mounted tree: root, control files, and the routing to each store.

@@ -2,7 +2,6 @@
 import Glibc
 #endif
 import CFuse
-import Foundation
 import Posix
 import Synchronization
 
@@ -103,19 +102,11 @@ public final class FuseMount: @unchecked Sendable {
         TerminationSignals.withBlocked {
             for _ in 0..<max(1, bridge.kernel.maximumThreads) {
                 let worker = Worker(session: session, stop: stop, count: count)
-                var thread = pthread_t()
-                let context = Unmanaged.passRetained(worker).toOpaque()
-                guard pthread_create(&thread, nil, { context in
-                    Unmanaged<Worker>.fromOpaque(context!).takeRetainedValue().serve()
-                    return nil
-                }, context) == 0 else {
-                    Unmanaged<Worker>.fromOpaque(context).release()
-                    continue
-                }
+                guard let thread = Threads.start({ worker.serve() }) else { continue }
                 count.running.add(1, ordering: .sequentiallyConsistent)
                 workers.append(thread)
             }
-            Thread.detachNewThread {
+            Threads.detach {
                 // A stat through the kernel proves the workers answer requests.
                 var st = Glibc.stat()
                 while fstatat(AT_FDCWD, mountPoint, &st, 0) != 0 && errno == EINTR {}
@@ -165,7 +156,7 @@ private final class WorkerCount: Sendable {
 
 /// One worker thread: receives a request from the session and processes it, until the
 /// session ends (the kernel unmounted it, or `run` was told to stop).
-private final class Worker {
+private final class Worker: @unchecked Sendable {  // its own thread only, after start
     let session: OpaquePointer
     let stop: UnsafeMutablePointer<sem_t>
     let count: WorkerCount

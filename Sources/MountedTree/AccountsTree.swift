@@ -2,7 +2,6 @@
 import Glibc
 #endif
 import CredentialVault
-import Foundation
 import FuseLowLevel
 import Posix
 import Synchronization
@@ -57,7 +56,7 @@ public final class AccountsTree: Subtree {
         self.notifier = notifier
         self.active = active
         self.state = Locked(State(vaultPath: vaultPath, ownership: ownership, space: .accounts, autoLockSeconds: autoLockSeconds))
-        Thread.detachNewThread { [weak self] in
+        Threads.detach { [weak self] in
             while true {
                 usleep(100_000)
                 guard let self, self.running.load(ordering: .relaxed) else { return }
@@ -90,7 +89,7 @@ public final class AccountsTree: Subtree {
                 Log.warning(error == .wrongPassphrase ? "unlock refused: wrong passphrase" : error.description)
                 throw error.errno
             }
-            s.lastSecretAccess = Date()
+            s.lastSecretAccess = .now
             Log.info("accounts unlocked")
             return s.uuidOf.keys.flatMap { id in
                 (0...AccountsTree.urlIndex).map { index in s.space.inode(id << 8 | UInt64(index + 1)) }
@@ -120,7 +119,7 @@ public final class AccountsTree: Subtree {
             var lines = ["state=\(unlocked ? "unlocked" : "locked")"]
             var autoLockIn = 0
             if unlocked && s.autoLockSeconds > 0 {
-                autoLockIn = max(0, Int((Double(s.autoLockSeconds) - Date().timeIntervalSince(s.lastSecretAccess)).rounded(.up)))
+                autoLockIn = max(0, Int((Double(s.autoLockSeconds) - s.lastSecretAccess.secondsElapsed).rounded(.up)))
             }
             lines.append("auto_lock_in=\(autoLockIn)")
             lines.append("accounts=\(s.vault?.accounts.count ?? 0)")
@@ -261,7 +260,7 @@ public final class AccountsTree: Subtree {
             guard !s.isDirectory(local) else { throw .isDirectory }
             let handle = s.newHandle()
             if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true, owner: handle) }
-            s.lastSecretAccess = Date()
+            s.lastSecretAccess = .now
             return OpenedFile(handle: handle, directIO: true)
         }
     }
@@ -290,7 +289,7 @@ public final class AccountsTree: Subtree {
             let local = s.resolve(space.local(inode))
             try s.requireUnlocked()
             guard s.isCurrent(handle) else { throw .permissionDenied }  // opened before a lock
-            s.lastSecretAccess = Date()
+            s.lastSecretAccess = .now
             try s.withReadableContent(local) { bytes in
                 guard offset < UInt64(bytes.count) else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
                 let start = Int(offset)
@@ -306,7 +305,7 @@ public final class AccountsTree: Subtree {
             let local = s.resolve(space.local(inode))
             try s.requireUnlocked()
             guard s.isCurrent(handle) else { throw .permissionDenied }  // opened before a lock
-            s.lastSecretAccess = Date()
+            s.lastSecretAccess = .now
             // The bytes sit in libfuse's receive buffer: once copied into secure memory,
             // they are zeroed there so that no plaintext lingers in an idle worker's buffer.
             defer { if let base = data.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), data.count) } }
@@ -387,7 +386,7 @@ extension AccountsTree {
         var alias: [UInt64: UInt64] = [:]
         var modified: [UInt64: Timestamp] = [:]
         var nextScratch: UInt64 = 1
-        var lastSecretAccess = Date()
+        var lastSecretAccess = ContinuousClock.now
         /// Counts locks: a handle opened under another generation is refused (EACCES).
         var generation: UInt64 = 1
         var nextHandle: UInt64 = 1
@@ -424,7 +423,7 @@ extension AccountsTree {
 
         var autoLockDue: Bool {
             guard autoLockSeconds > 0, vault?.isUnlocked == true else { return false }
-            return Date().timeIntervalSince(lastSecretAccess) >= Double(autoLockSeconds)
+            return lastSecretAccess.secondsElapsed >= Double(autoLockSeconds)
         }
 
         /// Locks and returns every inode whose kernel copy must go.

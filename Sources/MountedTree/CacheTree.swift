@@ -3,7 +3,6 @@ import Glibc
 #endif
 import CacheStore
 import FuseLowLevel
-import Foundation
 import Posix
 import Synchronization
 
@@ -41,7 +40,7 @@ public final class CacheTree: Subtree {
         }
         guard store != nil else { return }
         // Expiry and the size limit are kept by a thread of their own, twice a second.
-        Thread.detachNewThread { [weak self] in
+        Threads.detach { [weak self] in
             while true {
                 usleep(500_000)
                 guard let self, self.running.load(ordering: .relaxed), let store = self.store else { return }

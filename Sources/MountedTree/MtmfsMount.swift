@@ -2,7 +2,6 @@
 import Glibc
 #endif
 import CredentialVault
-import Foundation
 import FuseLowLevel
 import Posix
 
@@ -83,7 +82,12 @@ public final class MtmfsMount: Sendable {
 
     /// libfuse option values escape commas and backslashes with a backslash.
     static func escapeOption(_ value: String) -> String {
-        value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: ",", with: "\\,")
+        var escaped = ""
+        for character in value {
+            if character == "\\" || character == "," { escaped.append("\\") }
+            escaped.append(character)
+        }
+        return escaped
     }
 
     /// Space of the file system that holds the data directory: the stores live there.

@@ -1,7 +1,6 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
 import FuseLowLevel
 import Posix
 import SettingsStore
@@ -50,12 +49,12 @@ public final class SettingsTree: Subtree {
                 watchInterval: Double = 0.2) {
         self.notifier = notifier
         self.state = Locked(State(plistPath: plistPath, ownership: ownership, space: .settings))
-        Thread.detachNewThread { [weak self] in
+        Threads.detach { [weak self] in
             while true {
                 usleep(UInt32(watchInterval * 1_000_000))
                 guard let self, self.watching.load(ordering: .relaxed) else { return }
                 let invalidations = self.state.withLock { s in
-                    s.commitDueRemovals(before: Date())
+                    s.commitDueRemovals(before: .now)
                     return s.refreshFromDisk()
                 }
                 Self.send(invalidations, via: self.notifier)
@@ -68,13 +67,13 @@ public final class SettingsTree: Subtree {
     public func shutDown() {
         watching.store(false, ordering: .relaxed)
         state.withLock { s in
-            s.commitDueRemovals(before: .distantFuture)
+            s.commitDueRemovals(before: nil)
             s.invalidations.removeAll()
         }
     }
 
     /// How long an unlinked key stays in the plist (hidden) waiting for a new file of its name.
-    static let removalDelay: TimeInterval = 1
+    static let removalDelay: Duration = .seconds(1)
 
     static func send(_ invalidations: [Invalidation], via notifier: KernelCacheNotifier) {
         for invalidation in invalidations {
@@ -333,10 +332,10 @@ extension SettingsTree {
         var hidden: Set<[String]> = []
         var tombstones: [[String]: (type: PlistType, position: Int)] = [:]
         /// Unlinked keys still in the plist (hidden), and when they leave it.
-        var pendingRemovals: [[String]: Date] = [:]
+        var pendingRemovals: [[String]: ContinuousClock.Instant] = [:]
         var nextInode: UInt64 = 2
         var invalidations: [Invalidation] = []
-        var lastLoadAttempt = Date.distantPast
+        var lastLoadAttempt: ContinuousClock.Instant?
         var nextHandle: UInt64 = 0
 
         mutating func newHandle() -> UInt64 {
@@ -356,7 +355,7 @@ extension SettingsTree {
         // MARK: Loading and external changes
 
         mutating func load() {
-            lastLoadAttempt = Date()
+            lastLoadAttempt = .now
             AtomicFile.removeStaleTemporaries(of: plistPath)
             do {
                 document = try SettingsDocument(path: plistPath)
@@ -371,7 +370,7 @@ extension SettingsTree {
 
         /// EIO while the file is damaged (a retry at most every 200 ms).
         mutating func ensureLoaded() throws(Errno) {
-            if document == nil && Date().timeIntervalSince(lastLoadAttempt) > 0.2 {
+            if document == nil && (lastLoadAttempt?.secondsElapsed ?? .infinity) > 0.2 {
                 load()
                 if document != nil { reconcile(previous: .dictionary(PlistDictionary())) }
             }
@@ -383,7 +382,7 @@ extension SettingsTree {
         /// Called by the watcher: picks up another program's change.
         mutating func refreshFromDisk() -> [Invalidation] {
             guard let document else {
-                if Date().timeIntervalSince(lastLoadAttempt) > 0.2 {
+                if (lastLoadAttempt?.secondsElapsed ?? .infinity) > 0.2 {
                     load()
                     if self.document != nil { reconcile(previous: PlistValue.dictionary(PlistDictionary())) }
                 }
@@ -814,14 +813,14 @@ extension SettingsTree {
             // Hidden now, out of the plist once `removalDelay` passes without a new file.
             if let position = position(of: path) { tombstones[path] = (value.type, position) }
             hidden.insert(path)
-            pendingRemovals[path] = Date().addingTimeInterval(SettingsTree.removalDelay)
+            pendingRemovals[path] = ContinuousClock.now.advanced(by: SettingsTree.removalDelay)
             if let inode = inodeForPath[path] { unbind(inode, path: path) }
         }
 
         /// Takes the unlinked keys whose time has come out of the plist (one rewrite each);
-        /// those a new file took meanwhile are no longer hidden and stay.
-        mutating func commitDueRemovals(before deadline: Date) {
-            for (path, due) in pendingRemovals where due <= deadline {
+        /// those a new file took meanwhile are no longer hidden and stay. No deadline: all of them.
+        mutating func commitDueRemovals(before deadline: ContinuousClock.Instant?) {
+            for (path, due) in pendingRemovals where deadline.map({ due <= $0 }) ?? true {
                 pendingRemovals[path] = nil
                 guard hidden.contains(path), Self.value(in: root, at: path[...]) != nil else { continue }
                 do {

@@ -1,14 +1,23 @@
-import Foundation
-
 /// The `Settings.plist` that `mtmfs init` writes: the app's shipped defaults
-/// (`IsFirstRun` = true, `ActiveServiceAccountUUID` = empty), kept as a package resource.
+/// (`IsFirstRun` = true, `ActiveServiceAccountUUID` = empty). Kept in the binary rather than
+/// as a package resource: a resource needs Foundation's `Bundle` (8 MB of the daemon's
+/// resident memory) and a bundle directory next to an installed executable.
 public enum DefaultSettings {
+    /// The text of the shipped XML property list.
+    public static let xml = """
+        <?xml version="1.0" encoding="UTF-8"?>
+        <!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+        <plist version="1.0">
+        <dict>
+        \t<key>IsFirstRun</key>
+        \t<true/>
+        \t<key>ActiveServiceAccountUUID</key>
+        \t<string></string>
+        </dict>
+        </plist>
+
+        """
+
     /// The bytes of the shipped XML property list.
-    public static func propertyList() -> [UInt8] {
-        guard let url = Bundle.module.url(forResource: "Settings", withExtension: "plist"),
-              let data = try? Data(contentsOf: url) else {
-            fatalError("the package resource Settings.plist is missing from \(Bundle.module.bundlePath)")
-        }
-        return [UInt8](data)
-    }
+    public static func propertyList() -> [UInt8] { Array(xml.utf8) }
 }

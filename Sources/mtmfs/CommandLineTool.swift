@@ -35,7 +35,7 @@ enum CommandLineTool {
 
         """
         for command in commands {
-            text += "  " + command.name.padding(toLength: 10, withPad: " ", startingAt: 0) + command.abstract + "\n"
+            text += "  " + command.name + String(repeating: " ", count: max(0, 10 - command.name.count)) + command.abstract + "\n"
         }
         text += "\nRun `mtmfs COMMAND --help` for a command's options; `mtmfs --version` prints the version."
         return text

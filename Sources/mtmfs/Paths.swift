@@ -1,7 +1,6 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
 import MountedTree
 import Posix
 
@@ -9,13 +8,19 @@ import Posix
 enum Paths {
     /// The data directory named on the command line, else the default; made absolute.
     static func dataDirectory(_ given: String?) -> String {
-        absolute(given ?? DataDirectory.defaultPath(environment: ProcessInfo.processInfo.environment))
+        var environment: [String: String] = [:]
+        for name in ["XDG_DATA_HOME", "HOME"] {
+            if let value = getenv(name) { environment[name] = String(cString: value) }
+        }
+        return absolute(given ?? DataDirectory.defaultPath(environment: environment))
     }
 
     /// `path` made absolute against the working directory, without touching the disk.
     static func absolute(_ path: String) -> String {
         if path.hasPrefix("/") { return path }
-        let cwd = FileManager.default.currentDirectoryPath
+        guard let pointer = getcwd(nil, 0) else { return path }
+        defer { free(pointer) }
+        let cwd = String(cString: pointer)
         return path == "." ? cwd : cwd + "/" + path
     }
 

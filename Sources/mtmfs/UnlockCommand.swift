@@ -1,5 +1,4 @@
 import CredentialVault
-import Foundation
 import Posix
 import Synchronization
 #if canImport(Glibc)
@@ -142,7 +141,7 @@ enum Progress {
     static func whileWorking<T>(_ what: String, _ body: () -> T) -> T {
         guard isatty(2) == 1 else { return body() }
         let flag = Flag()
-        Thread.detachNewThread {
+        Threads.detach {
             usleep(500_000)
             if !flag.done.load(ordering: .acquiring) { Terminal.error("mtmfs: \(what)…") }
         }

@@ -1,7 +1,6 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Foundation
 import Posix
 
 /// `mtmfs unmount`: unmounts and waits until the daemon has flushed and exited.
@@ -43,7 +42,7 @@ struct UnmountCommand: Command {
             if output.contains("busy") {
                 throw CommandFailure("\(given) is busy: close the files and shells using it (`fuser -vm \(given)`), or use --lazy")
             }
-            throw CommandFailure("fusermount3 could not unmount \(given): \(output.trimmingCharacters(in: .whitespacesAndNewlines))")
+            throw CommandFailure("fusermount3 could not unmount \(given): \(output.split(whereSeparator: \.isWhitespace).joined(separator: " "))")
         }
         guard let pid else { return }
         // The daemon flushes its stores on the way out; wait for that (30 s at most).

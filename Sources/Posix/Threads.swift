@@ -1,0 +1,43 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Plain POSIX threads for the daemon's long-lived work (FUSE workers, store watchers),
+/// without Foundation's `Thread`: the daemon does not load Foundation at all.
+public enum Threads {
+    private final class Body {
+        let run: @Sendable () -> Void
+        init(_ run: @escaping @Sendable () -> Void) { self.run = run }
+    }
+
+    /// Runs `body` on a new joinable thread; nil when the system refuses one.
+    public static func start(_ body: @escaping @Sendable () -> Void) -> pthread_t? {
+        let context = Unmanaged.passRetained(Body(body)).toOpaque()
+        var thread = pthread_t()
+        guard pthread_create(&thread, nil, { context in
+            Unmanaged<Body>.fromOpaque(context!).takeRetainedValue().run()
+            return nil
+        }, context) == 0 else {
+            Unmanaged<Body>.fromOpaque(context).release()
+            return nil
+        }
+        return thread
+    }
+
+    /// Runs `body` on a new detached thread; false when the system refuses one.
+    @discardableResult
+    public static func detach(_ body: @escaping @Sendable () -> Void) -> Bool {
+        guard let thread = start(body) else { return false }
+        pthread_detach(thread)
+        return true
+    }
+}
+
+extension ContinuousClock.Instant {
+    /// Seconds from this instant until now (the clock counts time suspended too, so an
+    /// auto-lock deadline passes while the machine sleeps).
+    public var secondsElapsed: Double {
+        let elapsed = duration(to: .now).components
+        return Double(elapsed.seconds) + Double(elapsed.attoseconds) / 1e18
+    }
+}
