@@ -126,13 +126,18 @@ public struct OpenedFile: Hashable, Sendable {
     public var keepCache: Bool
     /// The file has no meaningful offset (pipes, control files).
     public var nonSeekable: Bool
+    /// Closing a descriptor sends no FLUSH (FOPEN_NOFLUSH): for descriptors whose close has
+    /// nothing to commit or report. Saves a synchronous round trip per close; RELEASE still
+    /// comes, after close returned.
+    public var noFlush: Bool
 
     public init(handle: UInt64 = 0, directIO: Bool = false, keepCache: Bool = false,
-                nonSeekable: Bool = false) {
+                nonSeekable: Bool = false, noFlush: Bool = false) {
         self.handle = handle
         self.directIO = directIO
         self.keepCache = keepCache
         self.nonSeekable = nonSeekable
+        self.noFlush = noFlush
     }
 }
 

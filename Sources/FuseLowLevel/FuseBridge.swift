@@ -333,6 +333,7 @@ final class FuseBridge: Sendable {
         fi.pointee.direct_io = opened.directIO ? 1 : 0
         fi.pointee.keep_cache = opened.keepCache ? 1 : 0
         fi.pointee.nonseekable = opened.nonSeekable ? 1 : 0
+        fi.pointee.noflush = opened.noFlush ? 1 : 0
     }
 
     private static func attributeChanges(_ attr: stat, _ toSet: Int32) -> AttributeChanges {

@@ -261,7 +261,8 @@ public final class AccountsTree: Subtree {
             let handle = s.newHandle()
             if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true, owner: handle) }
             s.lastSecretAccess = .now
-            return OpenedFile(handle: handle, directIO: true)
+            // A reader's close commits nothing: no FLUSH round trip for it.
+            return OpenedFile(handle: handle, directIO: true, noFlush: flags & O_ACCMODE == O_RDONLY)
         }
     }
 

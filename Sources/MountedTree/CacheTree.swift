@@ -173,12 +173,13 @@ public final class CacheTree: Subtree {
         let store = try storeOrEIO()
         let file = try store.inode(ino(inode))
         if file.isDirectory { throw .isDirectory }
-        // libfuse negotiates atomic O_TRUNC: the truncation is ours to do.
+        // libfuse negotiates atomic O_TRUNC: the truncation is ours to do. Writes reach SQLite
+        // as they come (no writeback cache), so a close has nothing left to do: no FLUSH.
         if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY && file.size != 0 {
             _ = try store.setAttributes(file.ino, CacheAttributeChanges(size: 0))
         }
         store.opened(file.ino)
-        return OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true)
+        return OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true, noFlush: true)
     }
 
     public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
@@ -187,7 +188,7 @@ public final class CacheTree: Subtree {
         let file = try store.create(parent: ino(parent), name: name, mode: S_IFREG | (mode & 0o7777),
                                     uid: context.uid, gid: context.gid, open: true)
         return (Entry(attributes: attributes(file), cache: Self.cache),
-                OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true))
+                OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true, noFlush: true))
     }
 
     public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,

@@ -193,7 +193,8 @@ public final class SettingsTree: Subtree {
             if node.isDirectory { throw .isDirectory }
             let handle = s.newHandle()
             if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true, owner: handle) }
-            return OpenedFile(handle: handle)
+            // A reader's close validates and commits nothing: no FLUSH round trip for it.
+            return OpenedFile(handle: handle, noFlush: flags & O_ACCMODE == O_RDONLY)
         }
     }
 
