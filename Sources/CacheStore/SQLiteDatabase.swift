@@ -46,6 +46,9 @@ public final class SQLiteDatabase {
     }
 
     /// The first column of the first row of a query, as text.
+    /// Inside an explicit transaction (SQLite may have rolled one back on an error).
+    public var isInTransaction: Bool { sqlite3_get_autocommit(handle) == 0 }
+
     public func scalarText(_ sql: String) throws(SQLiteError) -> String? {
         var statement: OpaquePointer?
         var rc = sqlite3_prepare_v2(handle, sql, -1, &statement, nil)

@@ -39,6 +39,15 @@ public final class CacheTree: Subtree {
             Log.error("\(error.description); cache/ answers EIO, the file is left as it is")
         }
         guard store != nil else { return }
+        // Groups of changes are committed by a thread of their own when due (the store
+        // commits at close and fsync by itself). It holds the store only while it waits.
+        Threads.detach { [weak self] in
+            while true {
+                guard let self, self.running.load(ordering: .relaxed), let store = self.store else { return }
+                _ = consume self
+                store.commitWhenDue(waitingAtMost: 1)
+            }
+        }
         // Expiry and the size limit are kept by a thread of their own, twice a second.
         Threads.detach { [weak self] in
             while true {
@@ -247,5 +256,6 @@ public final class CacheTree: Subtree {
     public func shutDown() {
         running.store(false, ordering: .relaxed)
         try? store?.synchronize()
+        store?.wakeCommitter()
     }
 }

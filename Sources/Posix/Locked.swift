@@ -42,3 +42,34 @@ public final class Lock: @unchecked Sendable {
         return try body()
     }
 }
+
+/// A counting POSIX semaphore: one thread posts, another waits (with a time limit).
+public final class Semaphore: @unchecked Sendable {
+    private let semaphore: UnsafeMutablePointer<sem_t>
+
+    public init(_ value: UInt32 = 0) {
+        semaphore = .allocate(capacity: 1)
+        sem_init(semaphore, 0, value)
+    }
+
+    deinit {
+        sem_destroy(semaphore)
+        semaphore.deallocate()
+    }
+
+    public func post() { sem_post(semaphore) }
+
+    /// Waits until posted or `seconds` passed; true when posted.
+    @discardableResult
+    public func wait(seconds: Double) -> Bool {
+        var deadline = timespec()
+        clock_gettime(CLOCK_REALTIME, &deadline)
+        let nanoseconds = Int(deadline.tv_nsec) + Int(seconds * 1e9)
+        deadline.tv_sec += nanoseconds / 1_000_000_000
+        deadline.tv_nsec = nanoseconds % 1_000_000_000
+        while true {
+            if sem_timedwait(semaphore, &deadline) == 0 { return true }
+            if errno != EINTR { return false }
+        }
+    }
+}
