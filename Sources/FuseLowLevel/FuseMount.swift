@@ -23,6 +23,11 @@ public struct KernelOptions: Sendable {
     public var explicitDataInvalidation = true
     /// Maximum worker threads of the loop.
     public var maximumThreads: UInt32 = 8
+    /// Read-ahead of the mount (KiB). FUSE cannot ask for more than the kernel's default
+    /// 128 KiB in INIT; the mount's backing device in sysfs can be raised after mounting,
+    /// by root only (others keep 128 KiB). 1 MiB read-ahead makes the kernel send 1 MiB
+    /// READs: a cold sequential read of cache/ went from 505 to 683 MB/s here.
+    public var readAheadKiB = 1024
 
     public init() {}
 }
@@ -97,6 +102,7 @@ public final class FuseMount: @unchecked Sendable {
         WorkerWakeUp.install()
         let mountPoint = self.mountPoint
         let session = self.session
+        let readAheadKiB = bridge.kernel.readAheadKiB
         let count = WorkerCount()
         var workers: [pthread_t] = []
         TerminationSignals.withBlocked {
@@ -110,6 +116,7 @@ public final class FuseMount: @unchecked Sendable {
                 // A stat through the kernel proves the workers answer requests.
                 var st = Glibc.stat()
                 while fstatat(AT_FDCWD, mountPoint, &st, 0) != 0 && errno == EINTR {}
+                Self.setReadAhead(kibibytes: readAheadKiB, device: st.st_dev)
                 onReady()
             }
         }
@@ -146,6 +153,21 @@ public final class FuseMount: @unchecked Sendable {
         // libfuse sends the name with its terminating NUL (namelen + 1 bytes): a C string it
         // must be (found by AddressSanitizer: a bare UTF-8 array was read one byte past its end).
         name.withCString { fuse_lowlevel_notify_inval_entry(session, parent, $0, name.utf8.count) == 0 }
+    }
+}
+
+extension FuseMount {
+    /// Writes the read-ahead of the mount's device (`/sys/class/bdi/MAJOR:MINOR`); where
+    /// that is not allowed (not root), the kernel's default stays.
+    static func setReadAhead(kibibytes: Int, device: dev_t) {
+        let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff)
+        let minor = (device & 0xff) | ((device >> 12) & ~0xff)
+        let path = "/sys/class/bdi/\(major):\(minor)/read_ahead_kb"
+        let fd = open(path, O_WRONLY | O_CLOEXEC)
+        guard fd >= 0 else { return Log.debug("read-ahead stays at the default: \(path): \(Errno.current)") }
+        defer { close(fd) }
+        let text = Array("\(kibibytes)\n".utf8)
+        if write(fd, text, text.count) != text.count { Log.debug("read-ahead stays at the default: \(Errno.current)") }
     }
 }
 
