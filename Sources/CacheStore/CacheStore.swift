@@ -225,10 +225,10 @@ public final class CacheStore: @unchecked Sendable {
             while true {
                 attempt += 1
                 try openBatch()
-                try exec("SAVEPOINT change")
+                try run("SAVEPOINT change")
                 do throws(Errno) {
                     let result = try body()
-                    try exec("RELEASE change")
+                    try run("RELEASE change")
                     batchChanges += 1
                     if batchChanges >= Self.groupCommitSize || !hasRoomForGroups() { try commitBatch() }
                     return result
@@ -250,7 +250,7 @@ public final class CacheStore: @unchecked Sendable {
     private func openBatch() throws(Errno) {
         noticeRollback()
         guard batchStart == nil else { return }
-        try exec("BEGIN IMMEDIATE")
+        try run("BEGIN IMMEDIATE")
         batchStart = .now
         batchChanges = 0
         batchOpened.post()
@@ -263,7 +263,7 @@ public final class CacheStore: @unchecked Sendable {
         guard batchStart != nil else { return }
         batchStart = nil
         do throws(Errno) {
-            try exec("COMMIT")
+            try run("COMMIT")
         } catch {
             Log.error("cache: \(batchChanges) changes could not be committed: \(error)")
             try? exec("ROLLBACK")
