@@ -45,10 +45,19 @@ public final class SQLiteDatabase {
         }
     }
 
-    /// The first column of the first row of a query, as text.
     /// Inside an explicit transaction (SQLite may have rolled one back on an error).
     public var isInTransaction: Bool { sqlite3_get_autocommit(handle) == 0 }
 
+    /// A checkpoint of the write-ahead log (`SQLITE_CHECKPOINT_PASSIVE`, `…_TRUNCATE`):
+    /// frames in the log and frames copied into the database after it.
+    public func checkpoint(mode: Int32) throws(SQLiteError) -> (log: Int, copied: Int) {
+        var log: Int32 = 0, copied: Int32 = 0
+        let rc = sqlite3_wal_checkpoint_v2(handle, nil, mode, &log, &copied)
+        guard rc == SQLITE_OK || rc == SQLITE_BUSY else { throw error(rc, "checkpoint") }
+        return (Int(log), Int(copied))
+    }
+
+    /// The first column of the first row of a query, as text.
     public func scalarText(_ sql: String) throws(SQLiteError) -> String? {
         var statement: OpaquePointer?
         var rc = sqlite3_prepare_v2(handle, sql, -1, &statement, nil)

@@ -39,13 +39,15 @@ public final class CacheTree: Subtree {
             Log.error("\(error.description); cache/ answers EIO, the file is left as it is")
         }
         guard store != nil else { return }
-        // Groups of changes are committed by a thread of their own when due (the store
-        // commits at close and fsync by itself). It holds the store only while it waits.
+        // Groups of changes are committed, and the write-ahead log checkpointed once the
+        // store is quiet, by a thread of their own (the store commits at fsync by itself).
+        // It holds the store only while it waits; idle, it wakes once a minute.
         Threads.detach { [weak self] in
             while true {
                 guard let self, self.running.load(ordering: .relaxed), let store = self.store else { return }
                 _ = consume self
-                store.commitWhenDue(waitingAtMost: 1)
+                store.commitWhenDue(waitingAtMost: store.needsCheckpoint ? CacheStore.checkpointQuiet : 60)
+                store.checkpointWhenQuiet()
             }
         }
         // Expiry and the size limit are kept by a thread of their own, twice a second.
@@ -255,7 +257,7 @@ public final class CacheTree: Subtree {
 
     public func shutDown() {
         running.store(false, ordering: .relaxed)
-        try? store?.synchronize()
+        try? store?.close()
         store?.wakeCommitter()
     }
 }
