@@ -107,12 +107,16 @@ public struct RequestContext: Hashable, Sendable {
     public var gid: gid_t
     public var pid: pid_t
     public var umask: mode_t
+    /// The open file a getattr comes through (fstat, and the kernel's size check before a
+    /// read of cached pages), when it comes through one.
+    public var fileHandle: UInt64?
 
-    public init(uid: uid_t, gid: gid_t, pid: pid_t, umask: mode_t) {
+    public init(uid: uid_t, gid: gid_t, pid: pid_t, umask: mode_t, fileHandle: UInt64? = nil) {
         self.uid = uid
         self.gid = gid
         self.pid = pid
         self.umask = umask
+        self.fileHandle = fileHandle
     }
 }
 

@@ -52,8 +52,10 @@ final class FuseBridge: Sendable {
             }
             fuse_reply_none(req)
         }
-        ops.getattr = { req, inode, _ in
+        ops.getattr = { req, inode, fi in
             FuseBridge.respond(req, "getattr", inode) { fs, context throws(Errno) in
+                var context = context
+                context.fileHandle = fi?.pointee.fh
                 let (attributes, cache) = try fs.attributes(of: inode, context: context)
                 FuseBridge.replyAttributes(req, attributes, cache)
             }

@@ -19,6 +19,14 @@ public final class KernelCacheNotifier: Sendable {
         queue.async { [self] in mount.withLock { $0 }?.invalidateInode(inode) }
     }
 
+    /// Drops attributes and cached data of `inode` on the calling thread, before returning.
+    /// Only from a request during which the kernel holds no lock of this inode's pages or
+    /// of its directory (OPEN of the inode itself, say); never from LOOKUP, CREATE, READ,
+    /// WRITE, RENAME or the like.
+    public func invalidateInodeNow(_ inode: InodeNumber) {
+        mount.withLock { $0 }?.invalidateInode(inode)
+    }
+
     /// Drops the name `name` in directory `parent` (and with it the dentry → inode link).
     public func invalidateEntry(parent: InodeNumber, name: String) {
         queue.async { [self] in mount.withLock { $0 }?.invalidateEntry(parent: parent, name: name) }

@@ -26,9 +26,10 @@ public struct ActiveAccountLink: Sendable {
 /// newline; writes go to a pending buffer in secure memory, are checked against the field's
 /// syntax (EINVAL) and size (EFBIG), and are sealed into the vault at flush, fsync or last
 /// close. `url` reads as protocol://server[:port]path and a write sets those four at once.
-/// Editors' scratch files live in secure memory only. Fields are never cached by the kernel
-/// (direct I/O, no attribute caching), and lock invalidates every inode anyway, so a
-/// descriptor or mapping made before a lock gets EACCES or nothing on its next read.
+/// Editors' scratch files live in secure memory only. While unlocked the kernel may keep a
+/// field's pages for readers (see `PageCacheGate`; writers use direct I/O); every lock drops
+/// the pages and attributes of every field before it returns, so a descriptor or mapping
+/// made before a lock gets EACCES (SIGBUS) or nothing on its next read.
 ///
 /// Thread-safety: one mutex; kernel notifications are sent after it is released.
 public final class AccountsTree: Subtree {
@@ -36,6 +37,8 @@ public final class AccountsTree: Subtree {
     public let space = InodeSpace.accounts
     let notifier: KernelCacheNotifier
     let active: ActiveAccountLink
+    /// Readers keep the kernel's pages of a field until it changes or the vault locks.
+    let pageCache = PageCacheGate()
     let state: Locked<State>
     private let running = Atomic<Bool>(true)
 
@@ -43,7 +46,7 @@ public final class AccountsTree: Subtree {
     static let urlIndex = AccountField.allCases.count
     static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     /// Field attributes (sizes) may be cached while unlocked: every commit and every lock
-    /// invalidates them, so a lock shows sizes 0 at once. The data itself is direct I/O.
+    /// invalidates them, so a lock shows sizes 0 at once.
     static let fieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     static let activeInode: UInt64 = 2
     static let scratchBit: UInt64 = 1 << 54
@@ -90,13 +93,22 @@ public final class AccountsTree: Subtree {
                 throw error.errno
             }
             s.lastSecretAccess = .now
-            Log.info("accounts unlocked")
+            s.revealing = true
             return s.uuidOf.keys.flatMap { id in
                 (0...AccountsTree.urlIndex).map { index in s.space.inode(id << 8 | UInt64(index + 1)) }
             }
         }
+        // The kernel forgets the locked sizes (0) before any request sees the vault open: an
+        // invalidation landing while a reader's GETATTR is on its way makes the kernel drop
+        // that answer and keep size 0, and the read after an unlock read nothing (found by
+        // the concurrency suite). Meanwhile fields still answer as locked.
+        pageCache.changed()
         for inode in fields { notifier.invalidateInode(inode) }
         notifier.drain()
+        state.withLock { s in
+            s.revealing = false
+            Log.info("accounts unlocked")
+        }
     }
 
     /// Zeroes every key and plaintext, and tells the kernel to forget every field.
@@ -108,6 +120,7 @@ public final class AccountsTree: Subtree {
             if wasUnlocked { Log.info("accounts locked (\(reason))") }
             return inodes
         }
+        pageCache.changed()
         for inode in inodes { notifier.invalidateInode(inode) }
         notifier.drain()
     }
@@ -135,6 +148,7 @@ public final class AccountsTree: Subtree {
             defer { s.invalidations.removeAll() }
             return (result, s.invalidations)
         }
+        if !invalidations.isEmpty { pageCache.changed() }
         for inode in invalidations { notifier.invalidateInode(inode) }
         return result
     }
@@ -158,6 +172,10 @@ public final class AccountsTree: Subtree {
             return (state.withLock { $0.symlinkAttributes(target) }, .none)
         }
         return try locked { (s) throws(Errno) in
+            // Through a descriptor from before a lock: refused. The kernel asks this before
+            // it reads cached pages past the size it knows, so such a descriptor's read fails
+            // with EACCES rather than reading nothing (the size is 0 while locked).
+            if let handle = context.fileHandle, !s.isCurrent(handle) { throw .permissionDenied }
             let entry = try s.entry(s.resolve(local))
             return (entry.attributes, entry.cache)
         }
@@ -254,16 +272,20 @@ public final class AccountsTree: Subtree {
 
     public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
         defer { SecureBytes.burnStack() }
-        return try locked { (s) throws(Errno) in
+        let opened = try locked { (s) throws(Errno) -> OpenedFile in
             let local = s.resolve(space.local(inode))
             try s.requireUnlocked()
             guard !s.isDirectory(local) else { throw .isDirectory }
             let handle = s.newHandle()
             if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true, owner: handle) }
             s.lastSecretAccess = .now
-            // A reader's close commits nothing: no FLUSH round trip for it.
-            return OpenedFile(handle: handle, directIO: true, noFlush: flags & O_ACCMODE == O_RDONLY)
+            guard flags & O_ACCMODE == O_RDONLY else { return OpenedFile(handle: handle, directIO: true) }
+            // A reader reads the kernel's pages of the field while it has not changed (every
+            // lock drops them all), and its close commits nothing: no READ, no FLUSH.
+            return OpenedFile(handle: handle, keepCache: true, noFlush: true)
         }
+        if opened.keepCache { pageCache.admit(inode, notifier: notifier) }
+        return opened
     }
 
     public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
@@ -375,6 +397,11 @@ extension AccountsTree {
         var autoLockSeconds: Int
         var vault: Vault?
         var problem: String?
+        /// Unlocked, but the kernel's caches of the locked state are still being dropped:
+        /// fields answer as locked until then (see `unlock`).
+        var revealing = false
+        /// Fields can be read and written.
+        var isOpen: Bool { vault?.isUnlocked == true && !revealing }
         var accountID: [[UInt8]: UInt64] = [:]
         var uuidOf: [UInt64: [UInt8]] = [:]
         var nextAccountID: UInt64 = 1
@@ -430,6 +457,7 @@ extension AccountsTree {
         /// Locks and returns every inode whose kernel copy must go.
         mutating func lockAll() -> [InodeNumber] {
             vault?.lock()
+            revealing = false
             var inodes: [InodeNumber] = []
             for (_, value) in pending { value.bytes.wipe() }
             pending.removeAll()
@@ -450,7 +478,7 @@ extension AccountsTree {
         }
 
         func requireUnlocked() throws(Errno) {
-            guard vault?.isUnlocked == true else { throw .permissionDenied }
+            guard isOpen else { throw .permissionDenied }
         }
 
         // MARK: Inodes
@@ -505,7 +533,7 @@ extension AccountsTree {
         func isTemporaryContent(_ local: UInt64) -> Bool { scratch[local] == nil && pending[local] == nil }
 
         func size(_ local: UInt64) -> UInt64 {
-            guard vault?.isUnlocked == true else { return 0 }
+            guard isOpen else { return 0 }
             return UInt64((try? withReadableContent(local) { $0.count }) ?? 0)
         }
 
@@ -567,7 +595,13 @@ extension AccountsTree {
 
         func entry(_ local: UInt64) throws(Errno) -> Entry {
             let attributes = try attributes(local)
-            return Entry(attributes: attributes, cache: isDirectory(local) ? AccountsTree.directoryCache : AccountsTree.fieldCache)
+            if isDirectory(local) { return Entry(attributes: attributes, cache: AccountsTree.directoryCache) }
+            // Locked, a field's size (0) is not cached: a read through a descriptor from before
+            // the lock then asks for it again (with its handle), and is refused.
+            guard isOpen else {
+                return Entry(attributes: attributes, cache: CachePolicy(entryTimeout: AccountsTree.fieldCache.entryTimeout, attributeTimeout: 0))
+            }
+            return Entry(attributes: attributes, cache: AccountsTree.fieldCache)
         }
 
         // MARK: Names

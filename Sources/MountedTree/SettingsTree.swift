@@ -38,6 +38,8 @@ public final class SettingsTree: Subtree {
     let notifier: KernelCacheNotifier
     let state: Locked<State>
     private let watching = Atomic<Bool>(true)
+    /// Readers keep the kernel's pages of a key until it changes.
+    let pageCache = PageCacheGate()
 
     /// Largest value a key takes (EFBIG beyond), and largest scratch file.
     static let maximumValueSize = 1 << 20
@@ -57,7 +59,7 @@ public final class SettingsTree: Subtree {
                     s.commitDueRemovals(before: .now)
                     return s.refreshFromDisk()
                 }
-                Self.send(invalidations, via: self.notifier)
+                self.send(invalidations)
             }
         }
     }
@@ -75,7 +77,9 @@ public final class SettingsTree: Subtree {
     /// How long an unlinked key stays in the plist (hidden) waiting for a new file of its name.
     static let removalDelay: Duration = .seconds(1)
 
-    static func send(_ invalidations: [Invalidation], via notifier: KernelCacheNotifier) {
+    /// Sends the invalidations of a change; a changed inode also closes the page cache gate.
+    func send(_ invalidations: [Invalidation]) {
+        if invalidations.contains(where: { if case .inode = $0 { true } else { false } }) { pageCache.changed() }
         for invalidation in invalidations {
             switch invalidation {
             case .inode(let inode): notifier.invalidateInode(inode)
@@ -92,7 +96,7 @@ public final class SettingsTree: Subtree {
             defer { state.invalidations.removeAll() }
             return (result, state.invalidations)
         }
-        Self.send(invalidations, via: notifier)
+        send(invalidations)
         return result
     }
 
@@ -187,15 +191,19 @@ public final class SettingsTree: Subtree {
     }
 
     public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
-        try locked { (s) throws(Errno) in
+        let reader = flags & O_ACCMODE == O_RDONLY
+        let handle = try locked { (s) throws(Errno) in
             let local = s.local(inode)
             let node = try s.node(local)
             if node.isDirectory { throw .isDirectory }
             let handle = s.newHandle()
-            if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY { try s.truncate(local, to: 0, deferred: true, owner: handle) }
-            // A reader's close validates and commits nothing: no FLUSH round trip for it.
-            return OpenedFile(handle: handle, noFlush: flags & O_ACCMODE == O_RDONLY)
+            if flags & O_TRUNC != 0 && !reader { try s.truncate(local, to: 0, deferred: true, owner: handle) }
+            return handle
         }
+        // A reader reads the kernel's pages of the key while it has not changed, and its close
+        // validates and commits nothing: no READ and no FLUSH round trip for it.
+        if reader { pageCache.admit(inode, notifier: notifier) }
+        return OpenedFile(handle: handle, keepCache: reader, noFlush: reader)
     }
 
     public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
@@ -220,7 +228,10 @@ public final class SettingsTree: Subtree {
 
     public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
                       flags: Int32, context: RequestContext) throws(Errno) -> Int {
-        try locked { (s) throws(Errno) in
+        // The kernel copied these bytes into its pages of the key before asking, and keeps
+        // them there even when the write is refused: those pages are not the key's.
+        pageCache.changed()
+        return try locked { (s) throws(Errno) in
             try s.write(s.local(inode), at: offset, Array(data), append: flags & O_APPEND != 0, owner: handle)
             return data.count
         }

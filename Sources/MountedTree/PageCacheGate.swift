@@ -1,0 +1,44 @@
+import FuseLowLevel
+import Posix
+
+/// Decides at each open of a file whether the kernel may keep the pages (and attributes) it
+/// cached at earlier opens: FUSE then serves `cat` from the page cache, with no READ round
+/// trip. Every change of content anywhere in the subtree bumps a generation; an inode that
+/// was opened since the last bump keeps its pages, any other is first invalidated on the
+/// spot, from the OPEN request (the kernel holds no lock of that inode while it waits for
+/// OPEN), after every invalidation still queued, so the open that follows a change never
+/// sees old content or an old size (the asynchronous invalidations sent for the change
+/// reach descriptors that were open, and mappings).
+final class PageCacheGate: Sendable {
+    private struct State {
+        var generation: UInt64 = 0
+        /// Inodes opened, with the generation of their last open.
+        var opened: [InodeNumber: UInt64] = [:]
+    }
+    private let state = Locked(State())
+
+    /// Some content changed: every inode's pages are suspect until its next open.
+    func changed() {
+        state.withLock { s in
+            s.generation &+= 1
+            s.opened.removeAll(keepingCapacity: true)
+        }
+    }
+
+    /// Called at an open that will let the kernel keep pages: when `inode` changed (or may
+    /// have) since its last open, its pages and attributes are dropped now.
+    func admit(_ inode: InodeNumber, notifier: KernelCacheNotifier) {
+        let fresh = state.withLock { s -> Bool in
+            if s.opened[inode] == s.generation { return true }
+            s.opened[inode] = s.generation
+            return false
+        }
+        guard !fresh else { return }
+        // Invalidations still queued for earlier changes go first: one that lands while
+        // the reader's GETATTR is on its way makes the kernel drop that answer (its
+        // attribute version is older) and keep a stale size — a read of the lock's size 0
+        // right after an unlock read nothing (found by the concurrency suite).
+        notifier.drain()
+        notifier.invalidateInodeNow(inode)
+    }
+}
