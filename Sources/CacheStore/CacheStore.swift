@@ -814,12 +814,19 @@ public final class CacheStore: @unchecked Sendable {
     }
 
     /// An open handle: the file is in use (never evicted while open) and was used now.
+    /// The time of use is kept to the minute (`useResolution`): an open within a minute of
+    /// the last recorded one writes nothing, so reading files costs no commits (a write
+    /// per open was half of an open+read+close of a cache file).
     public func opened(_ ino: Int64) {
         _ = try? withLock { () throws(Errno) in
             opens[ino, default: 0] += 1
-            try run("UPDATE inodes SET used = ? WHERE ino = ?", Self.now(), ino)
+            let now = Self.now()
+            try run("UPDATE inodes SET used = ? WHERE ino = ? AND used < ?", now, ino, now - Self.useResolution)
         }
     }
+
+    /// How precisely the least recently used order is kept (nanoseconds).
+    static let useResolution: Int64 = 60_000_000_000
 
     /// Unix seconds (an integer) or ISO 8601, as nanoseconds; EINVAL otherwise.
     static func expiryTime(_ value: [UInt8]) throws(Errno) -> Int64 {
