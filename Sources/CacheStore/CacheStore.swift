@@ -48,8 +48,9 @@ public struct CacheAttributeChanges: Sendable {
 ///
 /// Changes are grouped into SQLite transactions (group commit, see `groupCommitDelay`);
 /// each change is a savepoint in it, so a failing change rolls back alone. `synchronize()`
-/// commits and makes everything durable (a WAL checkpoint). Inodes that lost their last name but are still open or
-/// known to the kernel stay until `released`/`forgot` drop the last reference; orphans
+/// commits and makes everything durable (an fsync of the write-ahead log); checkpoints run
+/// off the request path (`checkpointWhenQuiet`). Inodes that lost their last name but are
+/// still open or known to the kernel stay until `released`/`forgot` drop the last reference; orphans
 /// left by a crash are removed at open. Memory does not grow with file size: reads and
 /// writes touch only their chunks.
 ///
@@ -305,7 +306,7 @@ public final class CacheStore: @unchecked Sendable {
         return UInt64(fs.f_bavail) * UInt64(fs.f_frsize) >= Self.reservedBytes + Self.groupRoom
     }
 
-    /// A group holds at most `groupCommitSize` writes of at most 128 KiB (FUSE's largest).
+    /// A group holds at most `groupCommitSize` writes of at most 1 MiB (libfuse's max_write).
     static let groupRoom: UInt64 = 256 << 20
 
     /// SQLite rolls the whole transaction back on some errors (a full disk, I/O) of any
