@@ -115,9 +115,7 @@ public final class CacheStore: @unchecked Sendable {
     public static let reservedBytes: UInt64 = 8 << 20
 
     private func requireHeadroom(adding bytes: Int = 0) throws(Errno) {
-        var fs = statvfs()
-        guard statvfs(path, &fs) == 0 else { return }
-        let free = UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
+        guard let free = freeBytesNow ?? freeDiskBytes() else { return }
         let needed = Self.reservedBytes + UInt64(bytes)
         if free >= needed { return }
         // Deleted files leave their pages on SQLite's free list, where new data goes first:
@@ -128,6 +126,17 @@ public final class CacheStore: @unchecked Sendable {
         // The write-ahead log still needs real disk for the new pages (plus 1 MiB of margin).
         if free + pages * pageSize < needed || free < UInt64(bytes) + (1 << 20) { throw .noSpace }
     }
+
+    /// Free bytes on the data directory's file system (nil when statvfs fails).
+    private func freeDiskBytes() -> UInt64? {
+        var fs = statvfs()
+        guard statvfs(path, &fs) == 0 else { return nil }
+        return UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
+    }
+
+    /// Measured once per change (lock held): its headroom check and the decision to keep
+    /// grouping share one statvfs.
+    private var freeBytesNow: UInt64?
 
     /// The extended attribute that makes a file disappear at a time (Unix seconds or ISO 8601).
     public static let expiryAttribute = "user.cache.expires"
@@ -241,15 +250,17 @@ public final class CacheStore: @unchecked Sendable {
     private func transaction<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
         try withLock { () throws(Errno) -> T in
             var attempt = 0
+            defer { freeBytesNow = nil }
             while true {
                 attempt += 1
+                freeBytesNow = freeDiskBytes()
                 try openBatch()
                 try run("SAVEPOINT change")
                 do throws(Errno) {
                     let result = try body()
                     try run("RELEASE change")
                     batchChanges += 1
-                    if batchChanges >= Self.groupCommitSize || !hasRoomForGroups() { try commitBatch() }
+                    if batchChanges >= Self.groupCommitSize || !hasRoomForGroups(free: freeBytesNow) { try commitBatch() }
                     return result
                 } catch {
                     if database.isInTransaction {
@@ -287,7 +298,7 @@ public final class CacheStore: @unchecked Sendable {
             lastCommit = .now
             // Short of disk, the log is emptied at once: its pages are what fills the disk,
             // and a delete frees nothing until they are in the database file.
-            if !hasRoomForGroups() {
+            if !hasRoomForGroups(free: freeDiskBytes()) {
                 if (try? exec("PRAGMA wal_checkpoint(TRUNCATE)")) != nil { uncheckpointed = false }
             }
         } catch {
@@ -300,10 +311,9 @@ public final class CacheStore: @unchecked Sendable {
     /// Groups only with plenty of free disk: SQLite answers a full disk by rolling back the
     /// whole transaction, which must then hold this one change only, not others already
     /// acknowledged (found by the full-disk test: a group that held an `rm` lost it).
-    private func hasRoomForGroups() -> Bool {
-        var fs = statvfs()
-        guard statvfs(path, &fs) == 0 else { return false }
-        return UInt64(fs.f_bavail) * UInt64(fs.f_frsize) >= Self.reservedBytes + Self.groupRoom
+    private func hasRoomForGroups(free: UInt64?) -> Bool {
+        guard let free else { return false }
+        return free >= Self.reservedBytes + Self.groupRoom
     }
 
     /// A group holds at most `groupCommitSize` writes of at most 1 MiB (libfuse's max_write).

@@ -160,6 +160,7 @@ extension FuseMount {
     /// Writes the read-ahead of the mount's device (`/sys/class/bdi/MAJOR:MINOR`); where
     /// that is not allowed (not root), the kernel's default stays.
     static func setReadAhead(kibibytes: Int, device: dev_t) {
+        // sys/sysmacros.h's major()/minor() are macros Swift cannot import.
         let major = ((device >> 8) & 0xfff) | ((device >> 32) & ~0xfff)
         let minor = (device & 0xff) | ((device >> 12) & ~0xff)
         let path = "/sys/class/bdi/\(major):\(minor)/read_ahead_kb"

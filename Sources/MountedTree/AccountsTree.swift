@@ -48,6 +48,9 @@ public final class AccountsTree: Subtree {
     /// Field attributes (sizes) may be cached while unlocked: every commit and every lock
     /// invalidates them, so a lock shows sizes 0 at once.
     static let fieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
+    /// Locked, a field's size (0) is not cached: a read through a descriptor from before the
+    /// lock then asks for it again (with its handle), and is refused.
+    static let lockedFieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 0)
     static let activeInode: UInt64 = 2
     static let scratchBit: UInt64 = 1 << 54
 
@@ -596,12 +599,7 @@ extension AccountsTree {
         func entry(_ local: UInt64) throws(Errno) -> Entry {
             let attributes = try attributes(local)
             if isDirectory(local) { return Entry(attributes: attributes, cache: AccountsTree.directoryCache) }
-            // Locked, a field's size (0) is not cached: a read through a descriptor from before
-            // the lock then asks for it again (with its handle), and is refused.
-            guard isOpen else {
-                return Entry(attributes: attributes, cache: CachePolicy(entryTimeout: AccountsTree.fieldCache.entryTimeout, attributeTimeout: 0))
-            }
-            return Entry(attributes: attributes, cache: AccountsTree.fieldCache)
+            return Entry(attributes: attributes, cache: isOpen ? AccountsTree.fieldCache : AccountsTree.lockedFieldCache)
         }
 
         // MARK: Names

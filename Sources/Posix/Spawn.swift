@@ -57,17 +57,12 @@ public enum Spawn {
     public static func wait(_ pid: pid_t, timeout: Double? = nil) -> Int32 {
         var status: Int32 = 0
         if let timeout {
-            func now() -> Double {
-                var time = timespec()
-                clock_gettime(CLOCK_MONOTONIC, &time)
-                return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
-            }
-            let deadline = now() + timeout
+            let started = ContinuousClock.now
             while true {
                 let reaped = waitpid(pid, &status, WNOHANG)
                 if reaped == pid { break }
                 if reaped == -1 && errno != EINTR { return -1 }
-                if now() > deadline {
+                if started.secondsElapsed > timeout {
                     kill(pid, SIGKILL)
                     while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
                     break

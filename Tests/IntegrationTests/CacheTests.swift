@@ -158,6 +158,21 @@ import Glibc
         #expect(Run.shell("head -c 16 \(store.path("cache/kept")); stat -c %s \(store.path("cache/kept"))").stdout == "durable durable 80000\n")
     }
 
+    /// docs/cache-schema.md: the write-ahead log is copied into the database file once the
+    /// store is quiet (not inside requests), and unmounting checkpoints and truncates it.
+    @Test func logIsCheckpointedWhenQuietAndTruncatedAtUnmount() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let database = store.dataDirectory + "/cache.sqlite"
+        func size(_ path: String) -> Int { Int(Run.program("stat", ["-c", "%s", path]).stdout.trimmingCharacters(in: .newlines)) ?? -1 }
+        let before = size(database)
+        #expect(Run.shell("head -c 2000000 /dev/urandom > \(store.path("cache/blob"))").status == 0)
+        #expect(MountTable.wait(seconds: 5) { size(database) >= before + 2_000_000 }, "database \(size(database)) bytes, was \(before)")
+        #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
+        #expect(!FileManager.default.fileExists(atPath: database + "-wal") || size(database + "-wal") == 0)
+        #expect(Run.program("sqlite3", [database, "SELECT size FROM inodes WHERE size = 2000000"]).stdout == "2000000\n")
+    }
+
     @Test func sqliteReadsTheTreeWhileMountedAndMmapWorks() throws {
         let store = try MountedStore()
         defer { store.close() }
