@@ -18,6 +18,9 @@ public struct CacheInode: Hashable, Sendable {
     public var device: Int64
     /// Symbolic links: the target.
     public var target: String?
+    /// Bytes of file data stored or allocated (chunk rows), what `st_blocks` counts: less
+    /// than `size` for a sparse file, more after a `fallocate` that keeps the size.
+    public var storedBytes: Int64 = 0
 
     public var isDirectory: Bool { mode & S_IFMT == S_IFDIR }
     public var isSymbolicLink: Bool { mode & S_IFMT == S_IFLNK }
@@ -59,10 +62,10 @@ public final class CacheStore: @unchecked Sendable {
     public static let chunkSize = 64 * 1024
     public static let maximumNameLength = 255
     public static let rootInode: Int64 = 1
-    static let schemaVersion: Int64 = 1
+    static let schemaVersion: Int64 = 2
 
     let path: String
-    private let database: SQLiteDatabase
+    let database: SQLiteDatabase
     private let lock = Lock()
     private var statements: [String: Statement] = [:]
     /// Kernel lookup references and open handles per inode (both keep an unlinked inode).
@@ -114,7 +117,7 @@ public final class CacheStore: @unchecked Sendable {
     /// still work on a full disk and space can be freed.
     public static let reservedBytes: UInt64 = 8 << 20
 
-    private func requireHeadroom(adding bytes: Int = 0) throws(Errno) {
+    func requireHeadroom(adding bytes: Int = 0) throws(Errno) {
         guard let free = freeBytesNow ?? freeDiskBytes() else { return }
         let needed = Self.reservedBytes + UInt64(bytes)
         if free >= needed { return }
@@ -128,7 +131,7 @@ public final class CacheStore: @unchecked Sendable {
     }
 
     /// Free bytes on the data directory's file system (nil when statvfs fails).
-    private func freeDiskBytes() -> UInt64? {
+    func freeDiskBytes() -> UInt64? {
         var fs = statvfs()
         guard statvfs(path, &fs) == 0 else { return nil }
         return UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
@@ -136,7 +139,7 @@ public final class CacheStore: @unchecked Sendable {
 
     /// Measured once per change (lock held): its headroom check and the decision to keep
     /// grouping share one statvfs.
-    private var freeBytesNow: UInt64?
+    var freeBytesNow: UInt64?
 
     /// The extended attribute that makes a file disappear at a time (Unix seconds or ISO 8601).
     public static let expiryAttribute = "user.cache.expires"
@@ -163,6 +166,8 @@ public final class CacheStore: @unchecked Sendable {
             let version = Int64(try database.scalarText("PRAGMA user_version") ?? "0") ?? 0
             if version == 0 {
                 try createSchema(owner: owner)
+            } else if version == 1 {
+                try migrateFromVersion1()
             } else if version != Self.schemaVersion {
                 throw CacheStoreError.damaged("\(path) has schema version \(version), this mtmfs knows \(Self.schemaVersion)")
             }
@@ -183,7 +188,7 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    private func createSchema(owner: (uid: UInt32, gid: UInt32)) throws(SQLiteError) {
+    func createSchema(owner: (uid: UInt32, gid: UInt32)) throws(SQLiteError) {
         let now = Self.now()
         try database.execute("""
             BEGIN IMMEDIATE;
@@ -191,7 +196,8 @@ public final class CacheStore: @unchecked Sendable {
                 ino INTEGER PRIMARY KEY AUTOINCREMENT, mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
                 size INTEGER NOT NULL DEFAULT 0, links INTEGER NOT NULL, atime INTEGER NOT NULL,
                 mtime INTEGER NOT NULL, ctime INTEGER NOT NULL, rdev INTEGER NOT NULL DEFAULT 0,
-                target TEXT, used INTEGER NOT NULL DEFAULT 0, expires INTEGER) STRICT;
+                target TEXT, used INTEGER NOT NULL DEFAULT 0, expires INTEGER,
+                stored INTEGER NOT NULL DEFAULT 0) STRICT;
             CREATE INDEX inodes_by_use ON inodes(used) WHERE links > 0;
             CREATE INDEX inodes_by_expiry ON inodes(expires) WHERE expires IS NOT NULL;
             CREATE TABLE entries(
@@ -211,6 +217,19 @@ public final class CacheStore: @unchecked Sendable {
             """)
     }
 
+    /// Version 2 counts the bytes each inode's chunk rows hold (`stored`, for `st_blocks`
+    /// and the size limit): added and counted once, in one transaction.
+    func migrateFromVersion1() throws(SQLiteError) {
+        try database.execute("""
+            BEGIN IMMEDIATE;
+            ALTER TABLE inodes ADD COLUMN stored INTEGER NOT NULL DEFAULT 0;
+            UPDATE inodes SET stored = (SELECT coalesce(sum(length(data)), 0) FROM chunks WHERE chunks.ino = inodes.ino)
+                WHERE mode & \(S_IFMT) = \(S_IFREG);
+            PRAGMA user_version=2;
+            COMMIT;
+            """)
+    }
+
     static func now() -> Int64 {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
@@ -219,7 +238,7 @@ public final class CacheStore: @unchecked Sendable {
 
     // MARK: Plumbing
 
-    private func statement(_ sql: String) throws(Errno) -> Statement {
+    func statement(_ sql: String) throws(Errno) -> Statement {
         if let statement = statements[sql] { return statement }
         do {
             let statement = try Statement(database, sql)
@@ -240,14 +259,14 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    private func withLock<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
+    func withLock<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
         try lock.withLock { () throws(Errno) -> T in try body() }
     }
 
     /// Runs `body` in one write transaction (rolled back if it throws). On a full disk the
     /// write-ahead log is checkpointed and truncated (giving its space back) and the body
     /// tried once more, so that a delete can still free space.
-    private func transaction<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
+    func transaction<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
         try withLock { () throws(Errno) -> T in
             var attempt = 0
             defer { freeBytesNow = nil }
@@ -277,7 +296,7 @@ public final class CacheStore: @unchecked Sendable {
     }
 
     /// Opens a group of changes unless one is open (lock held).
-    private func openBatch() throws(Errno) {
+    func openBatch() throws(Errno) {
         noticeRollback()
         guard batchStart == nil else { return }
         try run("BEGIN IMMEDIATE")
@@ -288,7 +307,7 @@ public final class CacheStore: @unchecked Sendable {
 
     /// Commits the open group, if any (lock held). A failed commit loses the group: said
     /// in the log, and the error goes to the caller.
-    private func commitBatch() throws(Errno) {
+    func commitBatch() throws(Errno) {
         noticeRollback()
         guard batchStart != nil else { return }
         batchStart = nil
@@ -311,7 +330,7 @@ public final class CacheStore: @unchecked Sendable {
     /// Groups only with plenty of free disk: SQLite answers a full disk by rolling back the
     /// whole transaction, which must then hold this one change only, not others already
     /// acknowledged (found by the full-disk test: a group that held an `rm` lost it).
-    private func hasRoomForGroups(free: UInt64?) -> Bool {
+    func hasRoomForGroups(free: UInt64?) -> Bool {
         guard let free else { return false }
         return free >= Self.reservedBytes + Self.groupRoom
     }
@@ -322,7 +341,7 @@ public final class CacheStore: @unchecked Sendable {
     /// SQLite rolls the whole transaction back on some errors (a full disk, I/O) of any
     /// statement, also of those run outside `transaction` (open and release bookkeeping):
     /// the group is then gone, and the next change opens a new one.
-    private func noticeRollback() {
+    func noticeRollback() {
         guard batchStart != nil, !database.isInTransaction else { return }
         Log.error("cache: \(batchChanges) changes were rolled back by SQLite after an error")
         batchStart = nil
@@ -376,7 +395,7 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    private func exec(_ sql: String) throws(Errno) {
+    func exec(_ sql: String) throws(Errno) {
         do {
             try database.execute(sql)
         } catch {
@@ -384,7 +403,7 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    private func run(_ sql: String, _ values: Any?...) throws(Errno) {
+    func run(_ sql: String, _ values: Any?...) throws(Errno) {
         let statement = try statement(sql)
         statement.bindArray(values)
         do {
@@ -394,7 +413,7 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    private func row(_ statement: Statement) throws(Errno) -> Bool {
+    func row(_ statement: Statement) throws(Errno) -> Bool {
         do {
             return try statement.step()
         } catch {
@@ -402,8 +421,8 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    private func fetchInode(_ ino: Int64) throws(Errno) -> CacheInode {
-        let statement = try statement("SELECT ino, mode, uid, gid, size, links, atime, mtime, ctime, rdev, target FROM inodes WHERE ino = ?")
+    func fetchInode(_ ino: Int64) throws(Errno) -> CacheInode {
+        let statement = try statement("SELECT ino, mode, uid, gid, size, links, atime, mtime, ctime, rdev, target, stored FROM inodes WHERE ino = ?")
         statement.bind(ino)
         defer { statement.done() }
         guard try row(statement) else { throw .noSuchFileOrDirectory }
@@ -414,31 +433,31 @@ public final class CacheStore: @unchecked Sendable {
         CacheInode(ino: s.int(0), mode: UInt32(truncatingIfNeeded: s.int(1)), uid: UInt32(truncatingIfNeeded: s.int(2)),
                    gid: UInt32(truncatingIfNeeded: s.int(3)), size: s.int(4), links: s.int(5), accessNanoseconds: s.int(6),
                    modificationNanoseconds: s.int(7), changeNanoseconds: s.int(8), device: s.int(9),
-                   target: s.isNull(10) ? nil : s.text(10))
+                   target: s.isNull(10) ? nil : s.text(10), storedBytes: s.int(11))
     }
 
-    private func entry(_ parent: Int64, _ name: String) throws(Errno) -> Int64? {
+    func entry(_ parent: Int64, _ name: String) throws(Errno) -> Int64? {
         let statement = try statement("SELECT ino FROM entries WHERE parent = ? AND name = ?")
         statement.bind(parent, name)
         defer { statement.done() }
         return try row(statement) ? statement.int(0) : nil
     }
 
-    private func directory(_ ino: Int64) throws(Errno) -> CacheInode {
+    func directory(_ ino: Int64) throws(Errno) -> CacheInode {
         let inode = try fetchInode(ino)
         guard inode.isDirectory else { throw .notDirectory }
         guard inode.links > 0 else { throw .noSuchFileOrDirectory }
         return inode
     }
 
-    private func isEmptyDirectory(_ ino: Int64) throws(Errno) -> Bool {
+    func isEmptyDirectory(_ ino: Int64) throws(Errno) -> Bool {
         let statement = try statement("SELECT 1 FROM entries WHERE parent = ? LIMIT 1")
         statement.bind(ino)
         defer { statement.done() }
         return try !row(statement)
     }
 
-    private func touch(_ ino: Int64, modified: Bool = true) throws(Errno) {
+    func touch(_ ino: Int64, modified: Bool = true) throws(Errno) {
         let now = Self.now()
         if modified {
             try run("UPDATE inodes SET mtime = ?, ctime = ? WHERE ino = ?", now, now, ino)
@@ -476,27 +495,28 @@ public final class CacheStore: @unchecked Sendable {
         try withLock { () throws(Errno) -> [(name: String, inode: CacheInode)] in
             _ = try directory(ino)
             let statement = try statement("""
-                SELECT i.ino, i.mode, i.uid, i.gid, i.size, i.links, i.atime, i.mtime, i.ctime, i.rdev, i.target, e.name
+                SELECT i.ino, i.mode, i.uid, i.gid, i.size, i.links, i.atime, i.mtime, i.ctime, i.rdev, i.target, i.stored, e.name
                 FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = ? ORDER BY e.name
                 """)
             statement.bind(ino)
             defer { statement.done() }
             var result: [(name: String, inode: CacheInode)] = []
-            while try row(statement) { result.append((statement.text(11), Self.inode(statement))) }
+            while try row(statement) { result.append((statement.text(12), Self.inode(statement))) }
             return result
         }
     }
 
     // MARK: Names
 
-    /// Creates a file, directory, symlink, FIFO or socket named `name` in `parent`.
+    /// Creates a file, directory, symlink, FIFO, socket or device node named `name` in
+    /// `parent` (device nodes are stored with their `device`, never opened as devices).
     /// `reference`: counts a kernel reference; `open`: counts an open handle too (both in
     /// the creating transaction, so that eviction cannot take the new file first).
     public func create(parent: Int64, name: String, mode: UInt32, uid: UInt32, gid: UInt32, device: Int64 = 0,
                        target: String? = nil, reference: Bool = false, open: Bool = false) throws(Errno) -> CacheInode {
         try Self.check(name)
         let type = mode & S_IFMT
-        guard [S_IFREG, S_IFDIR, S_IFLNK, S_IFIFO, S_IFSOCK].contains(type) else { throw .notPermitted }
+        guard [S_IFREG, S_IFDIR, S_IFLNK, S_IFIFO, S_IFSOCK, S_IFBLK, S_IFCHR].contains(type) else { throw .invalidArgument }
         return try transaction { () throws(Errno) -> CacheInode in
             _ = try directory(parent)
             guard try entry(parent, name) == nil else { throw .fileExists }
@@ -556,7 +576,7 @@ public final class CacheStore: @unchecked Sendable {
 
     /// Drops one name; a directory loses its links (and its parent one); an inode without
     /// names and references is deleted with its data.
-    private func removeName(parent: Int64, name: String, ino: Int64) throws(Errno) {
+    func removeName(parent: Int64, name: String, ino: Int64) throws(Errno) {
         let inode = try fetchInode(ino)
         let now = Self.now()
         try run("DELETE FROM entries WHERE parent = ? AND name = ?", parent, name)
@@ -570,7 +590,7 @@ public final class CacheStore: @unchecked Sendable {
         try deleteIfUnreferenced(ino)
     }
 
-    private func deleteIfUnreferenced(_ ino: Int64) throws(Errno) {
+    func deleteIfUnreferenced(_ ino: Int64) throws(Errno) {
         guard ino != Self.rootInode, (lookups[ino] ?? 0) == 0, (opens[ino] ?? 0) == 0 else { return }
         guard try fetchInode(ino).links <= 0 else { return }
         try run("DELETE FROM chunks WHERE ino = ?", ino)
@@ -582,7 +602,8 @@ public final class CacheStore: @unchecked Sendable {
     public func rename(parent: Int64, name: String, newParent: Int64, newName: String, flags: UInt32) throws(Errno) {
         try Self.check(newName)
         let noReplace = flags & 1 != 0, exchange = flags & 2 != 0
-        if noReplace && exchange { throw .invalidArgument }
+        // RENAME_WHITEOUT (overlay file systems' flag) and unknown flags are not offered.
+        if noReplace && exchange || flags & ~3 != 0 { throw .invalidArgument }
         try transaction { () throws(Errno) in
             _ = try directory(parent)
             _ = try directory(newParent)
@@ -633,7 +654,7 @@ public final class CacheStore: @unchecked Sendable {
     }
 
     /// EINVAL when `directory` is `destination` or one of its ancestors.
-    private func refuseIntoItself(_ directory: Int64, _ destination: Int64) throws(Errno) {
+    func refuseIntoItself(_ directory: Int64, _ destination: Int64) throws(Errno) {
         var current = destination
         var steps = 0
         while true {
@@ -646,107 +667,6 @@ public final class CacheStore: @unchecked Sendable {
             current = statement.int(0)
             steps += 1
             if steps > 100_000 { throw .ioError }
-        }
-    }
-
-    // MARK: Data
-
-    /// Reads up to `size` bytes at `offset`; holes read as zeros.
-    public func read(_ ino: Int64, offset: Int64, size: Int, into reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
-        try withLock { () throws(Errno) in
-            let inode = try fetchInode(ino)
-            guard offset < inode.size, size > 0 else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
-            let length = Int(min(Int64(size), inode.size - offset))
-            var buffer = [UInt8](repeating: 0, count: length)
-            let first = offset / Int64(Self.chunkSize), last = (offset + Int64(length) - 1) / Int64(Self.chunkSize)
-            let statement = try statement("SELECT idx, data FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ?")
-            statement.bind(ino, first, last)
-            defer { statement.done() }
-            while try row(statement) {
-                let chunkStart = statement.int(0) * Int64(Self.chunkSize)
-                let data = statement.blob(1)
-                let from = max(offset, chunkStart), to = min(offset + Int64(length), chunkStart + Int64(data.count))
-                guard from < to else { continue }
-                buffer.withUnsafeMutableBytes { out in
-                    out.baseAddress!.advanced(by: Int(from - offset))
-                        .copyMemory(from: data.baseAddress!.advanced(by: Int(from - chunkStart)), byteCount: Int(to - from))
-                }
-            }
-            buffer.withUnsafeBytes { reply($0) }
-        }
-    }
-
-    /// Writes `data` at `offset` (at the end with `append`); returns the bytes written.
-    public func write(_ ino: Int64, offset: Int64, data: UnsafeRawBufferPointer, append: Bool) throws(Errno) -> Int {
-        guard !data.isEmpty else { return 0 }
-        return try transaction { () throws(Errno) -> Int in
-            let inode = try fetchInode(ino)
-            guard !inode.isDirectory else { throw .isDirectory }
-            try requireHeadroom(adding: data.count)
-            let start = append ? inode.size : offset
-            guard start >= 0, start <= Int64.max - Int64(data.count) else { throw .fileTooLarge }
-            var position = 0
-            while position < data.count {
-                let absolute = start + Int64(position)
-                let index = absolute / Int64(Self.chunkSize)
-                let within = Int(absolute % Int64(Self.chunkSize))
-                let count = min(Self.chunkSize - within, data.count - position)
-                let piece = UnsafeRawBufferPointer(rebasing: data[position..<(position + count)])
-                if within == 0 && count == Self.chunkSize {
-                    try run("INSERT OR REPLACE INTO chunks(ino, idx, data) VALUES(?,?,?)", ino, index, piece)
-                } else {
-                    var chunk = try existingChunk(ino, index)
-                    if chunk.count < within + count { chunk += [UInt8](repeating: 0, count: within + count - chunk.count) }
-                    chunk.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: within).copyMemory(from: piece.baseAddress!, byteCount: count) }
-                    try run("INSERT OR REPLACE INTO chunks(ino, idx, data) VALUES(?,?,?)", ino, index, chunk)
-                }
-                position += count
-            }
-            let now = Self.now()
-            try run("UPDATE inodes SET size = max(size, ?), mtime = ?, ctime = ? WHERE ino = ?",
-                    start + Int64(data.count), now, now, ino)
-            return data.count
-        }
-    }
-
-    private func existingChunk(_ ino: Int64, _ index: Int64) throws(Errno) -> [UInt8] {
-        let statement = try statement("SELECT data FROM chunks WHERE ino = ? AND idx = ?")
-        statement.bind(ino, index)
-        defer { statement.done() }
-        return try row(statement) ? statement.bytes(0) : []
-    }
-
-    public func setAttributes(_ ino: Int64, _ changes: CacheAttributeChanges) throws(Errno) -> CacheInode {
-        try transaction { () throws(Errno) -> CacheInode in
-            var inode = try fetchInode(ino)
-            let now = Self.now()
-            if let size = changes.size {
-                guard !inode.isDirectory else { throw .isDirectory }
-                guard size >= 0 else { throw .invalidArgument }
-                if size < inode.size {
-                    let lastIndex = size == 0 ? -1 : (size - 1) / Int64(Self.chunkSize)
-                    try run("DELETE FROM chunks WHERE ino = ? AND idx > ?", ino, lastIndex)
-                    if lastIndex >= 0 {
-                        let keep = Int(size - lastIndex * Int64(Self.chunkSize))
-                        let chunk = try existingChunk(ino, lastIndex)
-                        if chunk.count > keep {
-                            try run("UPDATE chunks SET data = ? WHERE ino = ? AND idx = ?", Array(chunk[0..<keep]), ino, lastIndex)
-                        }
-                    }
-                }
-                inode.size = size
-                inode.modificationNanoseconds = now
-            }
-            if let mode = changes.mode { inode.mode = (inode.mode & S_IFMT) | (mode & 0o7777) }
-            if let uid = changes.uid { inode.uid = uid }
-            if let gid = changes.gid { inode.gid = gid }
-            if let atime = changes.accessNanoseconds { inode.accessNanoseconds = atime }
-            if let mtime = changes.modificationNanoseconds { inode.modificationNanoseconds = mtime }
-            inode.changeNanoseconds = now
-            try run("UPDATE inodes SET mode = ?, uid = ?, gid = ?, size = ?, atime = ?, mtime = ?, ctime = ? WHERE ino = ?",
-                    Int64(inode.mode), Int64(inode.uid), Int64(inode.gid), inode.size, inode.accessNanoseconds,
-                    inode.modificationNanoseconds, inode.changeNanoseconds, ino)
-            return inode
         }
     }
 
@@ -765,7 +685,7 @@ public final class CacheStore: @unchecked Sendable {
         try transaction { () throws(Errno) in
             let inode = try fetchInode(ino)
             // Expiry removes names: a directory's would orphan its subtree.
-            if expiry != nil && !(inode.mode & S_IFMT == S_IFREG || inode.isSymbolicLink) { throw .notPermitted }
+            if expiry != nil && inode.isDirectory { throw .notPermitted }
             let exists = try attribute(ino, name) != nil
             if flags & 1 != 0 && exists { throw .fileExists }
             if flags & 2 != 0 && !exists { throw .noData }
@@ -775,7 +695,7 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    private func attribute(_ ino: Int64, _ name: String) throws(Errno) -> [UInt8]? {
+    func attribute(_ ino: Int64, _ name: String) throws(Errno) -> [UInt8]? {
         let statement = try statement("SELECT value FROM xattrs WHERE ino = ? AND name = ?")
         statement.bind(ino, name)
         defer { statement.done() }
@@ -865,12 +785,12 @@ public final class CacheStore: @unchecked Sendable {
                 expirations += 1
             }
             guard let limit else { return removed }
-            let total = try statement("SELECT coalesce(sum(size), 0) FROM inodes WHERE links > 0 AND mode & \(S_IFMT) = \(S_IFREG)")
+            let total = try statement("SELECT coalesce(sum(stored), 0) FROM inodes WHERE links > 0 AND mode & \(S_IFMT) = \(S_IFREG)")
             var used: Int64 = 0
             if try row(total) { used = total.int(0) }
             total.done()
             guard used > limit else { return removed }
-            let oldest = try statement("SELECT ino, size FROM inodes WHERE links > 0 AND mode & \(S_IFMT) = \(S_IFREG) ORDER BY used, ino")
+            let oldest = try statement("SELECT ino, stored FROM inodes WHERE links > 0 AND mode & \(S_IFMT) = \(S_IFREG) ORDER BY used, ino")
             oldest.bind()
             var candidates: [(Int64, Int64)] = []
             while used > limit, try row(oldest) {
@@ -888,7 +808,7 @@ public final class CacheStore: @unchecked Sendable {
         }) ?? []
     }
 
-    private func removeAllNames(_ ino: Int64) throws(Errno) -> [(parent: Int64, name: String)] {
+    func removeAllNames(_ ino: Int64) throws(Errno) -> [(parent: Int64, name: String)] {
         let names = try statement("SELECT parent, name FROM entries WHERE ino = ?")
         names.bind(ino)
         var found: [(parent: Int64, name: String)] = []
@@ -929,10 +849,10 @@ public final class CacheStore: @unchecked Sendable {
 
     deinit { try? commitBatch() }
 
-    /// Files and bytes stored.
+    /// Files and bytes stored (holes not counted, preallocated bytes counted).
     public func usage() -> (files: Int64, bytes: Int64) {
         (try? withLock { () throws(Errno) -> (files: Int64, bytes: Int64) in
-            let statement = try statement("SELECT count(*), coalesce(sum(size), 0) FROM inodes WHERE mode & \(S_IFMT) = \(S_IFREG)")
+            let statement = try statement("SELECT count(*), coalesce(sum(stored), 0) FROM inodes WHERE mode & \(S_IFMT) = \(S_IFREG)")
             defer { statement.done() }
             guard try row(statement) else { return (0, 0) }
             return (statement.int(0), statement.int(1))

@@ -43,6 +43,8 @@ public struct Attributes: Hashable, Sendable {
     public var accessTime: Timestamp
     public var modificationTime: Timestamp
     public var changeTime: Timestamp
+    /// The device a block or character device node stands for (`st_rdev`).
+    public var device: UInt64 = 0
 
     public init(inode: InodeNumber, mode: mode_t, linkCount: UInt32 = 1, uid: uid_t, gid: gid_t,
                 size: UInt64 = 0, blocks: UInt64? = nil, accessTime: Timestamp,
@@ -189,6 +191,14 @@ public struct FileSystemStatistics: Hashable, Sendable {
     public init() {}
 }
 
+/// The `lseek(2)` whences that reach a FUSE file system (Glibc hides them behind _GNU_SOURCE).
+public enum SeekWhence {
+    /// `SEEK_DATA`: the next offset at or after the given one that holds data.
+    public static let data: Int32 = 3
+    /// `SEEK_HOLE`: the next offset at or after the given one inside a hole (or the end).
+    public static let hole: Int32 = 4
+}
+
 /// Flags of `rename(2)` / `renameat2(2)`.
 public struct RenameFlags: OptionSet, Hashable, Sendable {
     public let rawValue: UInt32
@@ -243,6 +253,8 @@ public protocol FileSystem: AnyObject, Sendable {
     func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno)
     func release(_ inode: InodeNumber, handle: UInt64, flags: Int32)
     func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno)
+    /// fsync(2) of a directory: its names (and everything before) become durable.
+    func synchronizeDirectory(_ inode: InodeNumber) throws(Errno)
     func openDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno)
     /// The whole listing of a directory, taken once per `opendir` (a snapshot the kernel
     /// pages through), without "." and "..".
@@ -255,6 +267,18 @@ public protocol FileSystem: AnyObject, Sendable {
     func extendedAttributeNames(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [String]
     func removeExtendedAttribute(_ inode: InodeNumber, name: String,
                                  context: RequestContext) throws(Errno)
+    /// fallocate(2): `mode` holds its `FALLOC_FL_*` flags.
+    func allocate(_ inode: InodeNumber, handle: UInt64, mode: Int32, offset: UInt64, length: UInt64,
+                  context: RequestContext) throws(Errno)
+    /// lseek(2) with `SEEK_DATA` or `SEEK_HOLE` (the kernel answers other whences itself).
+    func seek(_ inode: InodeNumber, handle: UInt64, offset: UInt64, whence: Int32,
+              context: RequestContext) throws(Errno) -> UInt64
+    /// copy_file_range(2) between two files of this mount: the bytes copied (may be fewer
+    /// than asked; the caller asks again). EOPNOTSUPP or EXDEV make the kernel copy
+    /// through reads and writes instead.
+    func copyRange(from source: InodeNumber, handle sourceHandle: UInt64, offset sourceOffset: UInt64,
+                   to destination: InodeNumber, handle destinationHandle: UInt64, offset destinationOffset: UInt64,
+                   length: Int, context: RequestContext) throws(Errno) -> Int
     /// Called once, when the loop has ended (unmount or signal): flush everything.
     func shutDown()
 }
@@ -297,7 +321,22 @@ public extension FileSystem {
     func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {}
     func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {}
     func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {}
+    func synchronizeDirectory(_ inode: InodeNumber) throws(Errno) {}
     func openDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) {}
+    /// Not ENOSYS: that would turn fallocate off for the whole connection.
+    func allocate(_ inode: InodeNumber, handle: UInt64, mode: Int32, offset: UInt64, length: UInt64,
+                  context: RequestContext) throws(Errno) { throw .notSupported }
+    /// A file without holes: data up to its size, the one hole at its end. (ENOSYS would
+    /// make the kernel answer so for the whole connection, cache/ included.)
+    func seek(_ inode: InodeNumber, handle: UInt64, offset: UInt64, whence: Int32,
+              context: RequestContext) throws(Errno) -> UInt64 {
+        let size = try attributes(of: inode, context: context).0.size
+        guard offset < size else { throw .noSuchDeviceOrAddress }
+        return whence == SeekWhence.data ? offset : size
+    }
+    func copyRange(from source: InodeNumber, handle sourceHandle: UInt64, offset sourceOffset: UInt64,
+                   to destination: InodeNumber, handle destinationHandle: UInt64, offset destinationOffset: UInt64,
+                   length: Int, context: RequestContext) throws(Errno) -> Int { throw .notSupported }
     func statistics(_ inode: InodeNumber) throws(Errno) -> FileSystemStatistics { FileSystemStatistics() }
     func setExtendedAttribute(_ inode: InodeNumber, name: String, value: [UInt8], flags: Int32,
                               context: RequestContext) throws(Errno) { throw .notSupported }

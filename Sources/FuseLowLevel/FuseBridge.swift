@@ -185,7 +185,39 @@ final class FuseBridge: Sendable {
             }
             fuse_reply_err(req, 0)
         }
-        ops.fsyncdir = { req, _, _, _ in fuse_reply_err(req, 0) }
+        ops.fsyncdir = { req, inode, _, _ in
+            FuseBridge.respond(req, "fsyncdir", inode) { fs, _ throws(Errno) in
+                try fs.synchronizeDirectory(inode)
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.fallocate = { req, inode, mode, offset, length, fi in
+            FuseBridge.respond(req, "fallocate", inode) { fs, context throws(Errno) in
+                guard offset >= 0, length > 0 else { throw .invalidArgument }
+                try fs.allocate(inode, handle: fi!.pointee.fh, mode: mode, offset: UInt64(offset),
+                                length: UInt64(length), context: context)
+                fuse_reply_err(req, 0)
+            }
+        }
+        ops.lseek = { req, inode, offset, whence, fi in
+            FuseBridge.respond(req, "lseek", inode) { fs, context throws(Errno) in
+                guard offset >= 0, whence == SeekWhence.data || whence == SeekWhence.hole else { throw .invalidArgument }
+                let found = try fs.seek(inode, handle: fi!.pointee.fh, offset: UInt64(offset), whence: whence,
+                                        context: context)
+                _ = fuse_reply_lseek(req, off_t(clamping: found))
+            }
+        }
+        ops.copy_file_range = { req, source, sourceOffset, sourceFile, destination, destinationOffset, destinationFile,
+                                length, flags in
+            FuseBridge.respond(req, "copy_file_range", source) { fs, context throws(Errno) in
+                guard flags == 0, sourceOffset >= 0, destinationOffset >= 0 else { throw .invalidArgument }
+                let copied = try fs.copyRange(from: source, handle: sourceFile!.pointee.fh, offset: UInt64(sourceOffset),
+                                              to: destination, handle: destinationFile!.pointee.fh,
+                                              offset: UInt64(destinationOffset), length: min(length, Int.max),
+                                              context: context)
+                _ = fuse_reply_write(req, copied)
+            }
+        }
         ops.statfs = { req, inode in
             FuseBridge.respond(req, "statfs", inode) { fs, _ throws(Errno) in
                 let stats = try fs.statistics(inode)
@@ -296,6 +328,7 @@ final class FuseBridge: Sendable {
         st.st_atim = a.accessTime.cValue
         st.st_mtim = a.modificationTime.cValue
         st.st_ctim = a.changeTime.cValue
+        st.st_rdev = __dev_t(a.device)
         return st
     }
 

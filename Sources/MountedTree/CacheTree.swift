@@ -91,8 +91,9 @@ public final class CacheTree: Subtree {
                                     uid: inode.uid, gid: inode.gid, size: UInt64(max(0, inode.size)),
                                     accessTime: time(inode.accessNanoseconds), modificationTime: time(inode.modificationNanoseconds),
                                     changeTime: time(inode.changeNanoseconds))
-        // Sparse files: count only stored chunks would need a query; report the size.
-        attributes.blocks = (UInt64(max(0, inode.size)) + 511) / 512
+        // What is stored or preallocated, not the length: `du` of a sparse file shows its data.
+        attributes.blocks = (UInt64(max(0, inode.storedBytes)) + 511) / 512
+        attributes.device = UInt64(bitPattern: inode.device)
         return attributes
     }
 
@@ -142,9 +143,14 @@ public final class CacheTree: Subtree {
         return target
     }
 
+    /// Regular files, FIFOs and sockets; block and character device nodes for root only
+    /// (CAP_MKNOD on ext4). Nodes are stored with their device number; the mount is
+    /// `nodev`, so the kernel never opens one as a device.
     public func makeNode(parent: InodeNumber, name: String, mode: mode_t, device: dev_t,
                          context: RequestContext) throws(Errno) -> Entry {
-        entry(try storeOrEIO().create(parent: ino(parent), name: name, mode: mode, uid: context.uid, gid: context.gid,
+        let type = mode & S_IFMT
+        if (type == S_IFBLK || type == S_IFCHR) && context.uid != 0 { throw .notPermitted }
+        return entry(try storeOrEIO().create(parent: ino(parent), name: name, mode: mode, uid: context.uid, gid: context.gid,
                                       device: Int64(device), reference: true))
     }
 
@@ -184,6 +190,8 @@ public final class CacheTree: Subtree {
         let store = try storeOrEIO()
         let file = try store.inode(ino(inode))
         if file.isDirectory { throw .isDirectory }
+        // Device nodes are data here, never devices (the kernel refuses them first on nodev).
+        if file.mode & S_IFMT == S_IFBLK || file.mode & S_IFMT == S_IFCHR { throw .permissionDenied }
         // libfuse negotiates atomic O_TRUNC: the truncation is ours to do. Writes reach SQLite
         // as they come (no writeback cache), so a close has nothing left to do: no FLUSH.
         if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY && file.size != 0 {
@@ -225,6 +233,27 @@ public final class CacheTree: Subtree {
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
+        try storeOrEIO().synchronize()
+    }
+
+    public func allocate(_ inode: InodeNumber, handle: UInt64, mode: Int32, offset: UInt64, length: UInt64,
+                         context: RequestContext) throws(Errno) {
+        try storeOrEIO().allocate(ino(inode), mode: mode, offset: Int64(clamping: offset), length: Int64(clamping: length))
+    }
+
+    public func seek(_ inode: InodeNumber, handle: UInt64, offset: UInt64, whence: Int32,
+                     context: RequestContext) throws(Errno) -> UInt64 {
+        UInt64(try storeOrEIO().seek(ino(inode), offset: Int64(clamping: offset), data: whence == SeekWhence.data))
+    }
+
+    public func copyRange(from source: InodeNumber, handle sourceHandle: UInt64, offset sourceOffset: UInt64,
+                          to destination: InodeNumber, handle destinationHandle: UInt64, offset destinationOffset: UInt64,
+                          length: Int, context: RequestContext) throws(Errno) -> Int {
+        try storeOrEIO().copyRange(from: ino(source), offset: Int64(clamping: sourceOffset), to: ino(destination),
+                                   offset: Int64(clamping: destinationOffset), length: length)
+    }
+
+    public func synchronizeDirectory(_ inode: InodeNumber) throws(Errno) {
         try storeOrEIO().synchronize()
     }
 

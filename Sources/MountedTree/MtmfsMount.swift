@@ -62,8 +62,10 @@ public final class MtmfsMount: Sendable {
             cache,
             control,
         ], ownership: ownership, statistics: { Self.statistics(of: dataDirectory.path) })
+        // Always nosuid and nodev, whatever -o says (the last option wins): cache/ stores
+        // device nodes and set-id bits as data, never as devices or privileges.
         let fuseOptions = ["fsname=" + Self.escapeOption(dataDirectory.path), "subtype=mtmfs",
-                           "default_permissions"] + options
+                           "default_permissions"] + options + ["nosuid", "nodev"]
         self.fuse = try FuseMount(fileSystem: root, mountPoint: mountPoint, options: fuseOptions)
         notifier.attach(fuse)
     }

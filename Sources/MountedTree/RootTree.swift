@@ -165,6 +165,11 @@ public final class RootTree: FileSystem {
         try owner(of: inode).synchronize(inode, handle: handle, dataOnly: dataOnly)
     }
 
+    public func synchronizeDirectory(_ inode: InodeNumber) throws(Errno) {
+        if inode == Self.rootInode { return }
+        try owner(of: inode).synchronizeDirectory(inode)
+    }
+
     public func openDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) {
         if inode == Self.rootInode { return }
         try owner(of: inode).openDirectory(inode, context: context)
@@ -180,6 +185,30 @@ public final class RootTree: FileSystem {
             }
         }
         return entries
+    }
+
+    public func allocate(_ inode: InodeNumber, handle: UInt64, mode: Int32, offset: UInt64, length: UInt64,
+                         context: RequestContext) throws(Errno) {
+        if inode == Self.rootInode { throw .notSupported }
+        try owner(of: inode).allocate(inode, handle: handle, mode: mode, offset: offset, length: length, context: context)
+    }
+
+    public func seek(_ inode: InodeNumber, handle: UInt64, offset: UInt64, whence: Int32,
+                     context: RequestContext) throws(Errno) -> UInt64 {
+        if inode == Self.rootInode { throw .invalidArgument }
+        return try owner(of: inode).seek(inode, handle: handle, offset: offset, whence: whence, context: context)
+    }
+
+    /// Between subtrees: EXDEV, and the kernel copies through reads and writes.
+    public func copyRange(from source: InodeNumber, handle sourceHandle: UInt64, offset sourceOffset: UInt64,
+                          to destination: InodeNumber, handle destinationHandle: UInt64, offset destinationOffset: UInt64,
+                          length: Int, context: RequestContext) throws(Errno) -> Int {
+        guard source != Self.rootInode, InodeSpace.tag(of: source) == InodeSpace.tag(of: destination) else {
+            throw .crossDevice
+        }
+        return try owner(of: source).copyRange(from: source, handle: sourceHandle, offset: sourceOffset,
+                                               to: destination, handle: destinationHandle, offset: destinationOffset,
+                                               length: length, context: context)
     }
 
     public func statistics(_ inode: InodeNumber) throws(Errno) -> FileSystemStatistics {

@@ -75,4 +75,6 @@ public struct Errno: Error, Hashable, Sendable, CustomStringConvertible {
     public static let notConnected = Errno(ENOTCONN)
     /// `ESRCH`
     public static let noSuchProcess = Errno(ESRCH)
+    /// `ENXIO`: no such device or address (also: `lseek` past the last data or hole).
+    public static let noSuchDeviceOrAddress = Errno(ENXIO)
 }

@@ -1,0 +1,357 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Posix
+
+/// File data: chunk rows of `chunkSize` bytes (see `docs/cache-schema.md`).
+///
+/// A missing row is a hole (reads as zeros, stores nothing). A row with an empty blob is a
+/// preallocated chunk (`fallocate`): it reads as zeros like a hole but counts as allocated,
+/// as ext4's unwritten extents do. Every change keeps `inodes.stored`, the bytes the rows
+/// hold (an empty row counting as a whole chunk), so `st_blocks` and the size limit never
+/// need a scan of the chunks.
+extension CacheStore {
+    /// `fallocate(2)` flags that the store understands.
+    public enum AllocationMode {
+        public static let keepSize: Int32 = 0x01
+        public static let punchHole: Int32 = 0x02
+        public static let zeroRange: Int32 = 0x10
+    }
+
+    /// At most this much is copied by one `copyRange` (the caller asks again for the rest),
+    /// so that one call never holds the store long.
+    public static let copyLimit = 16 << 20
+
+    /// Bytes a chunk row of `length` stored bytes holds: an empty row is a whole chunk.
+    static func allocated(_ length: Int) -> Int64 { length == 0 ? Int64(chunkSize) : Int64(length) }
+
+    /// SQL for the bytes the rows of one inode hold in a range of chunks (`allocated` in SQL).
+    static let allocatedInRange = "SELECT coalesce(sum(CASE length(data) WHEN 0 THEN \(chunkSize) ELSE length(data) END), 0) FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ?"
+
+    func allocatedBytes(_ ino: Int64, chunks first: Int64, _ last: Int64) throws(Errno) -> Int64 {
+        guard first <= last else { return 0 }
+        let statement = try statement(Self.allocatedInRange)
+        statement.bind(ino, first, last)
+        defer { statement.done() }
+        return try row(statement) ? statement.int(0) : 0
+    }
+
+    /// The stored length of a chunk row; nil for a hole.
+    func chunkLength(_ ino: Int64, _ index: Int64) throws(Errno) -> Int? {
+        let statement = try statement("SELECT length(data) FROM chunks WHERE ino = ? AND idx = ?")
+        statement.bind(ino, index)
+        defer { statement.done() }
+        return try row(statement) ? Int(statement.int(0)) : nil
+    }
+
+    /// A chunk's bytes to update in part, and what its row held before: a hole gives no
+    /// bytes, a preallocated chunk a whole chunk of zeros.
+    func chunkForUpdate(_ ino: Int64, _ index: Int64) throws(Errno) -> (bytes: [UInt8], allocated: Int64) {
+        let statement = try statement("SELECT data FROM chunks WHERE ino = ? AND idx = ?")
+        statement.bind(ino, index)
+        defer { statement.done() }
+        guard try row(statement) else { return ([], 0) }
+        let bytes = statement.bytes(0)
+        if bytes.isEmpty { return ([UInt8](repeating: 0, count: Self.chunkSize), Int64(Self.chunkSize)) }
+        return (bytes, Int64(bytes.count))
+    }
+
+    func putChunk(_ ino: Int64, _ index: Int64, _ bytes: Any) throws(Errno) {
+        try run("INSERT OR REPLACE INTO chunks(ino, idx, data) VALUES(?,?,?)", ino, index, bytes)
+    }
+
+    /// Fills `buffer` (zeroed by the caller) with the file's bytes from `offset` (lock held).
+    func copyOut(_ ino: Int64, offset: Int64, into buffer: UnsafeMutableRawBufferPointer) throws(Errno) {
+        guard buffer.count > 0 else { return }
+        let length = Int64(buffer.count)
+        let first = offset / Int64(Self.chunkSize), last = (offset + length - 1) / Int64(Self.chunkSize)
+        let statement = try statement("SELECT idx, data FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ?")
+        statement.bind(ino, first, last)
+        defer { statement.done() }
+        while try row(statement) {
+            let chunkStart = statement.int(0) * Int64(Self.chunkSize)
+            let data = statement.blob(1)
+            let from = max(offset, chunkStart), to = min(offset + length, chunkStart + Int64(data.count))
+            guard from < to else { continue }
+            buffer.baseAddress!.advanced(by: Int(from - offset))
+                .copyMemory(from: data.baseAddress!.advanced(by: Int(from - chunkStart)), byteCount: Int(to - from))
+        }
+    }
+
+    /// A new buffer (the caller deallocates it) holding `count` bytes of the file from `offset`.
+    func zeroedBuffer(_ ino: Int64, offset: Int64, count: Int) throws(Errno) -> UnsafeMutableRawBufferPointer {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 16)
+        buffer.initializeMemory(as: UInt8.self, repeating: 0)
+        do throws(Errno) {
+            try copyOut(ino, offset: offset, into: buffer)
+        } catch {
+            buffer.deallocate()
+            throw error
+        }
+        return buffer
+    }
+
+    /// A regular file's row for a data operation: EISDIR for a directory, EINVAL otherwise.
+    func regularFile(_ ino: Int64) throws(Errno) -> CacheInode {
+        let inode = try fetchInode(ino)
+        guard !inode.isDirectory else { throw .isDirectory }
+        guard inode.mode & S_IFMT == S_IFREG else { throw .invalidArgument }
+        return inode
+    }
+
+    // MARK: Reading and writing
+
+    /// Reads up to `size` bytes at `offset`; holes read as zeros.
+    public func read(_ ino: Int64, offset: Int64, size: Int, into reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        try withLock { () throws(Errno) in
+            let inode = try fetchInode(ino)
+            guard offset < inode.size, size > 0 else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
+            let buffer = try zeroedBuffer(ino, offset: offset, count: Int(min(Int64(size), inode.size - offset)))
+            defer { buffer.deallocate() }
+            reply(UnsafeRawBufferPointer(buffer))
+        }
+    }
+
+    /// Writes `data` at `offset` (at the end with `append`); returns the bytes written.
+    public func write(_ ino: Int64, offset: Int64, data: UnsafeRawBufferPointer, append: Bool) throws(Errno) -> Int {
+        guard !data.isEmpty else { return 0 }
+        return try transaction { () throws(Errno) -> Int in
+            let inode = try fetchInode(ino)
+            guard !inode.isDirectory else { throw .isDirectory }
+            try requireHeadroom(adding: data.count)
+            let start = append ? inode.size : offset
+            guard start >= 0, start <= Int64.max - Int64(data.count) else { throw .fileTooLarge }
+            var position = 0
+            var stored: Int64 = 0
+            while position < data.count {
+                let absolute = start + Int64(position)
+                let index = absolute / Int64(Self.chunkSize)
+                let within = Int(absolute % Int64(Self.chunkSize))
+                let count = min(Self.chunkSize - within, data.count - position)
+                let piece = UnsafeRawBufferPointer(rebasing: data[position..<(position + count)])
+                if within == 0 && count == Self.chunkSize {
+                    let before = try chunkLength(ino, index).map(Self.allocated) ?? 0
+                    try putChunk(ino, index, piece)
+                    stored += Int64(Self.chunkSize) - before
+                } else {
+                    var (chunk, before) = try chunkForUpdate(ino, index)
+                    if chunk.count < within + count { chunk += [UInt8](repeating: 0, count: within + count - chunk.count) }
+                    chunk.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: within).copyMemory(from: piece.baseAddress!, byteCount: count) }
+                    try putChunk(ino, index, chunk)
+                    stored += Int64(chunk.count) - before
+                }
+                position += count
+            }
+            let now = Self.now()
+            try run("UPDATE inodes SET size = max(size, ?), stored = stored + ?, mtime = ?, ctime = ? WHERE ino = ?",
+                    start + Int64(data.count), stored, now, now, ino)
+            return data.count
+        }
+    }
+
+    public func setAttributes(_ ino: Int64, _ changes: CacheAttributeChanges) throws(Errno) -> CacheInode {
+        try transaction { () throws(Errno) -> CacheInode in
+            var inode = try fetchInode(ino)
+            let now = Self.now()
+            if let size = changes.size {
+                guard !inode.isDirectory else { throw .isDirectory }
+                guard size >= 0 else { throw .invalidArgument }
+                if size < inode.size {
+                    let lastIndex = size == 0 ? -1 : (size - 1) / Int64(Self.chunkSize)
+                    inode.storedBytes -= try allocatedBytes(ino, chunks: lastIndex + 1, Int64.max)
+                    try run("DELETE FROM chunks WHERE ino = ? AND idx > ?", ino, lastIndex)
+                    if lastIndex >= 0 {
+                        let keep = Int(size - lastIndex * Int64(Self.chunkSize))
+                        let (chunk, before) = try chunkForUpdate(ino, lastIndex)
+                        if chunk.count > keep {
+                            try putChunk(ino, lastIndex, Array(chunk[0..<keep]))
+                            inode.storedBytes -= before - Int64(keep)
+                        }
+                    }
+                }
+                inode.size = size
+                inode.modificationNanoseconds = now
+            }
+            if let mode = changes.mode { inode.mode = (inode.mode & S_IFMT) | (mode & 0o7777) }
+            if let uid = changes.uid { inode.uid = uid }
+            if let gid = changes.gid { inode.gid = gid }
+            if let atime = changes.accessNanoseconds { inode.accessNanoseconds = atime }
+            if let mtime = changes.modificationNanoseconds { inode.modificationNanoseconds = mtime }
+            inode.changeNanoseconds = now
+            try run("UPDATE inodes SET mode = ?, uid = ?, gid = ?, size = ?, stored = ?, atime = ?, mtime = ?, ctime = ? WHERE ino = ?",
+                    Int64(inode.mode), Int64(inode.uid), Int64(inode.gid), inode.size, inode.storedBytes,
+                    inode.accessNanoseconds, inode.modificationNanoseconds, inode.changeNanoseconds, ino)
+            return inode
+        }
+    }
+
+    // MARK: fallocate, SEEK_DATA/SEEK_HOLE, copy_file_range
+
+    /// `fallocate(2)` as ext4 answers it, at chunk granularity:
+    /// - mode 0 and `keepSize`: every chunk of the range becomes allocated (a preallocated
+    ///   row where there was a hole, a partial row filled up with zeros); mode 0 extends the
+    ///   size. ENOSPC, with nothing changed, when the data directory's disk lacks the room.
+    /// - `punchHole | keepSize`: whole chunks of the range are dropped, the parts of the
+    ///   others zeroed; the size stays.
+    /// - `zeroRange` (with or without `keepSize`): the range reads as zeros and is allocated.
+    /// Other modes (collapse and insert range among them): EOPNOTSUPP.
+    public func allocate(_ ino: Int64, mode: Int32, offset: Int64, length: Int64) throws(Errno) {
+        let keepSize = mode & AllocationMode.keepSize != 0
+        let operation = mode & ~AllocationMode.keepSize
+        guard operation == 0 || operation == AllocationMode.punchHole || operation == AllocationMode.zeroRange else {
+            throw .notSupported
+        }
+        if operation == AllocationMode.punchHole && !keepSize { throw .notSupported }
+        guard offset >= 0, length > 0 else { throw .invalidArgument }
+        let (end, overflow) = offset.addingReportingOverflow(length)
+        guard !overflow else { throw .fileTooLarge }
+        try transaction { () throws(Errno) in
+            let inode = try regularFile(ino)
+            let size = Int64(Self.chunkSize)
+            let first = offset / size, last = (end - 1) / size
+            // The whole chunks of the range, and the partly covered ones at its ends.
+            let wholeFirst = offset % size == 0 ? first : first + 1
+            let wholeLast = end % size == 0 ? last : last - 1
+            let edges = Set([first, last]).filter { $0 < wholeFirst || $0 > wholeLast }
+            let before = try allocatedBytes(ino, chunks: first, last)
+            if operation != AllocationMode.punchHole {
+                try requireHeadroom(adding: Int(clamping: (last - first + 1) * size - before))
+            }
+            for index in edges.sorted() {
+                let from = Int(max(offset, index * size) - index * size)
+                let to = Int(min(end, (index + 1) * size) - index * size)
+                guard let stored = try chunkLength(ino, index) else {
+                    // A hole: punched already; allocated (reading as zeros) otherwise.
+                    if operation != AllocationMode.punchHole { try putChunk(ino, index, [UInt8]()) }
+                    continue
+                }
+                // A preallocated chunk reads as zeros already and stays allocated.
+                guard stored > 0 else { continue }
+                var (chunk, _) = try chunkForUpdate(ino, index)
+                if operation == AllocationMode.punchHole {
+                    guard from < chunk.count else { continue }
+                    let upTo = min(to, chunk.count)
+                    chunk.withUnsafeMutableBytes { _ = $0[from..<upTo].initializeMemory(as: UInt8.self, repeating: 0) }
+                } else {
+                    // Allocated chunks are whole: a partial row is filled up with zeros.
+                    if chunk.count < Self.chunkSize { chunk += [UInt8](repeating: 0, count: Self.chunkSize - chunk.count) }
+                    if operation == AllocationMode.zeroRange {
+                        chunk.withUnsafeMutableBytes { _ = $0[from..<to].initializeMemory(as: UInt8.self, repeating: 0) }
+                    }
+                }
+                try putChunk(ino, index, chunk)
+            }
+            if wholeFirst <= wholeLast {
+                if operation != 0 {
+                    try run("DELETE FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ?", ino, wholeFirst, wholeLast)
+                } else {
+                    try fillPartialChunks(ino, wholeFirst, wholeLast)
+                }
+                if operation != AllocationMode.punchHole { try preallocate(ino, wholeFirst, wholeLast) }
+            }
+            let after = try allocatedBytes(ino, chunks: first, last)
+            let newSize = keepSize ? inode.size : max(inode.size, end)
+            let now = Self.now()
+            let dataChanged = operation != 0 || newSize != inode.size
+            try run("UPDATE inodes SET size = ?, stored = stored + ?, mtime = ?, ctime = ? WHERE ino = ?",
+                    newSize, after - before, dataChanged ? now : inode.modificationNanoseconds, now, ino)
+        }
+    }
+
+    /// Preallocated rows for every hole among chunks `first...last` (one statement).
+    private func preallocate(_ ino: Int64, _ first: Int64, _ last: Int64) throws(Errno) {
+        try run("""
+            WITH RECURSIVE range(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM range WHERE i < ?)
+            INSERT OR IGNORE INTO chunks(ino, idx, data) SELECT ?, i, x'' FROM range
+            """, first, last, ino)
+    }
+
+    /// Fills the partial rows among chunks `first...last` up to whole chunks with zeros.
+    private func fillPartialChunks(_ ino: Int64, _ first: Int64, _ last: Int64) throws(Errno) {
+        let statement = try statement("SELECT idx FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ? AND length(data) BETWEEN 1 AND \(Self.chunkSize - 1)")
+        statement.bind(ino, first, last)
+        var partial: [Int64] = []
+        while try row(statement) { partial.append(statement.int(0)) }
+        statement.done()
+        for index in partial {
+            var (chunk, _) = try chunkForUpdate(ino, index)
+            chunk += [UInt8](repeating: 0, count: Self.chunkSize - chunk.count)
+            try putChunk(ino, index, chunk)
+        }
+    }
+
+    /// `lseek(2)` with `SEEK_DATA` (`data`) or `SEEK_HOLE`, from the chunk map: a row's bytes
+    /// are data, and so is a preallocated chunk (as ext4 reports its unwritten extents);
+    /// missing rows and the end of the file are holes.
+    /// ENXIO at or past the end, and for SEEK_DATA with no data after `offset`.
+    public func seek(_ ino: Int64, offset: Int64, data: Bool) throws(Errno) -> Int64 {
+        try withLock { () throws(Errno) -> Int64 in
+            let inode = try fetchInode(ino)
+            guard offset >= 0, offset < inode.size else { throw .noSuchDeviceOrAddress }
+            let statement = try statement("SELECT idx, length(data) FROM chunks WHERE ino = ? AND idx >= ? ORDER BY idx")
+            statement.bind(ino, offset / Int64(Self.chunkSize))
+            defer { statement.done() }
+            var position = offset
+            while try row(statement) {
+                let start = statement.int(0) * Int64(Self.chunkSize)
+                let end = min(start + Self.allocated(Int(statement.int(1))), inode.size)
+                if end <= position { continue }
+                if data { return max(position, start) }
+                if start > position { return position }
+                position = end
+                if position >= inode.size { return inode.size }
+            }
+            if data { throw .noSuchDeviceOrAddress }
+            return position
+        }
+    }
+
+    /// `copy_file_range(2)` inside the store: up to `length` bytes (at most `copyLimit`, and
+    /// none past the source's end) from one file to another, without the data leaving
+    /// SQLite where both offsets fall on chunk boundaries (rows are copied, holes kept).
+    /// Returns the bytes copied.
+    public func copyRange(from source: Int64, offset sourceOffset: Int64, to destination: Int64,
+                          offset destinationOffset: Int64, length: Int) throws(Errno) -> Int {
+        try transaction { () throws(Errno) -> Int in
+            let from = try regularFile(source)
+            _ = try regularFile(destination)
+            guard sourceOffset >= 0, destinationOffset >= 0 else { throw .invalidArgument }
+            guard sourceOffset < from.size, length > 0 else { return 0 }
+            let count = Int64(min(length, Self.copyLimit, Int(clamping: from.size - sourceOffset)))
+            guard destinationOffset <= Int64.max - count else { throw .fileTooLarge }
+            if source == destination && sourceOffset < destinationOffset + count && destinationOffset < sourceOffset + count {
+                throw .invalidArgument
+            }
+            try requireHeadroom(adding: Int(count))
+            let size = Int64(Self.chunkSize)
+            let first = destinationOffset / size, last = (destinationOffset + count - 1) / size
+            let before = try allocatedBytes(destination, chunks: first, last)
+            var done: Int64 = 0
+            while done < count {
+                let target = destinationOffset + done, origin = sourceOffset + done
+                let index = target / size, within = Int(target % size)
+                let piece = min(size - Int64(within), count - done)
+                if within == 0 && piece == size && origin % size == 0 {
+                    try run("INSERT OR REPLACE INTO chunks(ino, idx, data) SELECT ?, ?, data FROM chunks WHERE ino = ? AND idx = ?",
+                            destination, index, source, origin / size)
+                    if database.changes == 0 {
+                        try run("DELETE FROM chunks WHERE ino = ? AND idx = ?", destination, index)
+                    }
+                } else {
+                    let bytes = try zeroedBuffer(source, offset: origin, count: Int(piece))
+                    defer { bytes.deallocate() }
+                    var (chunk, _) = try chunkForUpdate(destination, index)
+                    if chunk.count < within + Int(piece) { chunk += [UInt8](repeating: 0, count: within + Int(piece) - chunk.count) }
+                    chunk.replaceSubrange(within..<(within + Int(piece)), with: bytes)
+                    try putChunk(destination, index, chunk)
+                }
+                done += piece
+            }
+            let after = try allocatedBytes(destination, chunks: first, last)
+            let now = Self.now()
+            try run("UPDATE inodes SET size = max(size, ?), stored = stored + ?, mtime = ?, ctime = ? WHERE ino = ?",
+                    destinationOffset + count, after - before, now, now, destination)
+            return Int(count)
+        }
+    }
+}
