@@ -41,7 +41,7 @@ let package = Package(
         .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "CredentialVault"]),
         // Faults, bad input and attackers: crash, full disk, damaged stores, concurrency, security.
         .executableTarget(name: "mtmfs-reliability",
-                          dependencies: ["Posix", "CSodium", "CredentialVault", "SettingsStore"]),
+                          dependencies: ["Posix", "CPosixShims", "CSodium", "CredentialVault", "SettingsStore"]),
 
         // Parsers of untrusted bytes as fuzzing entry points, and their libFuzzer driver
         // (mount-helpers/fuzz builds it with -sanitize=fuzzer; a normal build replays inputs).

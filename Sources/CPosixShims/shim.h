@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <sys/syscall.h>
 
 static inline int mtmfs_prctl_set_dumpable(int dumpable) {
     return prctl(PR_SET_DUMPABLE, (unsigned long)dumpable, 0UL, 0UL, 0UL);
@@ -28,6 +29,15 @@ static inline int mtmfs_open(const char *path, int flags, unsigned int mode) {
 
 static inline int mtmfs_openat(int dirfd, const char *path, int flags, unsigned int mode) {
     return openat(dirfd, path, flags, (mode_t)mode);
+}
+
+/* fallocate(2) and copy_file_range(2), which Glibc declares only under _GNU_SOURCE. */
+static inline int mtmfs_fallocate(int fd, int mode, int64_t offset, int64_t length) {
+    return (int)syscall(SYS_fallocate, fd, mode, (long)offset, (long)length);
+}
+
+static inline long mtmfs_copy_file_range(int in, int64_t *in_offset, int out, int64_t *out_offset, size_t length) {
+    return syscall(SYS_copy_file_range, in, in_offset, out, out_offset, length, 0U);
 }
 #endif
 

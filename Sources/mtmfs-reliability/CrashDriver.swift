@@ -23,7 +23,9 @@ final class CrashDriver {
     var allowed: [String: Set<Int>] = [:]
     var accountDirectories: Set<String> = []
     var attemptedDirectories: Set<String> = []
-    var files: [String: (n: Int, size: Int)] = [:]
+    var files: [String: (n: Int, size: Int, hole: Range<Int>?)] = [:]
+    /// FIFOs whose creation was acknowledged (their directory fsynced).
+    var nodes: Set<String> = []
     var attemptedFiles: Set<String> = []
     var settingsKeys: [String] = []
     var fieldNames: [String] = []
@@ -112,7 +114,11 @@ final class CrashDriver {
                 case ("A", "mkdir"): attemptedDirectories.insert(parts[2])
                 case ("K", "mkdir"): accountDirectories.insert(String(parts[2].dropFirst("accounts/".count)))
                 case ("A", "file"): attemptedFiles.insert(parts[2])
-                case ("K", "file"): files[parts[2]] = (Int(parts[3])!, Int(parts[4])!)
+                case ("K", "file"):
+                    let hole = parts.count >= 7 ? Int(parts[5])!..<Int(parts[6])! : nil
+                    files[parts[2]] = (Int(parts[3])!, Int(parts[4])!, hole)
+                case ("A", "node"): attemptedFiles.insert(parts[2])
+                case ("K", "node"): nodes.insert(parts[2])
                 default: break
                 }
             }
@@ -156,12 +162,21 @@ final class CrashDriver {
         }
         for (path, file) in files.sorted(by: { $0.key < $1.key }) {
             let (bytes, error) = readFile(store.path(path))
-            if bytes != Workload.cacheContent(file.n, size: file.size) {
+            let expected = file.hole.map { punchedContent(file.n, size: file.size, from: $0.lowerBound, to: $0.upperBound) }
+                ?? Workload.cacheContent(file.n, size: file.size)
+            if bytes != expected {
                 problems.append("\(path): fsynced \(file.size) bytes, found \(bytes.map { "\($0.count) other bytes" } ?? errnoName(error))")
+            }
+        }
+        for path in nodes.sorted() {
+            var st = stat()
+            if lstat(store.path(path), &st) != 0 || st.st_mode & S_IFMT != S_IFIFO {
+                problems.append("\(path): an acknowledged FIFO is missing or not a FIFO")
             }
         }
         for path in present { unlink(store.path(path)) }
         files = [:]
+        nodes = []
         attemptedFiles = []
         let expectedData: Set<String> = ["vault", "Settings.plist", "cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm"]
         let data = Set(listing(store.dataDirectory) ?? [])

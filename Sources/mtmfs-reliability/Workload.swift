@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CPosixShims
 import Foundation
 import Posix
 
@@ -11,7 +12,10 @@ import Posix
 /// Log lines (one `write` each, O_APPEND):
 ///   `A value PATH N` / `K value PATH N`  — PATH (relative to the mount) set to "vN"
 ///   `A mkdir PATH` / `K mkdir PATH`      — an account directory made
-///   `A file PATH N SIZE` / `K file PATH N SIZE` — a cache file written and fsynced
+///   `A file PATH N SIZE [FROM TO]` / `K …` — a cache file written (by write, after a
+///                                        fallocate, or by copy_file_range) and fsynced;
+///                                        with FROM TO, a hole punched there before the fsync
+///   `A node PATH` / `K node PATH`        — a FIFO made and its directory fsynced
 enum Workload {
     static let settingsKeys = ["CrashString1", "CrashString2", "CrashString3"]
     static let accountFields = ["username", "password", "comment", "label"]
@@ -88,6 +92,7 @@ enum Workload {
         }
         var failures = 0
         var counter = Int(seed % 1_000_000) * 1_000
+        var lastFile: (path: String, n: Int, size: Int)?
         while failures < 20 {
             counter += 1
             var ok = false
@@ -114,16 +119,87 @@ enum Workload {
                 }
             default:
                 let size = [0, 1, 4_095, 65_536, 65_537, 200_000][Int(random.next() % 6)]
-                let path = "cache/crash/f\(counter)"
-                note("A file \(path) \(counter) \(size)")
-                ok = writeFile(mountPoint + "/" + path, cacheContent(counter, size: size), sync: true) == 0
-                if ok { note("K file \(path) \(counter) \(size)") }
+                let path = "cache/crash/f\(counter)", file = mountPoint + "/" + path
+                switch random.next() % 5 {
+                case 0:
+                    note("A node \(path)")
+                    ok = mkfifo(file, 0o600) == 0 && syncDirectory(mountPoint + "/cache/crash") == 0
+                    if ok { note("K node \(path)") }
+                case 1 where lastFile != nil:
+                    let (source, n, size) = lastFile!
+                    note("A file \(path) \(n) \(size)")
+                    ok = copyFile(mountPoint + "/" + source, to: file) == 0
+                    if ok { note("K file \(path) \(n) \(size)") }
+                case 2 where size > 3:
+                    let (from, to) = (size / 3, 2 * size / 3)
+                    note("A file \(path) \(counter) \(size) \(from) \(to)")
+                    ok = writeFile(file, cacheContent(counter, size: size), sync: false) == 0
+                        && punchHole(file, from: from, to: to) == 0
+                    if ok { note("K file \(path) \(counter) \(size) \(from) \(to)") }
+                default:
+                    let preallocate = random.next() % 2 == 0
+                    note("A file \(path) \(counter) \(size)")
+                    ok = (!preallocate || size == 0 || preallocateFile(file, size: size) == 0)
+                        && writeFile(file, cacheContent(counter, size: size), sync: true) == 0
+                    if ok {
+                        note("K file \(path) \(counter) \(size)")
+                        lastFile = (path, counter, size)
+                    }
+                }
             }
             failures = ok ? 0 : failures + 1
         }
         close(logFD)
         return 0
     }
+}
+
+/// The bytes of cache file N of SIZE bytes with a hole punched from FROM to TO.
+func punchedContent(_ n: Int, size: Int, from: Int, to: Int) -> [UInt8] {
+    var bytes = Workload.cacheContent(n, size: size)
+    for i in from..<to { bytes[i] = 0 }
+    return bytes
+}
+
+/// fsync of a directory: makes the names in it durable.
+func syncDirectory(_ path: String) -> Int32 {
+    let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    guard fd >= 0 else { return errno }
+    defer { close(fd) }
+    return fsync(fd) == 0 ? 0 : errno
+}
+
+/// fallocate(2) mode 0 of a new file's whole size.
+func preallocateFile(_ path: String, size: Int) -> Int32 {
+    let fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+    guard fd >= 0 else { return errno }
+    defer { close(fd) }
+    return mtmfs_fallocate(fd, 0, 0, Int64(size)) == 0 ? 0 : errno
+}
+
+/// Punches a hole (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE) and fsyncs.
+func punchHole(_ path: String, from: Int, to: Int) -> Int32 {
+    let fd = open(path, O_WRONLY | O_CLOEXEC)
+    guard fd >= 0 else { return errno }
+    defer { close(fd) }
+    guard mtmfs_fallocate(fd, 3, Int64(from), Int64(to - from)) == 0 else { return errno }
+    return fsync(fd) == 0 ? 0 : errno
+}
+
+/// Copies a whole file with copy_file_range(2) and fsyncs the copy.
+func copyFile(_ source: String, to destination: String) -> Int32 {
+    let input = open(source, O_RDONLY | O_CLOEXEC)
+    guard input >= 0 else { return errno }
+    defer { close(input) }
+    let output = open(destination, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+    guard output >= 0 else { return errno }
+    defer { close(output) }
+    while true {
+        let copied = mtmfs_copy_file_range(input, nil, output, nil, 1 << 20)
+        if copied < 0 { return errno }
+        if copied == 0 { break }
+    }
+    return fsync(output) == 0 ? 0 : errno
 }
 
 /// A small deterministic generator (SplitMix64) so a failing run can be repeated by seed.
