@@ -11,6 +11,33 @@ public struct MountError: Error, CustomStringConvertible, Sendable {
     public init(_ description: String) { self.description = description }
 }
 
+/// Whether this user can mount with FUSE at all, said the way that tells what to do.
+public enum FuseDevice {
+    public static let path = "/dev/fuse"
+
+    /// What stands in the way of a mount by the calling user (nil: nothing visible).
+    /// Root opens /dev/fuse itself; others go through fusermount3, which opens it as them.
+    public static func problem() -> String? {
+        var st = stat()
+        guard stat(path, &st) == 0 else {
+            return "\(path) does not exist: load the FUSE module (`modprobe fuse` as root); in a container, pass the device in (`--device /dev/fuse`)"
+        }
+        if access(path, R_OK | W_OK) != 0 && errno == EACCES {
+            let mode = String(st.st_mode & 0o777, radix: 8)
+            return "permission denied on \(path) (mode \(mode), owner uid \(st.st_uid)): let users open it as most systems do (`chmod 0666 \(path)` as root, or a udev rule), or mount as root"
+        }
+        if getuid() != 0 && !onPath("fusermount3") {
+            return "fusermount3 is not installed, and users mount FUSE through it: install Debian's fuse3 package (`apt-get install fuse3`)"
+        }
+        return nil
+    }
+
+    static func onPath(_ program: String) -> Bool {
+        let directories = (getenv("PATH").map { String(cString: $0) } ?? "/usr/bin:/bin").split(separator: ":")
+        return directories.contains { access("\($0)/\(program)", X_OK) == 0 }
+    }
+}
+
 /// Kernel-side switches chosen at mount time (sent in FUSE's INIT reply).
 public struct KernelOptions: Sendable {
     /// Let the kernel buffer writes and send them in large batches.
@@ -72,7 +99,7 @@ public final class FuseMount: @unchecked Sendable {
         guard fuse_session_mount(created, mountPoint) == 0 else {
             fuse_session_destroy(created)
             reference.release()
-            throw MountError("cannot mount on \(mountPoint): is /dev/fuse usable and fusermount3 installed?")
+            throw MountError("cannot mount on \(mountPoint): " + (FuseDevice.problem() ?? "FUSE refused the mount (its message is above)"))
         }
         self.session = created
         self.bridge = bridge

@@ -959,9 +959,10 @@ extension SettingsTree {
                     nodes[local]?.rejected = false
                     throw .invalidArgument
                 }
-                try setValue(from: pending, at: path, type: Self.value(in: root, at: path[...])?.type ?? .string)
+                let type = Self.value(in: root, at: path[...])?.type ?? .string
+                try setValue(from: pending, at: path, type: type)
                 // (setValue may have re-read the file: only a node still bound gets the text.)
-                if nodes[local]?.binding == .key(path) { nodes[local]?.display = Self.displayText(pending) }
+                if nodes[local]?.binding == .key(path) { nodes[local]?.display = PlistText.shownText(pending, as: type) }
             case .scratch:
                 guard let path = node.intendedKey, node.written else { return }
                 try adopt(local, as: path)
@@ -969,8 +970,6 @@ extension SettingsTree {
                 return
             }
         }
-
-        static func displayText(_ bytes: [UInt8]) -> [UInt8] { PlistTextNewline.strip(bytes) + [0x0A] }
 
         mutating func setValue(from bytes: [UInt8], at path: [String], type: PlistType) throws(Errno) {
             guard PlistTextNewline.strip(bytes).count <= SettingsTree.maximumValueSize else { throw .fileTooLarge }
@@ -997,7 +996,7 @@ extension SettingsTree {
             adopted.binding = .key(path)
             adopted.parent = parent
             adopted.name = path.last!
-            adopted.display = Self.displayText(node.bytes)
+            adopted.display = PlistText.shownText(node.bytes, as: type)
             adopted.bytes = []
             adopted.intendedKey = nil
             adopted.detachedFrom = nil

@@ -7,7 +7,9 @@
 /// - date: `YYYY-MM-DDTHH:MM:SSZ` (accepts an offset such as `+02:00` and fractions; stored UTC)
 /// - data: base64
 ///
-/// Every read ends with one newline; one trailing `\n` or `\r\n` is stripped on write.
+/// Every read ends with one newline; one trailing `\n` or `\r\n` is stripped on write. For
+/// every type but string, surrounding white space (blank lines an editor added, say) is
+/// ignored; a string keeps every other byte.
 import Posix
 
 public enum PlistText {
@@ -29,7 +31,8 @@ public enum PlistText {
     /// Parses written bytes as a value of `type`; nil when they do not fit it.
     public static func parse(_ bytes: [UInt8], as type: PlistType) -> PlistValue? {
         let body = stripOneNewline(bytes)
-        guard let text = String(validating: body, as: UTF8.self) else { return nil }
+        guard let exact = String(validating: body, as: UTF8.self) else { return nil }
+        let text = type == .string ? exact : trimmingWhitespace(exact)
         switch type {
         case .bool: return parseBool(text).map(PlistValue.bool)
         case .integer: return parseInteger(text).map(PlistValue.integer)
@@ -44,7 +47,8 @@ public enum PlistText {
     /// The type a new key gets from its first value: bool for true/false, integer, real,
     /// date for the date form, else string. (Data is never guessed: set the xattr.)
     public static func inferType(of bytes: [UInt8]) -> PlistType {
-        guard let text = String(validating: stripOneNewline(bytes), as: UTF8.self) else { return .string }
+        guard let exact = String(validating: stripOneNewline(bytes), as: UTF8.self) else { return .string }
+        let text = trimmingWhitespace(exact)
         let lowered = text.lowercased()
         if lowered == "true" || lowered == "false" { return .bool }
         if parseInteger(text) != nil { return .integer }
@@ -60,6 +64,24 @@ public enum PlistText {
             let v = scalar.value
             return (v >= 0x20 || v == 0x09 || v == 0x0A || v == 0x0D) && v != 0xFFFE && v != 0xFFFF
         }
+    }
+
+    /// What readers see of a value just written as `bytes` (it parsed as `type`): the text
+    /// as written (`no` stays `no`), without the white space around it for every type but
+    /// string, with one newline.
+    public static func shownText(_ bytes: [UInt8], as type: PlistType) -> [UInt8] {
+        let body = stripOneNewline(bytes)
+        guard type != .string, let text = String(validating: body, as: UTF8.self) else { return Array(body) + [0x0A] }
+        return Array(trimmingWhitespace(text).utf8) + [0x0A]
+    }
+
+    /// Without leading and trailing spaces, tabs, CRs and LFs.
+    static func trimmingWhitespace(_ text: String) -> String {
+        let blank: (Unicode.Scalar) -> Bool = { $0 == " " || $0 == "\t" || $0 == "\n" || $0 == "\r" }
+        let scalars = text.unicodeScalars
+        guard let first = scalars.firstIndex(where: { !blank($0) }),
+              let last = scalars.lastIndex(where: { !blank($0) }) else { return "" }
+        return String(scalars[first...last])
     }
 
     static func stripOneNewline(_ bytes: [UInt8]) -> ArraySlice<UInt8> {

@@ -15,6 +15,7 @@ enum Daemon {
     /// Starts the daemon and waits for its word; returns its pid once the mount is ready.
     static func start(dataDirectory: String, mountPoint: String, options: [String],
                       autoLockSeconds: Int = 900, cacheLimit: Int64? = nil, debug: Bool = false) throws(CommandFailure) -> pid_t {
+        if let problem = FuseDevice.problem() { throw CommandFailure("cannot mount on \(mountPoint): \(problem)") }
         let pipe: (read: Int32, write: Int32)
         do {
             pipe = try Syscall.pipe()

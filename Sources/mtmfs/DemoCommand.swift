@@ -55,7 +55,7 @@ struct DemoCommand: Command {
         Self.addSampleCacheFiles(mountPoint + "/cache")
         let locked = tour(mountPoint: mountPoint, dataDirectory: dataDirectory.path)
         try PassphraseInput.unlock(mountPoint: mountPoint, with: passphrase)
-        print(locked + unlockedTour(mountPoint: mountPoint))
+        print(locked + "\n" + unlockedTour(mountPoint: mountPoint) + footer(dataDirectory: dataDirectory.path))
     }
 
     /// A few files in cache/, written through the mount like any program would.
@@ -119,7 +119,10 @@ struct DemoCommand: Command {
         \(cat("accounts/\(account)/username"))
         $ readlink \(shown)/accounts/active
         \((try? FileManagerLink.read(mountPoint + "/accounts/active")) ?? "")
-        $ mtmfs lock \(shown)            # keys and plaintext zeroed; also after 900 s idle, or SIGUSR1
+
+        The accounts stay unlocked for you to look around. To lock them again (keys and
+        plaintext zeroed; also after 900 s without a secret read, or on SIGUSR1):
+          mtmfs lock \(shown)
         """
     }
 
@@ -165,11 +168,20 @@ struct DemoCommand: Command {
 
         $ ls \(shown)/cache
         \(((try? Syscall.listDirectory(mountPoint + "/cache")) ?? []).sorted().joined(separator: "  "))
-        $ sqlite3 \(dataDirectory)/cache.sqlite 'SELECT count(*) FROM inodes'   # the same tree, in SQLite
+        """
+    }
 
-        $ echo light > \(shown)/settings/Appearance/Theme      # saved to Settings.plist at once
-        $ getfattr -n user.plist.type \(shown)/settings/LastSync   # the key's plist type: date
-        $ vim \(shown)/settings/SyncIntervalSeconds               # any editor works; bad values get EINVAL
+    /// What to try next: commands not run by the demo, listed apart from those it ran.
+    func footer(dataDirectory: String) -> String {
+        let shown = given
+        return """
+
+
+        Try these yourself (not run here):
+          sqlite3 \(dataDirectory)/cache.sqlite 'SELECT count(*) FROM inodes'   # the same tree, in SQLite
+          echo light > \(shown)/settings/Appearance/Theme       # saved to Settings.plist at once
+          getfattr -n user.plist.type \(shown)/settings/LastSync    # the key's plist type: date
+          vim \(shown)/settings/SyncIntervalSeconds                # any editor works; bad values get EINVAL
 
         The tree:
           \(shown)/accounts/   service accounts from the encrypted vault (locked until unlocked)

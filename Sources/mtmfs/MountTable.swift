@@ -9,6 +9,8 @@ enum MountTable {
         var mountPoint: String
         var fileSystemType: String
         var source: String
+        /// The user who mounted it (FUSE's `user_id=` option), when the table says.
+        var owner: uid_t?
     }
 
     static func read() -> [Mount] {
@@ -19,14 +21,22 @@ enum MountTable {
             // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL…] - FSTYPE SOURCE SUPEROPTIONS
             let fields = line.split(separator: " ", omittingEmptySubsequences: false).map(String.init)
             guard fields.count > 6, let dash = fields.firstIndex(of: "-"), dash + 2 < fields.count else { return nil }
+            let superOptions = dash + 3 < fields.count ? fields[dash + 3].split(separator: ",") : []
+            let owner = superOptions.first { $0.hasPrefix("user_id=") }.flatMap { uid_t($0.dropFirst("user_id=".count)) }
             return Mount(mountPoint: unescape(fields[4]), fileSystemType: fields[dash + 1],
-                         source: unescape(fields[dash + 2]))
+                         source: unescape(fields[dash + 2]), owner: owner)
         }
     }
 
     /// Every mtmfs mount (type `fuse.mtmfs`).
     static func mtmfsMounts() -> [Mount] {
         read().filter { $0.fileSystemType == "fuse.mtmfs" }
+    }
+
+    /// The mtmfs mounts of the calling user: another user's mount is not theirs to list
+    /// (nor, without allow_other, theirs to look into).
+    static func ownMtmfsMounts() -> [Mount] {
+        mtmfsMounts().filter { $0.owner == getuid() }
     }
 
     static func mtmfsMount(at path: String) -> Mount? {

@@ -1,12 +1,18 @@
-/// `mtmfs status`: a short human summary of one mount, or of every mtmfs mount.
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `mtmfs status`: a short human summary of one mount, or of every mtmfs mount of the
+/// calling user.
 struct StatusCommand: Command {
     static let name = "status"
     static let abstract = "show mounts: locked or not, auto-lock countdown, store sizes"
     static let usage = """
     Usage: mtmfs status [MOUNT]
 
-    Prints one summary per mtmfs mount (or for MOUNT only). Exit 1 when MOUNT is not an
-    mtmfs mount, or when no mtmfs mount is up. The raw key=value form is MOUNT/.mtmfs/status.
+    Prints one summary per mtmfs mount of yours (or for MOUNT only). Exit 1 when MOUNT is
+    not an mtmfs mount of yours, or when you have no mtmfs mount up. The raw key=value form
+    is MOUNT/.mtmfs/status.
     """
     static let flags: Set<String> = []
     static let options: Set<String> = []
@@ -21,22 +27,29 @@ struct StatusCommand: Command {
         let mounts: [String]
         if let mountPoint {
             let path = Paths.resolved(Paths.absolute(mountPoint)) ?? Paths.absolute(mountPoint)
-            guard MountTable.mtmfsMount(at: path) != nil else {
+            guard let mount = MountTable.mtmfsMount(at: path) else {
                 throw CommandFailure("\(mountPoint) is not an mtmfs mount: mount one with `mtmfs mount MOUNT`")
+            }
+            guard mount.owner == nil || mount.owner == getuid() else {
+                throw CommandFailure("\(mountPoint) is another user's mtmfs mount (uid \(mount.owner!)): only they can see its status")
             }
             mounts = [path]
         } else {
-            mounts = MountTable.mtmfsMounts().map(\.mountPoint)
-            guard !mounts.isEmpty else { throw CommandFailure("no mtmfs mount is up: start one with `mtmfs mount MOUNT`") }
+            mounts = MountTable.ownMtmfsMounts().map(\.mountPoint)
+            guard !mounts.isEmpty else { throw CommandFailure("you have no mtmfs mount up: start one with `mtmfs mount MOUNT`") }
         }
         for path in mounts {
-            print(Self.summary(path: path, values: StatusFile.read(mountPoint: path)))
+            print(Self.summary(path: path, values: StatusFile.read(mountPoint: path), stale: MountTable.isStale(path)))
         }
     }
 
-    static func summary(path: String, values: [String: String]) -> String {
+    /// `stale`: the daemon is gone (ENOTCONN); only then is the mount called stale.
+    static func summary(path: String, values: [String: String], stale: Bool) -> String {
+        if stale {
+            return "\(path): stale (its daemon is gone: Transport endpoint is not connected): run `mtmfs unmount \(path)`"
+        }
         guard !values.isEmpty else {
-            return "\(path): not answering (stale mount? run `mtmfs unmount \(path)`)"
+            return "\(path): mounted, but \(path)/.mtmfs/status cannot be read: try `cat \(path)/.mtmfs/status`"
         }
         var lines = ["\(path): mounted from \(values["data_dir"] ?? "?") (daemon pid \(values["pid"] ?? "?"), mtmfs \(values["version"] ?? "?"))"]
         let state = values["state"] ?? "?"

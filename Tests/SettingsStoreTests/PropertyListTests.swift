@@ -128,7 +128,9 @@ sys.stdout.buffer.write(plistlib.dumps(d, fmt=fmt, sort_keys=False))
     @Test func booleans() {
         for yes in ["true", "TRUE", "Yes", "1", "on", "On\n", "true\r\n"] { #expect(parse(yes, .bool) == .bool(true), "\(yes)") }
         for no in ["false", "No", "0", "OFF"] { #expect(parse(no, .bool) == .bool(false), "\(no)") }
-        for bad in ["maybe", "", "yes\n\n", " true", "2"] { #expect(parse(bad, .bool) == nil, "\(bad)") }
+        // Surrounding white space is not part of a bool: nano's extra blank line, an indent.
+        for spaced in ["yes\n\n", " true", "\ttrue \r\n\r\n", "false\n\n\n"] { #expect(parse(spaced, .bool) != nil, "\(spaced)") }
+        for bad in ["maybe", "", "\n\n", "tr ue", "2"] { #expect(parse(bad, .bool) == nil, "\(bad)") }
         #expect(PlistText.render(.bool(true)) == Array("true\n".utf8))
     }
 
@@ -137,7 +139,11 @@ sys.stdout.buffer.write(plistlib.dumps(d, fmt=fmt, sort_keys=False))
         #expect(parse("-7", .integer) == .integer(-7))
         #expect(parse("0", .integer) == .integer(0))
         #expect(parse("9223372036854775807", .integer) == .integer(.max))
-        for bad in ["12abc", "060", "18446744073709551616", "9223372036854775808", "0x10", "+5", "", "1.0", " 1"] {
+        #expect(parse(" 1\n\n", .integer) == .integer(1))
+        #expect(parse("\t-3 ", .real) == .real(-3))
+        #expect(parse(" AAEC/w==\n\n", .data) == .data([0, 1, 2, 255]))
+        #expect(parse("\n2024-01-02T03:04:05Z \n", .date) != nil)
+        for bad in ["12abc", "060", "18446744073709551616", "9223372036854775808", "0x10", "+5", "", "1.0", "1 2"] {
             #expect(parse(bad, .integer) == nil, "\(bad)")
         }
     }
@@ -186,6 +192,8 @@ sys.stdout.buffer.write(plistlib.dumps(d, fmt=fmt, sort_keys=False))
         #expect(PlistText.inferType(of: Array("yes".utf8)) == .string)
         #expect(PlistText.inferType(of: Array("hello".utf8)) == .string)
         #expect(PlistText.inferType(of: Array("060".utf8)) == .string)
+        #expect(PlistText.inferType(of: Array("false\n\n".utf8)) == .bool)
+        #expect(PlistText.inferType(of: Array(" 7 \n".utf8)) == .integer)
     }
 }
 
