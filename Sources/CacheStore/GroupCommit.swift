@@ -1,0 +1,145 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CSQLite
+import Posix
+
+/// Transactions: every change is a savepoint in a group of changes committed together
+/// (see `groupCommitDelay`), and the write-ahead log is checkpointed off the request path.
+extension CacheStore {
+    func withLock<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
+        try lock.withLock { () throws(Errno) -> T in try body() }
+    }
+
+    /// Runs `body` in one write transaction (rolled back if it throws). On a full disk the
+    /// write-ahead log is checkpointed and truncated (giving its space back) and the body
+    /// tried once more, so that a delete can still free space.
+    func transaction<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
+        try withLock { () throws(Errno) -> T in
+            var attempt = 0
+            defer { freeBytesNow = nil }
+            while true {
+                attempt += 1
+                freeBytesNow = freeDiskBytes()
+                try openBatch()
+                try run("SAVEPOINT change")
+                do throws(Errno) {
+                    let result = try body()
+                    try run("RELEASE change")
+                    batchChanges += 1
+                    if batchChanges >= Self.groupCommitSize || !hasRoomForGroups(free: freeBytesNow) { try commitBatch() }
+                    return result
+                } catch {
+                    if database.isInTransaction {
+                        try? exec("ROLLBACK TO change")
+                        try? exec("RELEASE change")
+                    }
+                    noticeRollback()
+                    guard error == .noSpace, attempt == 1 else { throw error }
+                    try? commitBatch()
+                    try? exec("PRAGMA wal_checkpoint(TRUNCATE)")
+                }
+            }
+        }
+    }
+
+    /// Opens a group of changes unless one is open (lock held).
+    func openBatch() throws(Errno) {
+        noticeRollback()
+        guard batchStart == nil else { return }
+        try run("BEGIN IMMEDIATE")
+        batchStart = .now
+        batchChanges = 0
+        batchOpened.post()
+    }
+
+    /// Commits the open group, if any (lock held). A failed commit loses the group: said
+    /// in the log, and the error goes to the caller.
+    func commitBatch() throws(Errno) {
+        noticeRollback()
+        guard batchStart != nil else { return }
+        batchStart = nil
+        do throws(Errno) {
+            try run("COMMIT")
+            uncheckpointed = true
+            lastCommit = .now
+            // Short of disk, the log is emptied at once: its pages are what fills the disk,
+            // and a delete frees nothing until they are in the database file.
+            if !hasRoomForGroups(free: freeDiskBytes()) {
+                if (try? exec("PRAGMA wal_checkpoint(TRUNCATE)")) != nil { uncheckpointed = false }
+            }
+        } catch {
+            Log.error("cache: \(batchChanges) changes could not be committed: \(error)")
+            try? exec("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// Groups only with plenty of free disk: SQLite answers a full disk by rolling back the
+    /// whole transaction, which must then hold this one change only, not others already
+    /// acknowledged (found by the full-disk test: a group that held an `rm` lost it).
+    func hasRoomForGroups(free: UInt64?) -> Bool {
+        guard let free else { return false }
+        return free >= Self.reservedBytes + Self.groupRoom
+    }
+
+    /// A group holds at most `groupCommitSize` writes of at most 1 MiB (libfuse's max_write).
+    static let groupRoom: UInt64 = 256 << 20
+
+    /// SQLite rolls the whole transaction back on some errors (a full disk, I/O) of any
+    /// statement, also of those run outside `transaction` (open and release bookkeeping):
+    /// the group is then gone, and the next change opens a new one.
+    func noticeRollback() {
+        guard batchStart != nil, !database.isInTransaction else { return }
+        Log.error("cache: \(batchChanges) changes were rolled back by SQLite after an error")
+        batchStart = nil
+    }
+
+    /// For the committing thread: waits (at most `seconds`) for a group to open, then until
+    /// it is `groupCommitDelay` old, and commits it.
+    public func commitWhenDue(waitingAtMost seconds: Double) {
+        guard batchOpened.wait(seconds: seconds) else { return }
+        guard let started = lock.withLock({ batchStart }) else { return }
+        let left = Self.groupCommitDelay - started.secondsElapsed
+        if left > 0 { usleep(UInt32(left * 1e6)) }
+        _ = try? withLock { () throws(Errno) in try commitBatch() }
+    }
+
+    /// Wakes a thread waiting in `commitWhenDue` (at shutdown).
+    public func wakeCommitter() { batchOpened.post() }
+
+    /// Committed changes wait for a checkpoint (the committing thread then comes back
+    /// within `checkpointQuiet` rather than sleeping long).
+    public var needsCheckpoint: Bool { lock.withLock { uncheckpointed } }
+
+    /// Copies the write-ahead log into the database file once the store has been quiet for
+    /// `checkpointQuiet` seconds, or at once when the log has grown past its limit. Runs on
+    /// a connection of its own, without the store's lock: requests go on meanwhile.
+    public func checkpointWhenQuiet() {
+        let (pending, quiet) = lock.withLock { (uncheckpointed, lastCommit.secondsElapsed >= Self.checkpointQuiet && batchStart == nil) }
+        guard pending else { return }
+        var st = stat()
+        let logBytes = stat(path + "-wal", &st) == 0 ? Int64(st.st_size) : 0
+        guard quiet || logBytes >= Self.checkpointLogLimit else { return }
+        checkpointLock.withLock {
+            do {
+                if checkpointer == nil {
+                    let connection = try SQLiteDatabase(path: path)
+                    // journal_mode reads the header: a connection that has read nothing yet
+                    // does not know the database is in WAL mode and checkpoints nothing.
+                    try connection.execute("PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=0; PRAGMA journal_mode=WAL;")
+                    checkpointer = connection
+                }
+                let started = lock.withLock { lastCommit }
+                let result = try checkpointer!.checkpoint(mode: SQLITE_CHECKPOINT_PASSIVE)
+                Log.debug("cache: checkpoint copied \(result.copied) of \(result.log) log frames (\(logBytes) bytes)")
+                // Everything copied, and nothing committed meanwhile: nothing is pending.
+                if result.copied >= result.log {
+                    lock.withLock { if lastCommit == started { uncheckpointed = false } }
+                }
+            } catch {
+                Log.error("cache: checkpoint: \(error)")
+            }
+        }
+    }
+}

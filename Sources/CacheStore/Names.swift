@@ -1,0 +1,208 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CSQLite
+import Posix
+
+/// The tree: lookups, listings, and the operations on names (create, link, unlink, rename)
+/// with the errno rules of ext4.
+extension CacheStore {
+    // MARK: Reading the tree
+
+    /// `reference`: the caller hands the inode to the kernel; count it in the same lock, so
+    /// that no unlink can delete it in between.
+    public func lookup(parent: Int64, name: String, reference: Bool = false) throws(Errno) -> CacheInode {
+        try withLock { () throws(Errno) -> CacheInode in
+            guard name.utf8.count <= Self.maximumNameLength else { throw .nameTooLong }
+            _ = try directory(parent)
+            guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
+            let inode = try fetchInode(ino)
+            if reference { lookups[ino, default: 0] += 1 }
+            return inode
+        }
+    }
+
+    public func inode(_ ino: Int64) throws(Errno) -> CacheInode {
+        try withLock { () throws(Errno) -> CacheInode in try fetchInode(ino) }
+    }
+
+    /// The names in a directory with their inodes, in name order.
+    public func list(_ ino: Int64) throws(Errno) -> [(name: String, inode: CacheInode)] {
+        try withLock { () throws(Errno) -> [(name: String, inode: CacheInode)] in
+            _ = try directory(ino)
+            let statement = try statement("""
+                SELECT i.ino, i.mode, i.uid, i.gid, i.size, i.links, i.atime, i.mtime, i.ctime, i.rdev, i.target, i.stored, e.name
+                FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = ? ORDER BY e.name
+                """)
+            statement.bind(ino)
+            defer { statement.done() }
+            var result: [(name: String, inode: CacheInode)] = []
+            while try row(statement) { result.append((statement.text(12), Self.inode(statement))) }
+            return result
+        }
+    }
+
+    // MARK: Names
+
+    /// Creates a file, directory, symlink, FIFO, socket or device node named `name` in
+    /// `parent` (device nodes are stored with their `device`, never opened as devices).
+    /// `reference`: counts a kernel reference; `open`: counts an open handle too (both in
+    /// the creating transaction, so that eviction cannot take the new file first).
+    public func create(parent: Int64, name: String, mode: UInt32, uid: UInt32, gid: UInt32, device: Int64 = 0,
+                       target: String? = nil, reference: Bool = false, open: Bool = false) throws(Errno) -> CacheInode {
+        try Self.check(name)
+        let type = mode & S_IFMT
+        guard [S_IFREG, S_IFDIR, S_IFLNK, S_IFIFO, S_IFSOCK, S_IFBLK, S_IFCHR].contains(type) else { throw .invalidArgument }
+        return try transaction { () throws(Errno) -> CacheInode in
+            _ = try directory(parent)
+            guard try entry(parent, name) == nil else { throw .fileExists }
+            try requireHeadroom()
+            let now = Self.now()
+            let size = Int64(target?.utf8.count ?? 0)
+            try run("INSERT INTO inodes(mode, uid, gid, size, links, atime, mtime, ctime, rdev, target, used) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                    Int64(mode), Int64(uid), Int64(gid), size, Int64(type == S_IFDIR ? 2 : 1), now, now, now, device, target, now)
+            let ino = database.lastInsertedRow
+            if reference || open { lookups[ino, default: 0] += 1 }
+            if open { opens[ino, default: 0] += 1 }
+            try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", parent, name, ino)
+            if type == S_IFDIR {
+                try run("UPDATE inodes SET links = links + 1, mtime = ?, ctime = ? WHERE ino = ?", now, now, parent)
+            } else {
+                try touch(parent)
+            }
+            return try fetchInode(ino)
+        }
+    }
+
+    /// A new name for an existing non-directory.
+    public func link(_ ino: Int64, parent: Int64, name: String, reference: Bool = false) throws(Errno) -> CacheInode {
+        try Self.check(name)
+        return try transaction { () throws(Errno) -> CacheInode in
+            let inode = try fetchInode(ino)
+            guard !inode.isDirectory else { throw .notPermitted }
+            guard inode.links > 0 else { throw .noSuchFileOrDirectory }
+            _ = try directory(parent)
+            guard try entry(parent, name) == nil else { throw .fileExists }
+            try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", parent, name, ino)
+            try run("UPDATE inodes SET links = links + 1, ctime = ? WHERE ino = ?", Self.now(), ino)
+            try touch(parent)
+            if reference { lookups[ino, default: 0] += 1 }
+            return try fetchInode(ino)
+        }
+    }
+
+    public func unlink(parent: Int64, name: String) throws(Errno) {
+        try transaction { () throws(Errno) in
+            _ = try directory(parent)
+            guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
+            guard try !fetchInode(ino).isDirectory else { throw .isDirectory }
+            try removeName(parent: parent, name: name, ino: ino)
+        }
+    }
+
+    public func removeDirectory(parent: Int64, name: String) throws(Errno) {
+        try transaction { () throws(Errno) in
+            _ = try directory(parent)
+            guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
+            guard try fetchInode(ino).isDirectory else { throw .notDirectory }
+            guard try isEmptyDirectory(ino) else { throw .directoryNotEmpty }
+            try removeName(parent: parent, name: name, ino: ino)
+        }
+    }
+
+    /// Drops one name; a directory loses its links (and its parent one); an inode without
+    /// names and references is deleted with its data.
+    func removeName(parent: Int64, name: String, ino: Int64) throws(Errno) {
+        let inode = try fetchInode(ino)
+        let now = Self.now()
+        try run("DELETE FROM entries WHERE parent = ? AND name = ?", parent, name)
+        if inode.isDirectory {
+            try run("UPDATE inodes SET links = 0, ctime = ? WHERE ino = ?", now, ino)
+            try run("UPDATE inodes SET links = links - 1, mtime = ?, ctime = ? WHERE ino = ?", now, now, parent)
+        } else {
+            try run("UPDATE inodes SET links = links - 1, ctime = ? WHERE ino = ?", now, ino)
+            try touch(parent)
+        }
+        try deleteIfUnreferenced(ino)
+    }
+
+    func deleteIfUnreferenced(_ ino: Int64) throws(Errno) {
+        guard ino != Self.rootInode, (lookups[ino] ?? 0) == 0, (opens[ino] ?? 0) == 0 else { return }
+        guard try fetchInode(ino).links <= 0 else { return }
+        try run("DELETE FROM chunks WHERE ino = ?", ino)
+        try run("DELETE FROM xattrs WHERE ino = ?", ino)
+        try run("DELETE FROM inodes WHERE ino = ?", ino)
+    }
+
+    /// rename(2) and renameat2(2) with RENAME_NOREPLACE (1) and RENAME_EXCHANGE (2).
+    public func rename(parent: Int64, name: String, newParent: Int64, newName: String, flags: UInt32) throws(Errno) {
+        try Self.check(newName)
+        let noReplace = flags & 1 != 0, exchange = flags & 2 != 0
+        // RENAME_WHITEOUT (overlay file systems' flag) and unknown flags are not offered.
+        if noReplace && exchange || flags & ~3 != 0 { throw .invalidArgument }
+        try transaction { () throws(Errno) in
+            _ = try directory(parent)
+            _ = try directory(newParent)
+            guard let source = try entry(parent, name) else { throw .noSuchFileOrDirectory }
+            let target = try entry(newParent, newName)
+            let sourceInode = try fetchInode(source)
+            if exchange {
+                guard let target else { throw .noSuchFileOrDirectory }
+                let targetInode = try fetchInode(target)
+                if sourceInode.isDirectory { try refuseIntoItself(source, newParent) }
+                if targetInode.isDirectory { try refuseIntoItself(target, parent) }
+                try run("UPDATE entries SET ino = ? WHERE parent = ? AND name = ?", target, parent, name)
+                try run("UPDATE entries SET ino = ? WHERE parent = ? AND name = ?", source, newParent, newName)
+                if parent != newParent && sourceInode.isDirectory != targetInode.isDirectory {
+                    let delta: Int64 = sourceInode.isDirectory ? 1 : -1
+                    try run("UPDATE inodes SET links = links + ? WHERE ino = ?", delta, newParent)
+                    try run("UPDATE inodes SET links = links - ? WHERE ino = ?", delta, parent)
+                }
+                for ino in [source, target] { try touch(ino, modified: false) }
+                try touch(parent)
+                if newParent != parent { try touch(newParent) }
+                return
+            }
+            if let target {
+                if noReplace { throw .fileExists }
+                if target == source { return }  // two names of one inode: nothing to do
+                let targetInode = try fetchInode(target)
+                if sourceInode.isDirectory {
+                    guard targetInode.isDirectory else { throw .notDirectory }
+                    guard try isEmptyDirectory(target) else { throw .directoryNotEmpty }
+                } else if targetInode.isDirectory {
+                    throw .isDirectory
+                }
+            }
+            if parent == newParent && name == newName { return }
+            if sourceInode.isDirectory { try refuseIntoItself(source, newParent) }
+            if let target { try removeName(parent: newParent, name: newName, ino: target) }
+            try run("DELETE FROM entries WHERE parent = ? AND name = ?", parent, name)
+            try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", newParent, newName, source)
+            if sourceInode.isDirectory && parent != newParent {
+                try run("UPDATE inodes SET links = links - 1 WHERE ino = ?", parent)
+                try run("UPDATE inodes SET links = links + 1 WHERE ino = ?", newParent)
+            }
+            try touch(source, modified: false)
+            try touch(parent)
+            if newParent != parent { try touch(newParent) }
+        }
+    }
+
+    /// EINVAL when `directory` is `destination` or one of its ancestors.
+    func refuseIntoItself(_ directory: Int64, _ destination: Int64) throws(Errno) {
+        var current = destination
+        var steps = 0
+        while true {
+            if current == directory { throw .invalidArgument }
+            if current == Self.rootInode { return }
+            let statement = try statement("SELECT parent FROM entries WHERE ino = ? LIMIT 1")
+            statement.bind(current)
+            defer { statement.done() }
+            guard try row(statement) else { return }
+            current = statement.int(0)
+            steps += 1
+            if steps > 100_000 { throw .ioError }
+        }
+    }
+}
