@@ -36,7 +36,7 @@ let package = Package(
         .target(name: "MountedTree",
                 dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "CredentialVault"]),
         // Command line only.
-        .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "Posix"]),
+        .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "CacheStore", "CredentialVault", "Posix"]),
         // Side-by-side measurements against a native directory and peers.
         .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "CredentialVault"]),
         // Faults, bad input and attackers: crash, full disk, damaged stores, concurrency, security.

@@ -77,6 +77,19 @@ public final class CacheStore: @unchecked Sendable {
     /// When the open group of changes began (nil: none open), and how many it holds.
     var batchStart: ContinuousClock.Instant?
     var batchChanges = 0
+    /// Bytes of file data the open group wrote (see `groupBytes`).
+    var batchBytes = 0
+    /// Inodes without names or references whose data is still to be deleted, in slices.
+    var reclaimQueue: [Int64] = []
+    /// When the last change (not a reclaim step) was made, and since when free pages wait to
+    /// be given back.
+    var lastChange = ContinuousClock.now
+    var vacuumWanted: ContinuousClock.Instant?
+    /// Inodes that lost their last name while the kernel or an open handle still held them:
+    /// deleted when the last reference goes (others need no look at the database then).
+    var orphans: Set<Int64> = []
+    /// File data written but not yet in the database (see `DirtyChunks`).
+    var dirty = DirtyChunks()
     /// Posted when a group opens, for the thread that commits it when due.
     let batchOpened = Semaphore()
 
@@ -99,7 +112,13 @@ public final class CacheStore: @unchecked Sendable {
     /// a 256 MiB write + fsync). fsync syncs only the log, which is what makes a change
     /// durable (`synchronize`).
     public static let checkpointQuiet = 0.1
-    static let checkpointLogLimit: Int64 = 512 << 20
+    /// See `checkpointIfDue`: the log is copied from `checkpointThreshold` bytes on, emptied
+    /// under the lock from `restartThreshold` on, and never holds much more than `logBound`.
+    static let checkpointThreshold: Int64 = 16 << 20
+    static let restartThreshold: Int64 = 32 << 20
+    public static let logBound: Int64 = 64 << 20
+    /// A quiet store whose log file is larger than this gets it truncated.
+    static let idleLogSize: Int64 = 4 << 20
     /// Committed changes not yet checkpointed, and when the last change was committed.
     var uncheckpointed = false
     var lastCommit = ContinuousClock.now
@@ -144,8 +163,23 @@ public final class CacheStore: @unchecked Sendable {
     /// The extended attribute that makes a file disappear at a time (Unix seconds or ISO 8601).
     public static let expiryAttribute = "user.cache.expires"
 
-    /// Opens (creating the schema if the file is new) the cache database at `path`.
-    public init(path: String, owner: (uid: UInt32, gid: UInt32)) throws(CacheStoreError) {
+    /// How an open checks the database: the full `PRAGMA integrity_check` reads every page
+    /// (seconds for gigabytes), so it runs after an unclean shutdown only, unless asked.
+    public enum OpenCheck: Sendable {
+        /// The full check when the last mount did not end cleanly (the default).
+        case ifUnclean
+        /// The full check always (`mtmfs check`).
+        case always
+    }
+
+    /// Whether this open ran the full integrity check (after an unclean shutdown).
+    public private(set) var checkedAtOpen = false
+
+    /// Opens (creating the schema if the file is new) the cache database at `path`. What
+    /// takes long (the full check after an unclean shutdown, an upgrade) is said through
+    /// `progress`, about once a second.
+    public init(path: String, owner: (uid: UInt32, gid: UInt32), check: OpenCheck = .ifUnclean,
+                progress: @escaping (String) -> Void = { _ in }) throws(CacheStoreError) {
         self.path = path
         do {
             database = try SQLiteDatabase(path: path)
@@ -157,28 +191,33 @@ public final class CacheStore: @unchecked Sendable {
             guard try database.scalarText("PRAGMA application_id") == String(CacheDatabase.applicationID) else {
                 throw CacheStoreError.damaged("\(path) is not an mtmfs cache database (application_id)")
             }
-            guard try database.scalarText("PRAGMA quick_check") == "ok" else {
-                throw CacheStoreError.damaged("\(path) fails PRAGMA quick_check")
-            }
-            try database.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF; PRAGMA journal_size_limit=4194304;")
-            // Checkpoints are `checkpointWhenQuiet`'s, off the path of requests.
+            // The header and schema are read here: a file that is not a database fails now.
+            try database.execute("""
+                PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;
+                PRAGMA secure_delete=OFF; PRAGMA journal_size_limit=\(Self.logBound);
+                """)
+            // Checkpoints are the committing thread's, off the path of requests.
             try database.execute("PRAGMA wal_autocheckpoint=0;")
             let version = Int64(try database.scalarText("PRAGMA user_version") ?? "0") ?? 0
+            var clean = true
             if version == 0 {
                 try createSchema(owner: owner)
             } else if version == 1 {
-                try migrateFromVersion1()
+                clean = false  // no mark yet: the first open under version 2 checks
+                try migrateFromVersion1(progress: progress)
             } else if version != Self.schemaVersion {
                 throw CacheStoreError.damaged("\(path) has schema version \(version), this mtmfs knows \(Self.schemaVersion)")
+            } else {
+                clean = try database.scalarText("SELECT value FROM state WHERE name = 'clean'") == "1"
             }
-            // Inodes whose last name went while a crashed daemon still had them open.
-            try database.execute("""
-                BEGIN IMMEDIATE;
-                DELETE FROM chunks WHERE ino IN (SELECT ino FROM inodes WHERE links = 0);
-                DELETE FROM xattrs WHERE ino IN (SELECT ino FROM inodes WHERE links = 0);
-                DELETE FROM inodes WHERE links = 0;
-                COMMIT;
-                """)
+            if !clean || check == .always {
+                try fullCheck(progress: progress, reason: clean ? "on demand" : "after an unclean shutdown")
+            }
+            // Unclean from now on, until `close()` marks it clean again.
+            try database.execute("INSERT OR REPLACE INTO state(name, value) VALUES('clean', 0);")
+            // Inodes whose last name went while a crashed daemon still had them open, or
+            // whose data was still being deleted: their chunks go in slices (`reclaimStep`).
+            reclaimQueue = try database.integers("SELECT ino FROM inodes WHERE links = 0")
         } catch let error as CacheStoreError {
             throw error
         } catch let error as SQLiteError {
@@ -188,8 +227,56 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
+    /// The full check of a cache database, read only (also while it is mounted): what
+    /// `mtmfs check` runs. Throws what is wrong.
+    public static func check(path: String, progress: @escaping (String) -> Void) throws(CacheStoreError) {
+        do {
+            let database = try SQLiteDatabase(path: path, readOnly: true)
+            try database.execute("PRAGMA busy_timeout=5000;")
+            guard try database.scalarText("PRAGMA application_id") == String(CacheDatabase.applicationID) else {
+                throw CacheStoreError.damaged("\(path) is not an mtmfs cache database (application_id)")
+            }
+            let version = Int64(try database.scalarText("PRAGMA user_version") ?? "0") ?? 0
+            guard version <= schemaVersion else {
+                throw CacheStoreError.damaged("\(path) has schema version \(version), this mtmfs knows \(schemaVersion)")
+            }
+            try integrityCheck(database, path: path, reason: "on demand", progress: progress)
+        } catch let error as CacheStoreError {
+            throw error
+        } catch {
+            throw .damaged("\(path): \(error)")
+        }
+    }
+
+    /// `PRAGMA integrity_check`, saying every second that it is still working.
+    func fullCheck(progress: @escaping (String) -> Void, reason: String) throws {
+        try Self.integrityCheck(database, path: path, reason: reason, progress: progress)
+        checkedAtOpen = true
+    }
+
+    static func integrityCheck(_ database: SQLiteDatabase, path: String, reason: String,
+                               progress: @escaping (String) -> Void) throws {
+        var st = stat()
+        let megabytes = stat(path, &st) == 0 ? Int(st.st_size) >> 20 : 0
+        progress("checking the cache database (\(megabytes) MiB) \(reason)…")
+        let started = ContinuousClock.now
+        var lastSaid = 0
+        let result = try database.withProgress(every: 100_000, {
+            let seconds = Int(started.secondsElapsed)
+            if seconds > lastSaid {
+                lastSaid = seconds
+                progress("checking the cache database (\(megabytes) MiB) \(reason)… \(seconds) s")
+            }
+        }) { () throws(SQLiteError) in try database.scalarText("PRAGMA integrity_check") }
+        guard result == "ok" else {
+            throw CacheStoreError.damaged("\(path) fails PRAGMA integrity_check: \(result ?? "no answer")")
+        }
+        progress("checked the cache database in \(Int(started.secondsElapsed * 1000)) ms: ok")
+    }
+
     func createSchema(owner: (uid: UInt32, gid: UInt32)) throws(SQLiteError) {
         let now = Self.now()
+        // (Incremental vacuum was chosen when the file was made: `CacheDatabase.createEmpty`.)
         try database.execute("""
             BEGIN IMMEDIATE;
             CREATE TABLE inodes(
@@ -204,29 +291,46 @@ public final class CacheStore: @unchecked Sendable {
                 parent INTEGER NOT NULL, name TEXT NOT NULL, ino INTEGER NOT NULL,
                 PRIMARY KEY(parent, name)) STRICT, WITHOUT ROWID;
             CREATE INDEX entries_by_inode ON entries(ino);
-            CREATE TABLE chunks(
-                ino INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL,
-                PRIMARY KEY(ino, idx)) STRICT, WITHOUT ROWID;
+            \(Self.chunksTable)
             CREATE TABLE xattrs(
                 ino INTEGER NOT NULL, name TEXT NOT NULL, value BLOB NOT NULL,
                 PRIMARY KEY(ino, name)) STRICT, WITHOUT ROWID;
             INSERT INTO inodes(ino, mode, uid, gid, links, atime, mtime, ctime)
                 VALUES(1, \(S_IFDIR | 0o755), \(owner.uid), \(owner.gid), 2, \(now), \(now), \(now));
+            CREATE TABLE state(name TEXT PRIMARY KEY, value INTEGER NOT NULL) STRICT, WITHOUT ROWID;
             PRAGMA user_version=\(Self.schemaVersion);
             COMMIT;
             """)
     }
 
+    /// Chunks are a rowid table (with a unique index on the position) so that a write into
+    /// part of a stored chunk changes only the pages it covers (incremental BLOB I/O, which
+    /// SQLite offers for rowid tables only).
+    static let chunksTable = """
+        CREATE TABLE chunks(
+            id INTEGER PRIMARY KEY, ino INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL) STRICT;
+        CREATE UNIQUE INDEX chunks_by_position ON chunks(ino, idx);
+        """
+
     /// Version 2 counts the bytes each inode's chunk rows hold (`stored`, for `st_blocks`
-    /// and the size limit): added and counted once, in one transaction.
-    func migrateFromVersion1() throws(SQLiteError) {
+    /// and the size limit), keeps the clean-shutdown mark (`state`), keeps chunks in a rowid
+    /// table, and uses incremental vacuum: all done once, then the file is rebuilt (VACUUM).
+    func migrateFromVersion1(progress: (String) -> Void) throws(SQLiteError) {
+        progress("upgrading the cache database to schema version 2 (once)…")
         try database.execute("""
             BEGIN IMMEDIATE;
             ALTER TABLE inodes ADD COLUMN stored INTEGER NOT NULL DEFAULT 0;
             UPDATE inodes SET stored = (SELECT coalesce(sum(length(data)), 0) FROM chunks WHERE chunks.ino = inodes.ino)
                 WHERE mode & \(S_IFMT) = \(S_IFREG);
+            CREATE TABLE state(name TEXT PRIMARY KEY, value INTEGER NOT NULL) STRICT, WITHOUT ROWID;
+            ALTER TABLE chunks RENAME TO chunks_v1;
+            \(Self.chunksTable)
+            INSERT INTO chunks(ino, idx, data) SELECT ino, idx, data FROM chunks_v1 ORDER BY ino, idx;
+            DROP TABLE chunks_v1;
             PRAGMA user_version=2;
             COMMIT;
+            PRAGMA auto_vacuum=INCREMENTAL;
+            VACUUM;
             """)
     }
 
@@ -267,9 +371,9 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    func run(_ sql: String, _ values: Any?...) throws(Errno) {
+    func run(_ sql: String, _ values: any SQLiteBindable...) throws(Errno) {
         let statement = try statement(sql)
-        statement.bindArray(values)
+        statement.bind(values)
         do {
             try statement.run()
         } catch {
@@ -290,7 +394,7 @@ public final class CacheStore: @unchecked Sendable {
         statement.bind(ino)
         defer { statement.done() }
         guard try row(statement) else { throw .noSuchFileOrDirectory }
-        return Self.inode(statement)
+        return dirty.overlay(Self.inode(statement))
     }
 
     static func inode(_ s: Statement) -> CacheInode {
@@ -345,7 +449,7 @@ public final class CacheStore: @unchecked Sendable {
         _ = try? withLock { () throws(Errno) in
             let left = (lookups[ino] ?? 0) > count ? lookups[ino]! - count : 0
             lookups[ino] = left == 0 ? nil : left
-            if left == 0 { try deleteIfUnreferenced(ino) }
+            if left == 0 { try referenceDropped(ino) }
         }
     }
 
@@ -364,11 +468,21 @@ public final class CacheStore: @unchecked Sendable {
     /// How precisely the least recently used order is kept (nanoseconds).
     static let useResolution: Int64 = 60_000_000_000
 
+    /// A handle closed: the last one writes the file's buffered data.
     public func released(_ ino: Int64) {
         _ = try? withLock { () throws(Errno) in
             let left = max(0, (opens[ino] ?? 0) - 1)
             opens[ino] = left == 0 ? nil : left
-            if left == 0 { try deleteIfUnreferenced(ino) }
+            guard left == 0 else { return }
+            if orphans.contains(ino) {
+                try referenceDropped(ino)
+            } else if dirty.files[ino] != nil {
+                do throws(Errno) {
+                    try change { () throws(Errno) in try flushDirty(ino) }
+                } catch {
+                    Log.error("cache: the data written to inode \(ino) could not be stored at its close: \(error)")
+                }
+            }
         }
     }
 
@@ -377,6 +491,7 @@ public final class CacheStore: @unchecked Sendable {
     /// log may be reused).
     public func synchronize() throws(Errno) {
         try withLock { () throws(Errno) in
+            if !dirty.files.isEmpty { try change { () throws(Errno) in try flushAllDirty() } }
             try commitBatch()
             let fd = open(path + "-wal", O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else { return }  // no log: everything is in the database file
@@ -385,10 +500,13 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    /// At unmount: commits, checkpoints everything and truncates the log.
+    /// At unmount: writes what is buffered, commits, marks the store clean (the next open
+    /// skips the full check), checkpoints everything and truncates the log.
     public func close() throws(Errno) {
         try withLock { () throws(Errno) in
+            try change { () throws(Errno) in try flushAllDirty() }
             try commitBatch()
+            try exec("INSERT OR REPLACE INTO state(name, value) VALUES('clean', 1)")
             try exec("PRAGMA wal_checkpoint(TRUNCATE)")
         }
     }
@@ -412,27 +530,6 @@ public enum CacheStoreError: Error, CustomStringConvertible, Sendable {
     public var description: String {
         switch self {
         case .damaged(let reason): "cache damaged: \(reason)"
-        }
-    }
-}
-
-extension Statement {
-    func bindArray(_ values: [Any?]) {
-        sqlite3_reset(handle)
-        sqlite3_clear_bindings(handle)
-        let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
-        for (offset, value) in values.enumerated() {
-            let index = Int32(offset + 1)
-            switch value {
-            case let number as Int64: sqlite3_bind_int64(handle, index, number)
-            case let number as Int: sqlite3_bind_int64(handle, index, Int64(number))
-            case let text as String: sqlite3_bind_text(handle, index, text, -1, transient)
-            case let bytes as [UInt8]:
-                bytes.withUnsafeBytes { sqlite3_bind_blob(handle, index, $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32($0.count), transient) }
-            case let buffer as UnsafeRawBufferPointer:
-                sqlite3_bind_blob(handle, index, buffer.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(buffer.count), transient)
-            default: sqlite3_bind_null(handle, index)
-            }
         }
     }
 }

@@ -44,6 +44,14 @@ extension CacheStore {
         return try row(statement) ? Int(statement.int(0)) : nil
     }
 
+    /// A chunk's row id and stored length (0: preallocated); nil for a hole.
+    func chunkRow(_ ino: Int64, _ index: Int64) throws(Errno) -> (id: Int64, length: Int)? {
+        let statement = try statement("SELECT id, length(data) FROM chunks WHERE ino = ? AND idx = ?")
+        statement.bind(ino, index)
+        defer { statement.done() }
+        return try row(statement) ? (statement.int(0), Int(statement.int(1))) : nil
+    }
+
     /// A chunk's bytes to update in part, and what its row held before: a hole gives no
     /// bytes, a preallocated chunk a whole chunk of zeros.
     func chunkForUpdate(_ ino: Int64, _ index: Int64) throws(Errno) -> (bytes: [UInt8], allocated: Int64) {
@@ -56,7 +64,7 @@ extension CacheStore {
         return (bytes, Int64(bytes.count))
     }
 
-    func putChunk(_ ino: Int64, _ index: Int64, _ bytes: Any) throws(Errno) {
+    func putChunk(_ ino: Int64, _ index: Int64, _ bytes: some SQLiteBindable) throws(Errno) {
         try run("INSERT OR REPLACE INTO chunks(ino, idx, data) VALUES(?,?,?)", ino, index, bytes)
     }
 
@@ -104,6 +112,7 @@ extension CacheStore {
     /// Reads up to `size` bytes at `offset`; holes read as zeros.
     public func read(_ ino: Int64, offset: Int64, size: Int, into reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
         try withLock { () throws(Errno) in
+            if dirty.files[ino] != nil { try change { () throws(Errno) in try flushDirty(ino) } }
             let inode = try fetchInode(ino)
             guard offset < inode.size, size > 0 else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
             let buffer = try zeroedBuffer(ino, offset: offset, count: Int(min(Int64(size), inode.size - offset)))
@@ -113,44 +122,76 @@ extension CacheStore {
     }
 
     /// Writes `data` at `offset` (at the end with `append`); returns the bytes written.
+    /// Whole chunks go to the database at once; parts of chunks are buffered (`DirtyChunks`)
+    /// until the chunk is whole or the data is needed there.
     public func write(_ ino: Int64, offset: Int64, data: UnsafeRawBufferPointer, append: Bool) throws(Errno) -> Int {
         guard !data.isEmpty else { return 0 }
-        return try transaction { () throws(Errno) -> Int in
-            let inode = try fetchInode(ino)
-            guard !inode.isDirectory else { throw .isDirectory }
+        return try withLock { () throws(Errno) -> Int in
+            var fresh: DirtyChunks.File?
+            if dirty.files[ino] == nil {
+                let inode = try fetchInode(ino)
+                guard !inode.isDirectory else { throw .isDirectory }
+                fresh = DirtyChunks.File(size: inode.size, modified: inode.modificationNanoseconds)
+            }
             try requireHeadroom(adding: data.count)
-            let start = append ? inode.size : offset
+            let start = append ? (fresh ?? dirty.files[ino]!).size : offset
             guard start >= 0, start <= Int64.max - Int64(data.count) else { throw .fileTooLarge }
+            // Nothing below throws until the buffers are back in the table; taken out, they
+            // change in place (no copy on write of a chunk per write).
+            var file = dirty.files.removeValue(forKey: ino) ?? fresh!
+            var whole: [(index: Int64, piece: UnsafeRawBufferPointer)] = []
+            var completed: [Int64] = []
             var position = 0
-            var stored: Int64 = 0
             while position < data.count {
                 let absolute = start + Int64(position)
                 let index = absolute / Int64(Self.chunkSize)
                 let within = Int(absolute % Int64(Self.chunkSize))
                 let count = min(Self.chunkSize - within, data.count - position)
                 let piece = UnsafeRawBufferPointer(rebasing: data[position..<(position + count)])
-                if within == 0 && count == Self.chunkSize {
-                    let before = try chunkLength(ino, index).map(Self.allocated) ?? 0
-                    try putChunk(ino, index, piece)
-                    stored += Int64(Self.chunkSize) - before
+                if count == Self.chunkSize, let replaced = file.chunks.removeValue(forKey: index) {
+                    dirty.bytes -= replaced.bytes.count
+                }
+                if count == Self.chunkSize {
+                    whole.append((index, piece))  // straight from the request's buffer
                 } else {
-                    var (chunk, before) = try chunkForUpdate(ino, index)
-                    if chunk.count < within + count { chunk += [UInt8](repeating: 0, count: within + count - chunk.count) }
-                    chunk.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: within).copyMemory(from: piece.baseAddress!, byteCount: count) }
-                    try putChunk(ino, index, chunk)
-                    stored += Int64(chunk.count) - before
+                    let before = file.chunks[index]?.bytes.count ?? 0
+                    file.chunks[index, default: DirtyChunks.Chunk()].write(piece, at: within)
+                    dirty.bytes += file.chunks[index]!.bytes.count - before
+                    if file.chunks[index]!.isWhole { completed.append(index) }
                 }
                 position += count
             }
-            let now = Self.now()
-            try run("UPDATE inodes SET size = max(size, ?), stored = stored + ?, mtime = ?, ctime = ? WHERE ino = ?",
-                    start + Int64(data.count), stored, now, now, ino)
+            file.size = max(file.size, start + Int64(data.count))
+            file.modified = Self.now()
+            dirty.files[ino] = consume file
+            if dirty.since == nil {
+                dirty.since = .now
+                batchOpened.post()  // the committing thread writes it within `dirtyDelay`
+            }
+            if !whole.isEmpty || !completed.isEmpty || dirty.bytes > Self.dirtyLimit {
+                try change { () throws(Errno) in
+                    var stored: Int64 = 0
+                    for (index, piece) in whole {
+                        let before = try chunkLength(ino, index).map(Self.allocated) ?? 0
+                        try putChunk(ino, index, piece)
+                        stored += Int64(Self.chunkSize) - before
+                        batchBytes += piece.count
+                    }
+                    if stored != 0 { try run("UPDATE inodes SET stored = stored + ? WHERE ino = ?", stored, ino) }
+                    if dirty.bytes > Self.dirtyLimit {
+                        try flushAllDirty()
+                    } else {
+                        try flushDirty(ino, only: completed)
+                    }
+                }
+            }
             return data.count
         }
     }
 
     public func setAttributes(_ ino: Int64, _ changes: CacheAttributeChanges) throws(Errno) -> CacheInode {
         try transaction { () throws(Errno) -> CacheInode in
+            if changes.size == 0 { dirty.discard(ino) } else { try flushDirty(ino) }
             var inode = try fetchInode(ino)
             let now = Self.now()
             if let size = changes.size {
@@ -206,6 +247,7 @@ extension CacheStore {
         let (end, overflow) = offset.addingReportingOverflow(length)
         guard !overflow else { throw .fileTooLarge }
         try transaction { () throws(Errno) in
+            try flushDirty(ino)
             let inode = try regularFile(ino)
             let size = Int64(Self.chunkSize)
             let first = offset / size, last = (end - 1) / size
@@ -286,6 +328,7 @@ extension CacheStore {
     /// ENXIO at or past the end, and for SEEK_DATA with no data after `offset`.
     public func seek(_ ino: Int64, offset: Int64, data: Bool) throws(Errno) -> Int64 {
         try withLock { () throws(Errno) -> Int64 in
+            if dirty.files[ino] != nil { try change { () throws(Errno) in try flushDirty(ino) } }
             let inode = try fetchInode(ino)
             guard offset >= 0, offset < inode.size else { throw .noSuchDeviceOrAddress }
             let statement = try statement("SELECT idx, length(data) FROM chunks WHERE ino = ? AND idx >= ? ORDER BY idx")
@@ -313,6 +356,8 @@ extension CacheStore {
     public func copyRange(from source: Int64, offset sourceOffset: Int64, to destination: Int64,
                           offset destinationOffset: Int64, length: Int) throws(Errno) -> Int {
         try transaction { () throws(Errno) -> Int in
+            try flushDirty(source)
+            try flushDirty(destination)
             let from = try regularFile(source)
             _ = try regularFile(destination)
             guard sourceOffset >= 0, destinationOffset >= 0 else { throw .invalidArgument }

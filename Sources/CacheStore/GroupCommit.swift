@@ -14,8 +14,13 @@ extension CacheStore {
     /// Runs `body` in one write transaction (rolled back if it throws). On a full disk the
     /// write-ahead log is checkpointed and truncated (giving its space back) and the body
     /// tried once more, so that a delete can still free space.
-    func transaction<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
-        try withLock { () throws(Errno) -> T in
+    func transaction<T>(background: Bool = false, _ body: () throws(Errno) -> T) throws(Errno) -> T {
+        try withLock { () throws(Errno) -> T in try change(body, background: background) }
+    }
+
+    /// `transaction` with the lock already held: one savepoint in the open group.
+    func change<T>(_ body: () throws(Errno) -> T, background: Bool = false) throws(Errno) -> T {
+            if !background { lastChange = .now }
             var attempt = 0
             defer { freeBytesNow = nil }
             while true {
@@ -27,7 +32,8 @@ extension CacheStore {
                     let result = try body()
                     try run("RELEASE change")
                     batchChanges += 1
-                    if batchChanges >= Self.groupCommitSize || !hasRoomForGroups(free: freeBytesNow) { try commitBatch() }
+                    if batchChanges >= Self.groupCommitSize || batchBytes >= Self.groupBytes
+                        || !hasRoomForGroups(free: freeBytesNow) { try commitBatch() }
                     return result
                 } catch {
                     if database.isInTransaction {
@@ -40,7 +46,6 @@ extension CacheStore {
                     try? exec("PRAGMA wal_checkpoint(TRUNCATE)")
                 }
             }
-        }
     }
 
     /// Opens a group of changes unless one is open (lock held).
@@ -50,6 +55,7 @@ extension CacheStore {
         try run("BEGIN IMMEDIATE")
         batchStart = .now
         batchChanges = 0
+        batchBytes = 0
         batchOpened.post()
     }
 
@@ -83,8 +89,12 @@ extension CacheStore {
         return free >= Self.reservedBytes + Self.groupRoom
     }
 
-    /// A group holds at most `groupCommitSize` writes of at most 1 MiB (libfuse's max_write).
-    static let groupRoom: UInt64 = 256 << 20
+    /// A group is committed once its changes wrote `groupBytes` of file data, so that the
+    /// log (which a checkpoint cannot copy before the commit) stays small.
+    static let groupBytes = 8 << 20
+    /// Room a group may need: `groupBytes` plus one write of 1 MiB (libfuse's max_write),
+    /// with a wide margin for the pages SQLite rewrites around them.
+    static let groupRoom: UInt64 = 64 << 20
 
     /// SQLite rolls the whole transaction back on some errors (a full disk, I/O) of any
     /// statement, also of those run outside `transaction` (open and release bookkeeping):
@@ -110,17 +120,22 @@ extension CacheStore {
 
     /// Committed changes wait for a checkpoint (the committing thread then comes back
     /// within `checkpointQuiet` rather than sleeping long).
-    public var needsCheckpoint: Bool { lock.withLock { uncheckpointed } }
+    public var needsCheckpoint: Bool { lock.withLock { uncheckpointed || !reclaimQueue.isEmpty } }
 
-    /// Copies the write-ahead log into the database file once the store has been quiet for
-    /// `checkpointQuiet` seconds, or at once when the log has grown past its limit. Runs on
-    /// a connection of its own, without the store's lock: requests go on meanwhile.
-    public func checkpointWhenQuiet() {
+    /// The write-ahead log stays under `logBound`, whatever the write load:
+    /// - once the store is quiet for `checkpointQuiet`, or the log holds `checkpointThreshold`
+    ///   bytes, a PASSIVE checkpoint copies it into the database file on a connection of its
+    ///   own, without the store's lock, while requests go on;
+    /// - a writer that never pauses keeps the log from being reused (SQLite starts it over
+    ///   only when everything in it was copied and no transaction is open), so when it
+    ///   still holds `restartThreshold` bytes after that, the store's lock is taken, the
+    ///   group committed, and a TRUNCATE checkpoint copies the little the PASSIVE one left
+    ///   and empties the log. Requests wait only for that remainder.
+    public func checkpointIfDue() {
         let (pending, quiet) = lock.withLock { (uncheckpointed, lastCommit.secondsElapsed >= Self.checkpointQuiet && batchStart == nil) }
         guard pending else { return }
-        var st = stat()
-        let logBytes = stat(path + "-wal", &st) == 0 ? Int64(st.st_size) : 0
-        guard quiet || logBytes >= Self.checkpointLogLimit else { return }
+        let logBytes = Self.fileSize(path + "-wal")
+        guard quiet || logBytes >= Self.checkpointThreshold else { return }
         checkpointLock.withLock {
             do {
                 if checkpointer == nil {
@@ -137,9 +152,30 @@ extension CacheStore {
                 if result.copied >= result.log {
                     lock.withLock { if lastCommit == started { uncheckpointed = false } }
                 }
+                let pageSize = Int64(database.pageSize)
+                let complete = result.copied >= result.log
+                // Over the threshold, or everything copied while quiet and the file left large:
+                // start the log over (and truncate the file) under the lock.
+                if Int64(result.log) * (pageSize + 24) >= Self.restartThreshold
+                    || (quiet && complete && Self.fileSize(path + "-wal") > Self.idleLogSize) {
+                    lock.withLock {
+                        do {
+                            try commitBatch()
+                            try database.checkpoint(mode: SQLITE_CHECKPOINT_TRUNCATE, waitingAtMost: 0.05)
+                            if lastCommit == started { uncheckpointed = false }
+                        } catch {
+                            Log.error("cache: checkpoint (truncate): \(error)")
+                        }
+                    }
+                }
             } catch {
                 Log.error("cache: checkpoint: \(error)")
             }
         }
+    }
+
+    static func fileSize(_ path: String) -> Int64 {
+        var st = stat()
+        return stat(path, &st) == 0 ? Int64(st.st_size) : 0
     }
 }

@@ -26,18 +26,20 @@ extension CacheStore {
         try withLock { () throws(Errno) -> CacheInode in try fetchInode(ino) }
     }
 
-    /// The names in a directory with their inodes, in name order.
-    public func list(_ ino: Int64) throws(Errno) -> [(name: String, inode: CacheInode)] {
+    /// The names in a directory with their inodes, in name order (byte order of UTF-8): at
+    /// most `limit` of them, those after `name` (from the first with nil). A listing is read
+    /// page by page this way, so memory does not grow with the directory.
+    public func list(_ ino: Int64, after name: String? = nil, limit: Int = Int.max) throws(Errno) -> [(name: String, inode: CacheInode)] {
         try withLock { () throws(Errno) -> [(name: String, inode: CacheInode)] in
             _ = try directory(ino)
             let statement = try statement("""
                 SELECT i.ino, i.mode, i.uid, i.gid, i.size, i.links, i.atime, i.mtime, i.ctime, i.rdev, i.target, i.stored, e.name
-                FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = ? ORDER BY e.name
+                FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = ? AND e.name > ? ORDER BY e.name LIMIT ?
                 """)
-            statement.bind(ino)
+            statement.bind(ino, name ?? "", limit)
             defer { statement.done() }
             var result: [(name: String, inode: CacheInode)] = []
-            while try row(statement) { result.append((statement.text(12), Self.inode(statement))) }
+            while try row(statement) { result.append((statement.text(12), dirty.overlay(Self.inode(statement)))) }
             return result
         }
     }
@@ -123,15 +125,25 @@ extension CacheStore {
             try run("UPDATE inodes SET links = links - 1, ctime = ? WHERE ino = ?", now, ino)
             try touch(parent)
         }
-        try deleteIfUnreferenced(ino)
+        if inode.isDirectory || inode.links <= 1 { try unlinked(ino) }
     }
 
-    func deleteIfUnreferenced(_ ino: Int64) throws(Errno) {
-        guard ino != Self.rootInode, (lookups[ino] ?? 0) == 0, (opens[ino] ?? 0) == 0 else { return }
-        guard try fetchInode(ino).links <= 0 else { return }
-        try run("DELETE FROM chunks WHERE ino = ?", ino)
-        try run("DELETE FROM xattrs WHERE ino = ?", ino)
-        try run("DELETE FROM inodes WHERE ino = ?", ino)
+    /// An inode that lost its last name: deleted now, or once the kernel and the open
+    /// handles let it go (`orphans`).
+    func unlinked(_ ino: Int64) throws(Errno) {
+        guard ino != Self.rootInode else { return }
+        if (lookups[ino] ?? 0) == 0 && (opens[ino] ?? 0) == 0 {
+            try deleteInode(ino)
+        } else {
+            orphans.insert(ino)
+        }
+    }
+
+    /// A reference went: an orphan without references left is deleted. Other inodes need no
+    /// look at the database (forgetting costs no query).
+    func referenceDropped(_ ino: Int64) throws(Errno) {
+        guard (lookups[ino] ?? 0) == 0, (opens[ino] ?? 0) == 0, orphans.remove(ino) != nil else { return }
+        try deleteInode(ino)
     }
 
     /// rename(2) and renameat2(2) with RENAME_NOREPLACE (1) and RENAME_EXCHANGE (2).

@@ -20,9 +20,9 @@ public final class SQLiteDatabase {
     let handle: OpaquePointer
 
     /// Opens (or creates, with `create`) the database at `path`.
-    public init(path: String, create: Bool = false) throws(SQLiteError) {
+    public init(path: String, create: Bool = false, readOnly: Bool = false) throws(SQLiteError) {
         var db: OpaquePointer?
-        let flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX
+        let flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX
         let rc = sqlite3_open_v2(path, &db, flags, nil)
         guard rc == SQLITE_OK, let db else {
             let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
@@ -57,6 +57,50 @@ public final class SQLiteDatabase {
         return (Int(log), Int(copied))
     }
 
+    /// A checkpoint that waits at most `seconds` for readers and writers (then SQLITE_BUSY
+    /// is thrown); the connection's own busy timeout is restored after.
+    public func checkpoint(mode: Int32, waitingAtMost seconds: Double) throws(SQLiteError) {
+        sqlite3_busy_timeout(handle, Int32(seconds * 1000))
+        defer { sqlite3_busy_timeout(handle, 5000) }
+        let rc = sqlite3_wal_checkpoint_v2(handle, nil, mode, nil, nil)
+        guard rc == SQLITE_OK else { throw error(rc, "checkpoint") }
+    }
+
+    /// Pages on the free list (nil when SQLite cannot say).
+    public var freePages: Int64? { (try? scalarText("PRAGMA freelist_count")).flatMap { $0.flatMap { Int64($0) } } }
+
+    /// The database's page size in bytes.
+    public var pageSize: Int { Int((try? scalarText("PRAGMA page_size")).flatMap { $0.flatMap { Int($0) } } ?? 4096) }
+
+    /// The first column of every row of a query, as integers.
+    public func integers(_ sql: String) throws(SQLiteError) -> [Int64] {
+        var statement: OpaquePointer?
+        var rc = sqlite3_prepare_v2(handle, sql, -1, &statement, nil)
+        guard rc == SQLITE_OK else { throw error(rc, sql) }
+        defer { sqlite3_finalize(statement) }
+        var values: [Int64] = []
+        while true {
+            rc = sqlite3_step(statement)
+            if rc == SQLITE_DONE { return values }
+            guard rc == SQLITE_ROW else { throw error(rc, sql) }
+            values.append(sqlite3_column_int64(statement, 0))
+        }
+    }
+
+    /// Runs `body` with `tick` called every `steps` virtual-machine steps of SQLite (for
+    /// saying that a long statement is still working).
+    public func withProgress<T>(every steps: Int32, _ tick: @escaping () -> Void,
+                                _ body: () throws(SQLiteError) -> T) throws(SQLiteError) -> T {
+        let box = Unmanaged.passRetained(ProgressBox(tick))
+        defer { box.release() }
+        sqlite3_progress_handler(handle, steps, { context in
+            Unmanaged<ProgressBox>.fromOpaque(context!).takeUnretainedValue().tick()
+            return 0
+        }, box.toOpaque())
+        defer { sqlite3_progress_handler(handle, 0, nil, nil) }
+        return try body()
+    }
+
     /// The first column of the first row of a query, as text.
     public func scalarText(_ sql: String) throws(SQLiteError) -> String? {
         var statement: OpaquePointer?
@@ -82,7 +126,9 @@ public enum CacheDatabase {
     /// Creates an empty cache database in WAL mode, durable before it returns.
     public static func createEmpty(at path: String) throws(SQLiteError) {
         let db = try SQLiteDatabase(path: path, create: true)
-        try db.execute("PRAGMA journal_mode=WAL; PRAGMA application_id=\(applicationID);")
+        // Incremental vacuum (space given back, see CacheStore.reclaimStep) can only be chosen
+        // while the file is empty, before the header is written.
+        try db.execute("PRAGMA auto_vacuum=INCREMENTAL; PRAGMA journal_mode=WAL; PRAGMA application_id=\(applicationID);")
         // SQLite creates files 0644 (less the umask); the store is private. The -wal and
         // -shm files copy the database's mode.
         do {
@@ -110,11 +156,17 @@ final class Statement {
 
     deinit { sqlite3_finalize(handle) }
 
-    /// Binds the arguments (Int64, String, [UInt8], UnsafeRawBufferPointer, nil) in order.
+    /// Binds the arguments in order (clearing earlier bindings first).
     @discardableResult
-    func bind(_ values: Any?...) -> Statement {
-        bindArray(values)
+    func bind(_ values: any SQLiteBindable...) -> Statement {
+        bind(values)
         return self
+    }
+
+    func bind(_ values: [any SQLiteBindable]) {
+        sqlite3_reset(handle)
+        sqlite3_clear_bindings(handle)
+        for (offset, value) in values.enumerated() { value.bind(to: handle, at: Int32(offset + 1)) }
     }
 
     /// Steps once: true for a row, false when done.
@@ -149,4 +201,103 @@ final class Statement {
 extension SQLiteDatabase {
     var changes: Int { Int(sqlite3_changes(handle)) }
     var lastInsertedRow: Int64 { sqlite3_last_insert_rowid(handle) }
+}
+
+/// A Swift value that binds to a statement parameter as the SQLite type it is: integers as
+/// INTEGER, strings as TEXT, bytes as BLOB (an empty one as a zero-length BLOB, not NULL),
+/// nil as NULL. Nothing else can be bound, so no value silently becomes NULL.
+protocol SQLiteBindable {
+    func bind(to statement: OpaquePointer, at index: Int32)
+}
+
+extension Int64: SQLiteBindable {
+    func bind(to statement: OpaquePointer, at index: Int32) { sqlite3_bind_int64(statement, index, self) }
+}
+
+extension Int: SQLiteBindable {
+    func bind(to statement: OpaquePointer, at index: Int32) { sqlite3_bind_int64(statement, index, Int64(self)) }
+}
+
+extension String: SQLiteBindable {
+    func bind(to statement: OpaquePointer, at index: Int32) {
+        sqlite3_bind_text(statement, index, self, -1, SQLiteBinding.transient)
+    }
+}
+
+extension UnsafeRawBufferPointer: SQLiteBindable {
+    func bind(to statement: OpaquePointer, at index: Int32) {
+        // A zero-length blob needs a non-NULL pointer, or SQLite binds NULL.
+        sqlite3_bind_blob(statement, index, baseAddress ?? SQLiteBinding.emptyBlob, Int32(count), SQLiteBinding.transient)
+    }
+}
+
+extension Array: SQLiteBindable where Element == UInt8 {
+    func bind(to statement: OpaquePointer, at index: Int32) {
+        withUnsafeBytes { $0.bind(to: statement, at: index) }
+    }
+}
+
+extension ArraySlice: SQLiteBindable where Element == UInt8 {
+    func bind(to statement: OpaquePointer, at index: Int32) {
+        withUnsafeBytes { $0.bind(to: statement, at: index) }
+    }
+}
+
+extension Optional: SQLiteBindable where Wrapped: SQLiteBindable {
+    func bind(to statement: OpaquePointer, at index: Int32) {
+        if let value = self { value.bind(to: statement, at: index) } else { sqlite3_bind_null(statement, index) }
+    }
+}
+
+enum SQLiteBinding {
+    /// `SQLITE_TRANSIENT` (a macro): SQLite copies the bytes before the call returns.
+    static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+    static var emptyBlob: UnsafeRawPointer { UnsafeRawPointer(bitPattern: 1)! }
+}
+
+/// The closure a progress handler calls, kept alive while the handler is set.
+final class ProgressBox {
+    let tick: () -> Void
+    init(_ tick: @escaping () -> Void) { self.tick = tick }
+}
+
+/// Writes into BLOBs in place (incremental BLOB I/O): only the pages the bytes fall on are
+/// written. One handle moves from row to row (`sqlite3_blob_reopen`, far cheaper than an
+/// open per write); `close()` before the transaction commits.
+///
+/// Thread-safety: none; used under its owner's lock.
+final class BlobWriter {
+    let database: SQLiteDatabase
+    let table: String
+    let column: String
+    private var handle: OpaquePointer?
+
+    init(_ database: SQLiteDatabase, table: String, column: String) {
+        self.database = database
+        self.table = table
+        self.column = column
+    }
+
+    /// Writes `bytes` at `offset` into the BLOB of `row`, which must be long enough already.
+    func write(row: Int64, offset: Int, _ bytes: UnsafeRawBufferPointer) throws(SQLiteError) {
+        var rc: Int32
+        if let handle {
+            rc = sqlite3_blob_reopen(handle, row)
+        } else {
+            rc = sqlite3_blob_open(database.handle, "main", table, column, row, 1, &handle)
+        }
+        guard rc == SQLITE_OK, let handle else {
+            close()
+            throw database.error(rc, "blob open \(table).\(column) row \(row)")
+        }
+        rc = sqlite3_blob_write(handle, bytes.baseAddress, Int32(bytes.count), Int32(offset))
+        guard rc == SQLITE_OK else { throw database.error(rc, "blob write \(table).\(column) row \(row)") }
+    }
+
+    func close() {
+        sqlite3_blob_close(handle)
+        handle = nil
+    }
+
+    deinit { close() }
 }

@@ -259,6 +259,14 @@ public protocol FileSystem: AnyObject, Sendable {
     /// The whole listing of a directory, taken once per `opendir` (a snapshot the kernel
     /// pages through), without "." and "..".
     func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry]
+    /// Whether `inode` is listed page by page (`listDirectory(_:after:limit:context:)`, each
+    /// page asked when the kernel reaches it) instead of as one snapshot taken at opendir:
+    /// for directories of any size, so that an open listing holds one page, not all.
+    func pagesListing(of inode: InodeNumber) -> Bool
+    /// At most `limit` entries after the one named `name` (from the first with nil), in a
+    /// fixed order of names; without "." and "..".
+    func listDirectory(_ inode: InodeNumber, after name: String?, limit: Int,
+                       context: RequestContext) throws(Errno) -> [DirectoryEntry]
     func statistics(_ inode: InodeNumber) throws(Errno) -> FileSystemStatistics
     func setExtendedAttribute(_ inode: InodeNumber, name: String, value: [UInt8], flags: Int32,
                               context: RequestContext) throws(Errno)
@@ -323,6 +331,13 @@ public extension FileSystem {
     func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {}
     func synchronizeDirectory(_ inode: InodeNumber) throws(Errno) {}
     func openDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) {}
+    func pagesListing(of inode: InodeNumber) -> Bool { false }
+    func listDirectory(_ inode: InodeNumber, after name: String?, limit: Int,
+                       context: RequestContext) throws(Errno) -> [DirectoryEntry] {
+        let all = try listDirectory(inode, context: context)
+        let start = name.flatMap { name in all.firstIndex { $0.name == name }.map { $0 + 1 } } ?? 0
+        return Array(all[start...].prefix(limit))
+    }
     /// Not ENOSYS: that would turn fallocate off for the whole connection.
     func allocate(_ inode: InodeNumber, handle: UInt64, mode: Int32, offset: UInt64, length: UInt64,
                   context: RequestContext) throws(Errno) { throw .notSupported }

@@ -18,13 +18,46 @@ final class FuseBridge: Sendable {
         self.kernel = kernel
     }
 
-    /// A directory being read: the snapshot taken at `opendir`, paged through by offset.
+    /// A directory being read. Either the snapshot taken at `opendir`, or (for file systems
+    /// that page their listings) one page of it at a time, fetched by name when the kernel
+    /// reaches its end. Offsets: 0 is ".", 1 is "..", 2 + i is entry i.
+    ///
+    /// Thread-safety: the kernel sends one READDIR of an open directory at a time.
     final class DirectoryStream {
-        let entries: [DirectoryEntry]
+        static let pageSize = 256
         let inode: InodeNumber
-        init(inode: InodeNumber, entries: [DirectoryEntry]) {
+        let paged: Bool
+        /// The entries held: all of them, or the page starting at entry `pageStart`.
+        var entries: [DirectoryEntry]
+        var pageStart = 0
+        /// Paged: the last page was shorter than a page (nothing after it).
+        var exhausted: Bool
+
+        init(inode: InodeNumber, entries: [DirectoryEntry], paged: Bool) {
             self.inode = inode
             self.entries = entries
+            self.paged = paged
+            exhausted = !paged || entries.count < Self.pageSize
+        }
+
+        /// Entry `index`, fetching pages as needed; nil past the end.
+        func entry(_ index: Int, from fs: any FileSystem, context: RequestContext) throws(Errno) -> DirectoryEntry? {
+            if index >= pageStart && index < pageStart + entries.count { return entries[index - pageStart] }
+            guard paged else { return nil }
+            if index < pageStart {  // a seek backwards: start over
+                pageStart = 0
+                entries = try fs.listDirectory(inode, after: nil, limit: Self.pageSize, context: context)
+                exhausted = entries.count < Self.pageSize
+            }
+            while index >= pageStart + entries.count {
+                if exhausted { return nil }
+                let last = entries.last?.name
+                pageStart += entries.count
+                entries = try fs.listDirectory(inode, after: last, limit: Self.pageSize, context: context)
+                exhausted = entries.count < Self.pageSize
+                if entries.isEmpty { return nil }
+            }
+            return entries[index - pageStart]
         }
     }
 
@@ -167,8 +200,10 @@ final class FuseBridge: Sendable {
         ops.opendir = { req, inode, fi in
             FuseBridge.respond(req, "opendir", inode) { fs, context throws(Errno) in
                 try fs.openDirectory(inode, context: context)
-                let stream = DirectoryStream(inode: inode,
-                                             entries: try fs.listDirectory(inode, context: context))
+                let paged = fs.pagesListing(of: inode)
+                let first = paged ? try fs.listDirectory(inode, after: nil, limit: DirectoryStream.pageSize, context: context)
+                                  : try fs.listDirectory(inode, context: context)
+                let stream = DirectoryStream(inode: inode, entries: first, paged: paged)
                 fi!.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(stream).toOpaque()))
                 _ = fuse_reply_open(req, fi)
             }
@@ -402,12 +437,13 @@ final class FuseBridge: Sendable {
         }
         let stream = Unmanaged<DirectoryStream>.fromOpaque(pointer).takeUnretainedValue()
         let fs = bridge(req).fileSystem
+        let raw = fuse_req_ctx(req)!.pointee
+        let context = RequestContext(uid: raw.uid, gid: raw.gid, pid: raw.pid, umask: raw.umask)
         let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
         defer { buffer.deallocate() }
         var used = 0
         var index = Int(max(0, offset))
-        let total = stream.entries.count + 2
-        while index < total {
+        while true {
             let name: String
             var st = stat()
             var parameters = fuse_entry_param()
@@ -417,7 +453,14 @@ final class FuseBridge: Sendable {
                 st.st_mode = S_IFDIR
                 parameters.attr = st  // ino 0: the kernel makes no dentry for dots
             } else {
-                let entry = stream.entries[index - 2]
+                let found: DirectoryEntry?
+                do {
+                    found = try stream.entry(index - 2, from: fs, context: context)
+                } catch {
+                    if used == 0 { fuse_reply_err(req, error.rawValue); return }
+                    break  // what fits is sent; the error comes with the next call
+                }
+                guard let entry = found else { break }
                 name = entry.name
                 if plus {
                     parameters = entryParameters(entry.entry)

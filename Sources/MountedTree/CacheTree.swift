@@ -27,11 +27,13 @@ public final class CacheTree: Subtree {
     /// may be trusted for a minute and kept across opens.
     static let cache = CachePolicy(entryTimeout: 60, attributeTimeout: 60)
 
-    public init(databasePath: String, ownership: Ownership, notifier: KernelCacheNotifier, limit: Int64? = nil) {
+    /// `progress` hears what takes long at open (the full check after an unclean shutdown).
+    public init(databasePath: String, ownership: Ownership, notifier: KernelCacheNotifier, limit: Int64? = nil,
+                progress: @escaping (String) -> Void = { _ in }) {
         self.notifier = notifier
         self.limit = limit
         do {
-            store = try CacheStore(path: databasePath, owner: (ownership.uid, ownership.gid))
+            store = try CacheStore(path: databasePath, owner: (ownership.uid, ownership.gid), progress: progress)
             problem = nil
         } catch {
             store = nil
@@ -39,18 +41,22 @@ public final class CacheTree: Subtree {
             Log.error("\(error.description); cache/ answers EIO, the file is left as it is")
         }
         guard store != nil else { return }
-        // Groups of changes are committed, and the write-ahead log checkpointed once the
-        // store is quiet, by a thread of their own (the store commits at fsync by itself).
+        // Groups of changes are committed, buffered writes stored, and the write-ahead log
+        // checkpointed, by a thread of their own (the store commits at fsync by itself).
         // It holds the store only while it waits; idle, it wakes once a minute.
         Threads.detach { [weak self] in
             while true {
                 guard let self, self.running.load(ordering: .relaxed), let store = self.store else { return }
                 _ = consume self
-                store.commitWhenDue(waitingAtMost: store.needsCheckpoint ? CacheStore.checkpointQuiet : 60)
-                store.checkpointWhenQuiet()
+                let wait = min(store.needsCheckpoint ? CacheStore.checkpointQuiet : 60, store.dirtyDue ?? 60)
+                store.commitWhenDue(waitingAtMost: wait)
+                store.flushDirtyWhenDue()
+                store.checkpointIfDue()
             }
         }
-        // Expiry and the size limit are kept by a thread of their own, twice a second.
+        // Expiry, the size limit, and the deletion of big files' data in slices (with the
+        // space given back) are kept by a thread of their own, twice a second; slices run
+        // back to back with a pause between them, in which requests take the store first.
         Threads.detach { [weak self] in
             while true {
                 usleep(500_000)
@@ -58,6 +64,7 @@ public final class CacheTree: Subtree {
                 for (parent, name) in store.maintain(limit: self.limit) {
                     self.notifier.invalidateEntry(parent: self.space.inode(UInt64(parent)), name: name)
                 }
+                while self.running.load(ordering: .relaxed) && store.reclaimStep() { usleep(2_000) }
             }
         }
     }
@@ -66,7 +73,8 @@ public final class CacheTree: Subtree {
     public func statusLines() -> [String] {
         guard let store else { return ["cache_error=\(problem ?? "unavailable")"] }
         let usage = store.usage()
-        var lines = ["cache_files=\(usage.files)", "cache_bytes=\(usage.bytes)"]
+        var lines = ["cache_files=\(usage.files)", "cache_bytes=\(usage.bytes)",
+                     "cache_check=\(store.checkedAtOpen ? "full" : "quick")", "cache_reclaiming=\(store.reclaimPending)"]
         if let limit { lines.append("cache_limit=\(limit)") }
         let removals = store.removals()
         lines += ["cache_evictions=\(removals.evictions)", "cache_expired=\(removals.expirations)"]
@@ -258,8 +266,16 @@ public final class CacheTree: Subtree {
     }
 
     public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {
+        try listDirectory(inode, after: nil, limit: Int.max, context: context)
+    }
+
+    /// Every directory of cache/ is read page by page from the database, by name.
+    public func pagesListing(of inode: InodeNumber) -> Bool { store != nil }
+
+    public func listDirectory(_ inode: InodeNumber, after name: String?, limit: Int,
+                              context: RequestContext) throws(Errno) -> [DirectoryEntry] {
         // readdirplus counts a lookup for each entry it hands out (countLookup).
-        try storeOrEIO().list(ino(inode)).map {
+        try storeOrEIO().list(ino(inode), after: name, limit: limit).map {
             DirectoryEntry(name: $0.name, entry: Entry(attributes: attributes($0.inode), cache: Self.cache))
         }
     }

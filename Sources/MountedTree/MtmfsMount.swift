@@ -16,9 +16,11 @@ public final class MtmfsMount: Sendable {
     let notifier: KernelCacheNotifier
     let startedAt: Timestamp
 
-    /// Checks the data directory and mounts. `options` are extra FUSE `-o` options.
+    /// Checks the data directory and mounts. `options` are extra FUSE `-o` options;
+    /// `progress` hears about steps that take long (a full check of the cache).
     public init(dataDirectory: DataDirectory, mountPoint: String, options: [String],
-                autoLockSeconds: Int = 900, cacheLimit: Int64? = nil) throws(MountError) {
+                autoLockSeconds: Int = 900, cacheLimit: Int64? = nil,
+                progress: @escaping (String) -> Void = { _ in }) throws(MountError) {
         do {
             try dataDirectory.check()
         } catch {
@@ -37,7 +39,8 @@ public final class MtmfsMount: Sendable {
             active: ActiveAccountLink(get: { settings.stringValue(forKey: activeKey) },
                                       set: { (value) throws(Errno) in try settings.setString(value, forKey: activeKey) }),
             autoLockSeconds: autoLockSeconds)
-        let cache = CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership, notifier: notifier, limit: cacheLimit)
+        let cache = CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership, notifier: notifier, limit: cacheLimit,
+                              progress: progress)
         let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts, cache: cache)
         let control = ControlTree(files: [
             ControlTree.File(name: "status", mode: 0o444, contents: { statusLines.render() }),

@@ -175,6 +175,15 @@ public final class RootTree: FileSystem {
         try owner(of: inode).openDirectory(inode, context: context)
     }
 
+    public func pagesListing(of inode: InodeNumber) -> Bool {
+        inode != Self.rootInode && ((try? owner(of: inode))?.pagesListing(of: inode) ?? false)
+    }
+
+    public func listDirectory(_ inode: InodeNumber, after name: String?, limit: Int,
+                              context: RequestContext) throws(Errno) -> [DirectoryEntry] {
+        try owner(of: inode).listDirectory(inode, after: name, limit: limit, context: context)
+    }
+
     public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {
         guard inode == Self.rootInode else { return try owner(of: inode).listDirectory(inode, context: context) }
         var entries: [DirectoryEntry] = []

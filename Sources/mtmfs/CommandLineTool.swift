@@ -22,7 +22,7 @@ protocol Command {
 enum CommandLineTool {
     static var commands: [any Command.Type] { [
         InitCommand.self, MountCommand.self, UnmountCommand.self, UnlockCommand.self, LockCommand.self,
-        StatusCommand.self, PasswdCommand.self, DemoCommand.self,
+        StatusCommand.self, PasswdCommand.self, CheckCommand.self, DemoCommand.self,
     ] }
 
     static var overview: String {

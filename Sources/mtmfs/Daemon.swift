@@ -46,8 +46,35 @@ enum Daemon {
         guard rc == 0 else {
             throw CommandFailure("cannot start the daemon \(arguments[0]): \(Errno(rc))")
         }
-        let word = String(decoding: (try? Syscall.readAll(pipe.read)) ?? [], as: UTF8.self)
-            .trimmingSuffix("\n")
+        // Lines: `note: …` (a step that takes long: said on standard error, a terminal's
+        // line rewritten in place), then `ready` or `error: …`.
+        var word = ""
+        var pending: [UInt8] = []
+        var noted = false
+        reading: while true {
+            var buffer = [UInt8](repeating: 0, count: 512)
+            let n = read(pipe.read, &buffer, buffer.count)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { word = String(decoding: pending, as: UTF8.self); break }
+            pending += buffer[0..<n]
+            while let newline = pending.firstIndex(of: 0x0A) {
+                let line = String(decoding: pending[..<newline], as: UTF8.self)
+                pending.removeSubrange(...newline)
+                if line.hasPrefix("note: ") {
+                    let text = "mtmfs: " + line.dropFirst("note: ".count)
+                    if isatty(2) == 1 {
+                        Terminal.error("\r\u{1B}[K" + text, newline: false)
+                    } else {
+                        Terminal.error(text)
+                    }
+                    noted = true
+                } else {
+                    word = line
+                    break reading
+                }
+            }
+        }
+        if noted && isatty(2) == 1 { Terminal.error("") }
         if word == "ready" { return pid }
         var status: Int32 = 0
         waitpid(pid, &status, 0)
@@ -72,10 +99,20 @@ enum Daemon {
             try? Syscall.writeAll(readyFD, Array((word + "\n").utf8))
             Syscall.close(readyFD)
         }
+        // Said while mounting (before `ready`): to the waiting `mtmfs mount`, or the terminal.
+        let note: (String) -> Void = { text in
+            Log.info(text)
+            if let readyFD {
+                try? Syscall.writeAll(readyFD, Array(("note: " + text + "\n").utf8))
+            } else {
+                Terminal.error("mtmfs: " + text)
+            }
+        }
         let mount: MtmfsMount
         do {
             mount = try MtmfsMount(dataDirectory: DataDirectory(path: dataDirectory), mountPoint: mountPoint,
-                                   options: options, autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit)
+                                   options: options, autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit,
+                                   progress: note)
         } catch {
             Log.error(error.description)
             report("error: \(error.description)")

@@ -204,17 +204,26 @@ import Glibc
         #expect(try store.status()["cache_bytes"] == String(2 << 20))
     }
 
-    /// A store of schema version 1 (no stored-bytes column) is upgraded at mount.
+    /// A store of schema version 1 (no stored-bytes column, no clean mark, chunks without
+    /// row ids) is upgraded at mount, and checked in full once.
     @Test func versionOneStoresAreUpgraded() throws {
         let store = try MountedStore()
         defer { store.close() }
         let c = store.path("cache"), database = store.dataDirectory + "/cache.sqlite"
         #expect(Run.shell("head -c 100000 /dev/urandom > \(c)/f && truncate -s 1G \(c)/f").status == 0)
+        let before = Run.shell("head -c 100000 \(c)/f | md5sum").stdout
         #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
-        let downgrade = Run.program("sqlite3", [database, "ALTER TABLE inodes DROP COLUMN stored; PRAGMA user_version=1;"])
+        let downgrade = Run.program("sqlite3", [database, """
+            ALTER TABLE inodes DROP COLUMN stored; DROP TABLE state;
+            CREATE TABLE v1(ino INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY(ino, idx)) STRICT, WITHOUT ROWID;
+            INSERT INTO v1 SELECT ino, idx, data FROM chunks; DROP TABLE chunks; ALTER TABLE v1 RENAME TO chunks;
+            PRAGMA user_version=1;
+            """])
         #expect(downgrade.status == 0, "\(downgrade)")
         #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
         #expect(Run.shell("stat -c '%s %b' \(c)/f").stdout == "1073741824 196\n")
         #expect(Run.program("sqlite3", [database, "PRAGMA user_version"]).stdout == "2\n")
+        #expect(try store.status()["cache_check"] == "full")
+        #expect(Run.shell("head -c 100000 \(c)/f | md5sum").stdout == before)
     }
 }

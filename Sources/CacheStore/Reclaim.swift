@@ -1,0 +1,74 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CSQLite
+import Posix
+
+/// Space given back: a deleted file's chunks are removed in slices by a thread of the daemon
+/// (`reclaimStep`), never in the request that deleted it, and the pages they leave go back
+/// to the file system by incremental vacuum, a few megabytes at a time. Each slice holds the
+/// store's lock for a few milliseconds, so other requests never wait long behind a delete.
+extension CacheStore {
+    /// Files of up to this many chunks are deleted at once, in the request.
+    static let deleteAtOnce: Int64 = 16
+    /// Chunks removed by one slice.
+    static let reclaimSlice = 64
+    /// Free pages that start incremental vacuum, and pages given back by one step.
+    static let vacuumThreshold: Int64 = 2048
+    static let vacuumStep = 512
+    /// Vacuum waits for the store to be quiet this long (a busy store reuses its free pages
+    /// itself, and shrinking a file that grows again at once is wasted work) — but never
+    /// longer than `vacuumPatience` once there is something to give back.
+    static let vacuumQuiet = 1.0
+    static let vacuumPatience = 30.0
+
+    /// Deletes an inode without names or references (lock held): small files at once,
+    /// larger ones queued for `reclaimStep` (their row stays, with no links, until then;
+    /// a crash leaves them queued again at the next open).
+    func deleteInode(_ ino: Int64) throws(Errno) {
+        dirty.discard(ino)
+        let inode = try fetchInode(ino)
+        guard inode.links <= 0 else { return }
+        try run("DELETE FROM xattrs WHERE ino = ?", ino)
+        if inode.storedBytes <= Self.deleteAtOnce * Int64(Self.chunkSize) {
+            try run("DELETE FROM chunks WHERE ino = ?", ino)
+            try run("DELETE FROM inodes WHERE ino = ?", ino)
+        } else if !reclaimQueue.contains(ino) {
+            reclaimQueue.append(ino)
+        }
+    }
+
+    /// One slice of background work (a part of a deleted file's chunks, or one step of
+    /// incremental vacuum); true while work remains.
+    public func reclaimStep() -> Bool {
+        let due = lock.withLock { () -> Bool in
+            if !reclaimQueue.isEmpty { return true }
+            guard (database.freePages ?? 0) >= Self.vacuumThreshold else {
+                vacuumWanted = nil
+                return false
+            }
+            let wanted = vacuumWanted ?? .now
+            vacuumWanted = wanted
+            return lastChange.secondsElapsed >= Self.vacuumQuiet || wanted.secondsElapsed >= Self.vacuumPatience
+        }
+        guard due else { return false }
+        return (try? transaction(background: true) { () throws(Errno) -> Bool in
+            if let ino = reclaimQueue.first {
+                try run("DELETE FROM chunks WHERE ino = ? AND idx IN (SELECT idx FROM chunks WHERE ino = ? ORDER BY idx LIMIT ?)",
+                        ino, ino, Self.reclaimSlice)
+                if database.changes == 0 {
+                    try run("DELETE FROM xattrs WHERE ino = ?", ino)
+                    try run("DELETE FROM inodes WHERE ino = ?", ino)
+                    reclaimQueue.removeFirst()
+                }
+                return true
+            }
+            guard (database.freePages ?? 0) >= Self.vacuumThreshold else { return false }
+            try exec("PRAGMA incremental_vacuum(\(Self.vacuumStep))")
+            return true
+        }) ?? false
+    }
+
+    /// Deleted files whose data is still being removed.
+    public var reclaimPending: Int { lock.withLock { reclaimQueue.count } }
+}
