@@ -137,10 +137,14 @@ enum Workload {
                         && punchHole(file, from: from, to: to) == 0
                     if ok { note("K file \(path) \(counter) \(size) \(from) \(to)") }
                 default:
-                    let preallocate = random.next() % 2 == 0
+                    // Whole in one write, after a fallocate, or in 4 KiB pieces in random order
+                    // (buffered by the daemon until the fsync).
+                    let how = random.next() % 3
                     note("A file \(path) \(counter) \(size)")
-                    ok = (!preallocate || size == 0 || preallocateFile(file, size: size) == 0)
-                        && writeFile(file, cacheContent(counter, size: size), sync: true) == 0
+                    let content = cacheContent(counter, size: size)
+                    ok = (how != 1 || size == 0 || preallocateFile(file, size: size) == 0)
+                        && (how == 2 ? writeInPieces(file, content, seed: random.next())
+                                     : writeFile(file, content, sync: true)) == 0
                     if ok {
                         note("K file \(path) \(counter) \(size)")
                         lastFile = (path, counter, size)
@@ -159,6 +163,20 @@ func punchedContent(_ n: Int, size: Int, from: Int, to: Int) -> [UInt8] {
     var bytes = Workload.cacheContent(n, size: size)
     for i in from..<to { bytes[i] = 0 }
     return bytes
+}
+
+/// Writes `bytes` in 4 KiB pieces in a shuffled order with pwrite, then fsyncs.
+func writeInPieces(_ path: String, _ bytes: [UInt8], seed: UInt64) -> Int32 {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+    guard fd >= 0 else { return errno }
+    defer { close(fd) }
+    var generator = SplitMix(seed: seed)
+    for offset in stride(from: 0, to: bytes.count, by: 4096).shuffled(using: &generator) {
+        let count = min(4096, bytes.count - offset)
+        let written = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress! + offset, count, off_t(offset)) }
+        if written != count { return written < 0 ? errno : EIO }
+    }
+    return fsync(fd) == 0 ? 0 : errno
 }
 
 /// fsync of a directory: makes the names in it durable.
