@@ -66,6 +66,12 @@ public final class CacheStore: @unchecked Sendable {
 
     let path: String
     let database: SQLiteDatabase
+    /// Read once at open (the connection is used under `lock` only).
+    var pageSize = 4096
+    /// Incremental vacuum is on (databases made before it stay without).
+    var vacuums = false
+    /// Set by `close()`: background work stops.
+    var closed = false
     let lock = Lock()
     var statements: [String: Statement] = [:]
     /// Kernel lookup references and open handles per inode (both keep an unlinked inode).
@@ -88,8 +94,10 @@ public final class CacheStore: @unchecked Sendable {
     /// Inodes that lost their last name while the kernel or an open handle still held them:
     /// deleted when the last reference goes (others need no look at the database then).
     var orphans: Set<Int64> = []
-    /// File data written but not yet in the database (see `DirtyChunks`).
+    /// File data written but not yet in the database (see `DirtyChunks`), and how much
+    /// longer the committing thread waits after a failure to store it.
     var dirty = DirtyChunks()
+    var dirtyBackoff = 0.0
     /// Posted when a group opens, for the thread that commits it when due.
     let batchOpened = Semaphore()
 
@@ -114,8 +122,8 @@ public final class CacheStore: @unchecked Sendable {
     public static let checkpointQuiet = 0.1
     /// See `checkpointIfDue`: the log is copied from `checkpointThreshold` bytes on, emptied
     /// under the lock from `restartThreshold` on, and never holds much more than `logBound`.
-    static let checkpointThreshold: Int64 = 16 << 20
-    static let restartThreshold: Int64 = 32 << 20
+    static let checkpointThreshold: Int64 = 8 << 20
+    static let restartThreshold: Int64 = 16 << 20
     public static let logBound: Int64 = 64 << 20
     /// A quiet store whose log file is larger than this gets it truncated.
     static let idleLogSize: Int64 = 4 << 20
@@ -213,6 +221,8 @@ public final class CacheStore: @unchecked Sendable {
             if !clean || check == .always {
                 try fullCheck(progress: progress, reason: clean ? "on demand" : "after an unclean shutdown")
             }
+            pageSize = database.pageSize
+            vacuums = try database.scalarText("PRAGMA auto_vacuum") == "2"
             // Unclean from now on, until `close()` marks it clean again.
             try database.execute("INSERT OR REPLACE INTO state(name, value) VALUES('clean', 0);")
             // Inodes whose last name went while a crashed daemon still had them open, or
@@ -449,7 +459,7 @@ public final class CacheStore: @unchecked Sendable {
         _ = try? withLock { () throws(Errno) in
             let left = (lookups[ino] ?? 0) > count ? lookups[ino]! - count : 0
             lookups[ino] = left == 0 ? nil : left
-            if left == 0 { try referenceDropped(ino) }
+            if left == 0 && orphans.contains(ino) { try change { () throws(Errno) in try referenceDropped(ino) } }
         }
     }
 
@@ -475,7 +485,7 @@ public final class CacheStore: @unchecked Sendable {
             opens[ino] = left == 0 ? nil : left
             guard left == 0 else { return }
             if orphans.contains(ino) {
-                try referenceDropped(ino)
+                try change { () throws(Errno) in try referenceDropped(ino) }
             } else if dirty.files[ino] != nil {
                 do throws(Errno) {
                     try change { () throws(Errno) in try flushDirty(ino) }
@@ -504,6 +514,7 @@ public final class CacheStore: @unchecked Sendable {
     /// skips the full check), checkpoints everything and truncates the log.
     public func close() throws(Errno) {
         try withLock { () throws(Errno) in
+            closed = true
             try change { () throws(Errno) in try flushAllDirty() }
             try commitBatch()
             try exec("INSERT OR REPLACE INTO state(name, value) VALUES('clean', 1)")

@@ -56,6 +56,8 @@ struct DirtyChunks {
         var chunks: [Int64: Chunk] = [:]
         var size: Int64
         var modified: Int64
+        /// Bytes buffered (at most what the chunks will add to the stored bytes).
+        var buffered: Int { chunks.values.reduce(0) { $0 + $1.bytes.count } }
     }
 
     var files: [Int64: File] = [:]
@@ -71,6 +73,8 @@ struct DirtyChunks {
         inode.size = file.size
         inode.modificationNanoseconds = file.modified
         inode.changeNanoseconds = max(inode.changeNanoseconds, file.modified)
+        // Blocks count buffered data too (`du` right after a write is not 0).
+        inode.storedBytes = max(inode.storedBytes, min(inode.size, inode.storedBytes + Int64(file.buffered)))
         return inode
     }
 
@@ -143,15 +147,23 @@ extension CacheStore {
     }
 
     /// For the committing thread: writes every buffer once the oldest is `dirtyDelay` old.
+    /// A failure (a full disk, say) is said once and tried again later, waiting longer each
+    /// time (up to 5 s): the buffers stay, fsync reports the error.
     public func flushDirtyWhenDue() {
-        _ = try? withLock { () throws(Errno) in
-            guard let since = dirty.since, since.secondsElapsed >= Self.dirtyDelay else { return }
-            try change { () throws(Errno) in try flushAllDirty() }
+        lock.withLock {
+            guard !closed, let since = dirty.since, since.secondsElapsed >= Self.dirtyDelay + dirtyBackoff else { return }
+            do throws(Errno) {
+                try change { () throws(Errno) in try flushAllDirty() }
+                dirtyBackoff = 0
+            } catch {
+                if dirtyBackoff == 0 { Log.error("cache: buffered data could not be stored (trying again): \(error)") }
+                dirtyBackoff = min(5, max(0.25, dirtyBackoff * 2))
+            }
         }
     }
 
     /// When the oldest buffer is due (nil: nothing buffered), for the committing thread.
     public var dirtyDue: Double? {
-        lock.withLock { dirty.since.map { max(0, Self.dirtyDelay - $0.secondsElapsed) } }
+        lock.withLock { dirty.since.map { max(0.01, Self.dirtyDelay + dirtyBackoff - $0.secondsElapsed) } }
     }
 }

@@ -99,6 +99,18 @@ extension CacheStore {
         return buffer
     }
 
+    /// Buffered data reaches the database before a read of it (lock held). A failure there
+    /// is the reader's EIO (read(2) has no ENOSPC).
+    func flushBeforeReading(_ ino: Int64) throws(Errno) {
+        guard dirty.files[ino] != nil else { return }
+        do throws(Errno) {
+            try change { () throws(Errno) in try flushDirty(ino) }
+        } catch {
+            Log.error("cache: buffered data of inode \(ino) could not be stored for a read: \(error)")
+            throw .ioError
+        }
+    }
+
     /// A regular file's row for a data operation: EISDIR for a directory, EINVAL otherwise.
     func regularFile(_ ino: Int64) throws(Errno) -> CacheInode {
         let inode = try fetchInode(ino)
@@ -112,7 +124,7 @@ extension CacheStore {
     /// Reads up to `size` bytes at `offset`; holes read as zeros.
     public func read(_ ino: Int64, offset: Int64, size: Int, into reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
         try withLock { () throws(Errno) in
-            if dirty.files[ino] != nil { try change { () throws(Errno) in try flushDirty(ino) } }
+            try flushBeforeReading(ino)
             let inode = try fetchInode(ino)
             guard offset < inode.size, size > 0 else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
             let buffer = try zeroedBuffer(ino, offset: offset, count: Int(min(Int64(size), inode.size - offset)))
@@ -122,8 +134,9 @@ extension CacheStore {
     }
 
     /// Writes `data` at `offset` (at the end with `append`); returns the bytes written.
-    /// Whole chunks go to the database at once; parts of chunks are buffered (`DirtyChunks`)
-    /// until the chunk is whole or the data is needed there.
+    /// Whole chunks go to the database at once (with the new size, in one change); parts of
+    /// chunks are buffered (`DirtyChunks`) until the chunk is whole or the data is needed
+    /// there. A write that fails changes nothing, buffers included.
     public func write(_ ino: Int64, offset: Int64, data: UnsafeRawBufferPointer, append: Bool) throws(Errno) -> Int {
         guard !data.isEmpty else { return 0 }
         return try withLock { () throws(Errno) -> Int in
@@ -136,11 +149,11 @@ extension CacheStore {
             try requireHeadroom(adding: data.count)
             let start = append ? (fresh ?? dirty.files[ino]!).size : offset
             guard start >= 0, start <= Int64.max - Int64(data.count) else { throw .fileTooLarge }
-            // Nothing below throws until the buffers are back in the table; taken out, they
-            // change in place (no copy on write of a chunk per write).
-            var file = dirty.files.removeValue(forKey: ino) ?? fresh!
+            let end = start + Int64(data.count)
+            let now = Self.now()
+            // The pieces: whole chunks, and the parts of chunks at the ends.
             var whole: [(index: Int64, piece: UnsafeRawBufferPointer)] = []
-            var completed: [Int64] = []
+            var parts: [(index: Int64, within: Int, piece: UnsafeRawBufferPointer)] = []
             var position = 0
             while position < data.count {
                 let absolute = start + Int64(position)
@@ -148,27 +161,11 @@ extension CacheStore {
                 let within = Int(absolute % Int64(Self.chunkSize))
                 let count = min(Self.chunkSize - within, data.count - position)
                 let piece = UnsafeRawBufferPointer(rebasing: data[position..<(position + count)])
-                if count == Self.chunkSize, let replaced = file.chunks.removeValue(forKey: index) {
-                    dirty.bytes -= replaced.bytes.count
-                }
-                if count == Self.chunkSize {
-                    whole.append((index, piece))  // straight from the request's buffer
-                } else {
-                    let before = file.chunks[index]?.bytes.count ?? 0
-                    file.chunks[index, default: DirtyChunks.Chunk()].write(piece, at: within)
-                    dirty.bytes += file.chunks[index]!.bytes.count - before
-                    if file.chunks[index]!.isWhole { completed.append(index) }
-                }
+                if count == Self.chunkSize { whole.append((index, piece)) } else { parts.append((index, within, piece)) }
                 position += count
             }
-            file.size = max(file.size, start + Int64(data.count))
-            file.modified = Self.now()
-            dirty.files[ino] = consume file
-            if dirty.since == nil {
-                dirty.since = .now
-                batchOpened.post()  // the committing thread writes it within `dirtyDelay`
-            }
-            if !whole.isEmpty || !completed.isEmpty || dirty.bytes > Self.dirtyLimit {
+            if !whole.isEmpty {
+                // Stored with the size they reach, so that no chunk lies past the recorded end.
                 try change { () throws(Errno) in
                     var stored: Int64 = 0
                     for (index, piece) in whole {
@@ -177,12 +174,40 @@ extension CacheStore {
                         stored += Int64(Self.chunkSize) - before
                         batchBytes += piece.count
                     }
-                    if stored != 0 { try run("UPDATE inodes SET stored = stored + ? WHERE ino = ?", stored, ino) }
-                    if dirty.bytes > Self.dirtyLimit {
-                        try flushAllDirty()
-                    } else {
-                        try flushDirty(ino, only: completed)
+                    let reached = whole.last!.index * Int64(Self.chunkSize) + Int64(Self.chunkSize)
+                    try run("UPDATE inodes SET size = max(size, ?), stored = stored + ?, mtime = ?, ctime = ? WHERE ino = ?",
+                            reached, stored, now, now, ino)
+                }
+            }
+            // From here nothing throws until the buffers are back in the table; taken out,
+            // they change in place (no copy on write of a chunk per write).
+            var file = dirty.files.removeValue(forKey: ino) ?? fresh!
+            var completed: [Int64] = []
+            for (index, _) in whole {
+                if let superseded = file.chunks.removeValue(forKey: index) { dirty.bytes -= superseded.bytes.count }
+            }
+            for (index, within, piece) in parts {
+                let before = file.chunks[index]?.bytes.count ?? 0
+                file.chunks[index, default: DirtyChunks.Chunk()].write(piece, at: within)
+                dirty.bytes += file.chunks[index]!.bytes.count - before
+                if file.chunks[index]!.isWhole { completed.append(index) }
+            }
+            file.size = max(file.size, end)
+            file.modified = now
+            dirty.files[ino] = consume file
+            if dirty.since == nil {
+                dirty.since = .now
+                batchOpened.post()  // the committing thread writes it within `dirtyDelay`
+            }
+            // Chunks made whole, or too much buffered: stored now. If that fails the data
+            // stays buffered (the write itself succeeded) and goes later or at fsync.
+            if !completed.isEmpty || dirty.bytes > Self.dirtyLimit {
+                do throws(Errno) {
+                    try change { () throws(Errno) in
+                        if dirty.bytes > Self.dirtyLimit { try flushAllDirty() } else { try flushDirty(ino, only: completed) }
                     }
+                } catch {
+                    Log.error("cache: buffered data of inode \(ino) could not be stored yet: \(error)")
                 }
             }
             return data.count
@@ -328,7 +353,7 @@ extension CacheStore {
     /// ENXIO at or past the end, and for SEEK_DATA with no data after `offset`.
     public func seek(_ ino: Int64, offset: Int64, data: Bool) throws(Errno) -> Int64 {
         try withLock { () throws(Errno) -> Int64 in
-            if dirty.files[ino] != nil { try change { () throws(Errno) in try flushDirty(ino) } }
+            try flushBeforeReading(ino)
             let inode = try fetchInode(ino)
             guard offset >= 0, offset < inode.size else { throw .noSuchDeviceOrAddress }
             let statement = try statement("SELECT idx, length(data) FROM chunks WHERE ino = ? AND idx >= ? ORDER BY idx")

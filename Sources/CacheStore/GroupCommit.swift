@@ -18,7 +18,9 @@ extension CacheStore {
         try withLock { () throws(Errno) -> T in try change(body, background: background) }
     }
 
-    /// `transaction` with the lock already held: one savepoint in the open group.
+    /// `transaction` with the lock already held: one savepoint in the open group. What the
+    /// store keeps in memory beside the database (buffered writes, the inodes waiting for
+    /// deletion, the orphans) is restored with the savepoint when the body throws.
     func change<T>(_ body: () throws(Errno) -> T, background: Bool = false) throws(Errno) -> T {
             if !background { lastChange = .now }
             var attempt = 0
@@ -28,6 +30,7 @@ extension CacheStore {
                 freeBytesNow = freeDiskBytes()
                 try openBatch()
                 try run("SAVEPOINT change")
+                let saved = (dirty, reclaimQueue, orphans)
                 do throws(Errno) {
                     let result = try body()
                     try run("RELEASE change")
@@ -36,6 +39,7 @@ extension CacheStore {
                         || !hasRoomForGroups(free: freeBytesNow) { try commitBatch() }
                     return result
                 } catch {
+                    (dirty, reclaimQueue, orphans) = saved
                     if database.isInTransaction {
                         try? exec("ROLLBACK TO change")
                         try? exec("RELEASE change")
@@ -152,7 +156,7 @@ extension CacheStore {
                 if result.copied >= result.log {
                     lock.withLock { if lastCommit == started { uncheckpointed = false } }
                 }
-                let pageSize = Int64(database.pageSize)
+                let pageSize = Int64(self.pageSize)
                 let complete = result.copied >= result.log
                 // Over the threshold, or everything copied while quiet and the file left large:
                 // start the log over (and truncate the file) under the lock.

@@ -156,6 +156,9 @@ extension CacheStore {
             _ = try directory(parent)
             _ = try directory(newParent)
             guard let source = try entry(parent, name) else { throw .noSuchFileOrDirectory }
+            // A file renamed over another is stored first (as ext4's auto_da_alloc): the
+            // write-then-rename idiom never leaves the new name without its data after a crash.
+            try flushDirty(source)
             let target = try entry(newParent, newName)
             let sourceInode = try fetchInode(source)
             if exchange {

@@ -42,8 +42,9 @@ extension CacheStore {
     /// incremental vacuum); true while work remains.
     public func reclaimStep() -> Bool {
         let due = lock.withLock { () -> Bool in
+            if closed { return false }
             if !reclaimQueue.isEmpty { return true }
-            guard (database.freePages ?? 0) >= Self.vacuumThreshold else {
+            guard vacuums, (database.freePages ?? 0) >= Self.vacuumThreshold else {
                 vacuumWanted = nil
                 return false
             }
@@ -54,6 +55,17 @@ extension CacheStore {
         guard due else { return false }
         return (try? transaction(background: true) { () throws(Errno) -> Bool in
             if let ino = reclaimQueue.first {
+                // A group lost at its commit may have brought the inode back: then it stays.
+                let links: Int64
+                do throws(Errno) {
+                    links = try fetchInode(ino).links
+                } catch where error == .noSuchFileOrDirectory {
+                    links = 1  // gone already
+                }
+                guard links <= 0 else {
+                    reclaimQueue.removeFirst()
+                    return true
+                }
                 try run("DELETE FROM chunks WHERE ino = ? AND idx IN (SELECT idx FROM chunks WHERE ino = ? ORDER BY idx LIMIT ?)",
                         ino, ino, Self.reclaimSlice)
                 if database.changes == 0 {

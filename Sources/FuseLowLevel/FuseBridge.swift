@@ -40,22 +40,28 @@ final class FuseBridge: Sendable {
             exhausted = !paged || entries.count < Self.pageSize
         }
 
-        /// Entry `index`, fetching pages as needed; nil past the end.
+        /// The page before `entries` (the kernel asks again from the first entry a reply
+        /// could not take, which may lie there).
+        var previous: [DirectoryEntry] = []
+
+        /// Entry `index`, fetching pages as needed; nil past the end. A failed fetch leaves
+        /// the pages as they were.
         func entry(_ index: Int, from fs: any FileSystem, context: RequestContext) throws(Errno) -> DirectoryEntry? {
             if index >= pageStart && index < pageStart + entries.count { return entries[index - pageStart] }
+            let previousStart = pageStart - previous.count
+            if index >= previousStart && index < pageStart { return previous[index - previousStart] }
             guard paged else { return nil }
-            if index < pageStart {  // a seek backwards: start over
-                pageStart = 0
-                entries = try fs.listDirectory(inode, after: nil, limit: Self.pageSize, context: context)
-                exhausted = entries.count < Self.pageSize
+            if index < previousStart {  // a seek backwards (rewinddir): start over
+                let first = try fs.listDirectory(inode, after: nil, limit: Self.pageSize, context: context)
+                (previous, entries, pageStart) = ([], first, 0)
+                exhausted = first.count < Self.pageSize
             }
             while index >= pageStart + entries.count {
                 if exhausted { return nil }
-                let last = entries.last?.name
-                pageStart += entries.count
-                entries = try fs.listDirectory(inode, after: last, limit: Self.pageSize, context: context)
-                exhausted = entries.count < Self.pageSize
-                if entries.isEmpty { return nil }
+                let next = try fs.listDirectory(inode, after: entries.last?.name, limit: Self.pageSize, context: context)
+                (previous, entries, pageStart) = (entries, next, pageStart + entries.count)
+                exhausted = next.count < Self.pageSize
+                if next.isEmpty { return nil }
             }
             return entries[index - pageStart]
         }

@@ -84,6 +84,7 @@ final class Bench {
             notes.append("bindfs: skipped (not installed: mount-helpers/install-deps --bench)")
         }
         try setUpGocryptfs()
+        guard !options.engineOnly else { return }
         try setUpPass()
         try setUpManyAccounts()
     }
@@ -205,6 +206,10 @@ final class Bench {
         for round in 0..<options.rounds {
             guard Benchmark.interrupted == 0 else { throw BenchError("interrupted") }
             let rotate = { (list: [(String, String)]) in Array(list[(round % list.count)...] + list[..<(round % list.count)]) }
+            if options.engineOnly {
+                try engineRound(round, rotate: rotate)
+                continue
+            }
             for (system, path) in rotate(paths("password")) {
                 let runs = processRuns
                 let total = seconds { for _ in 0..<runs { Shell.run("/bin/cat", [path]) } }
@@ -241,6 +246,7 @@ final class Bench {
                     try postmark(system, directory + "/postmark\(round)")
                 }
             }
+            try engineRound(round, rotate: rotate)
         }
         report()
     }
@@ -334,11 +340,16 @@ final class Bench {
         }
     }
 
-    /// W7: postmark's small-file transactions in the cache directory; transactions per second.
-    func postmark(_ system: String, _ directory: String) throws {
+    /// W7 (and W12): postmark's small-file transactions in the cache directory, with its
+    /// default file sizes (500 B–10 KB) or those given; transactions per second.
+    func postmark(_ system: String, _ directory: String, sizes: (Int, Int)? = nil, subdirectories: Int = 0,
+                  workload: String = "W7 postmark") throws {
         mkdir(directory, 0o755)
         let (files, transactions) = postmarkFiles
-        let script = "set location \(directory)\nset number \(files)\nset transactions \(transactions)\nrun\nquit\n"
+        var script = "set location \(directory)\nset number \(files)\nset transactions \(transactions)\n"
+        if let sizes { script += "set size \(sizes.0) \(sizes.1)\n" }
+        if subdirectories > 0 { script += "set subdirectories \(subdirectories)\n" }
+        script += "run\nquit\n"
         let output = Shell.output("postmark", [], input: script)
         // "… seconds of transactions (N per second)"
         guard let range = output.range(of: #"seconds of transactions \((\d+) per second\)"#, options: .regularExpression),
@@ -346,7 +357,7 @@ final class Bench {
             notes.append("postmark on \(system): no rate in its output")
             return
         }
-        record("W7 postmark \(files) files, \(transactions) transactions (tx/s)", system, rate)
+        record("\(workload) \(files) files, \(transactions) transactions (tx/s)", system, rate)
         _ = Shell.run("rm", ["-rf", directory])
     }
 
@@ -360,6 +371,16 @@ final class Bench {
         "W6 sequential read, cold (MB/s)": "≥ 0.6×", "W5 create 10000 × 1 KiB (ms)": "≤ 1.0×",
         "W8 daemon RSS idle (MB)": "≤ 15 MB", "W8 daemon RSS after W6 (MB)": "≤ 64 MB",
     ]
+
+    /// Targets by workload number (labels carry sizes that change with --quick).
+    static func target(prefix workload: String) -> String {
+        let byPrefix: [(String, String)] = [
+            ("W3 ", "≤ 3×"), ("W7 ", "≥ 2× bindfs"), ("W10 ", "≤ best peer"), ("W11 ", "≤ best peer"),
+            ("W12 ", "≥ best peer"), ("W13 largest", "≤ 64 MiB"), ("W13 ", "≥ best peer"),
+            ("W14 longest", "≤ 100 ms"), ("W14 space", "≤ 60 s"), ("W15 ", "≤ 0.5 s"),
+        ]
+        return byPrefix.first { workload.hasPrefix($0.0) }?.1 ?? "report"
+    }
 
     func report() {
         var workloads: [String] = []
@@ -385,8 +406,7 @@ final class Bench {
                 json.append(["workload": workload, "system": system, "median": s.median, "min": s.low, "max": s.high,
                              "ratio_to_native": native.map { s.median / $0 } ?? NSNull()])
             }
-            let target = Self.targets[workload]
-                ?? (workload.hasPrefix("W3 ") ? "≤ 3×" : workload.hasPrefix("W7 ") ? "≥ 2× bindfs" : "report")
+            let target = Self.targets[workload] ?? Self.target(prefix: workload)
             lines.append("| \(workload) | " + cells.joined(separator: " | ") + " | \(target) |")
         }
         print("mtmfs-bench: \(options.rounds) rounds\(options.quick ? " (quick)" : ""), medians (min–max), ratio to native in the same run\n")

@@ -28,6 +28,8 @@ enum Benchmark {
         var quick = false
         var rounds = 5
         var json: String?
+        /// Only the cache-engine workloads (W10–W15), after the set-up they need.
+        var engineOnly = false
     }
 
     nonisolated(unsafe) static var mounts: [String] = []
@@ -41,14 +43,17 @@ enum Benchmark {
             case "--quick": options.quick = true; options.rounds = 2
             case "--rounds": index += 1; options.rounds = Int(arguments[safe: index] ?? "") ?? 5
             case "--json": index += 1; options.json = arguments[safe: index]
+            case "--engine": options.engineOnly = true
             case "-h", "--help":
                 print("""
-                Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE]
+                Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE] [--engine]
 
                 Measures mtmfs against a native directory and its peers — a bindfs passthrough, a
                 gocryptfs mount and a `pass` store (installed by `mount-helpers/install-deps --bench`;
                 skipped when absent) — side by side on the same disk, interleaved round by round.
-                --quick: few iterations, for a smoke run.
+                --quick: few iterations, for a smoke run. --engine: only the cache-engine
+                workloads (W10–W15: 4 KiB writes, random writes + fsync, postmark with big files,
+                a big write and its log, a big delete under load, mounting with data stored).
                 """)
                 return 0
             default:

@@ -108,7 +108,7 @@ import Glibc
         let version = Run.mtmfs("--version")
         #expect(version.status == 0 && version.stdout.hasPrefix("mtmfs 0."))
         let overview = Run.mtmfs("--help")
-        for command in ["init", "mount", "unmount", "unlock", "lock", "status", "passwd", "demo"] {
+        for command in ["init", "mount", "unmount", "unlock", "lock", "status", "passwd", "check", "demo"] {
             #expect(overview.stdout.contains("  \(command) "), "\(command) missing from --help")
             let help = Run.mtmfs(command, "--help")
             #expect(help.status == 0 && help.stdout.contains("Usage: mtmfs \(command)"), "\(help)")
