@@ -9,6 +9,8 @@ public final class SecureBytes: @unchecked Sendable {
     private(set) var pointer: UnsafeMutableRawPointer?
     public private(set) var count: Int
     private var capacity: Int
+    /// Set when `pointer` is a slot of an arena (of that generation), not a region of its own.
+    private var arena: (owner: SecureArena, generation: Int)?
 
     public init(count: Int = 0) {
         Sodium.initialize()
@@ -30,10 +32,31 @@ public final class SecureBytes: @unchecked Sendable {
         return SecureBytes(adopting: pointer, count: bytes.count, capacity: capacity)
     }
 
+    /// Copies `bytes` into a slot of `arena` (a region of its own when too large for one);
+    /// nil when there is no secure memory to be had.
+    public static func allocate(copying bytes: UnsafeRawBufferPointer, in arena: SecureArena) -> SecureBytes? {
+        guard let (slot, size, generation) = arena.allocate(max(bytes.count, 1)) else { return allocate(copying: bytes) }
+        if bytes.count > 0 { slot.copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+        let value = SecureBytes(adopting: slot, count: bytes.count, capacity: size)
+        value.arena = (arena, generation)
+        return value
+    }
+
     private init(adopting pointer: UnsafeMutableRawPointer, count: Int, capacity: Int) {
         self.pointer = pointer
         self.count = count
         self.capacity = capacity
+    }
+
+    /// Gives the memory back: to the arena, or to libsodium (which zeroes it).
+    private func release() {
+        guard let pointer else { return }
+        if let arena {
+            arena.owner.release(pointer, size: capacity, generation: arena.generation)
+            self.arena = nil
+        } else {
+            sodium_free(pointer)
+        }
     }
 
     /// Copies `bytes` (which the caller must then clear if it was secret).
@@ -46,7 +69,7 @@ public final class SecureBytes: @unchecked Sendable {
 
     /// Zeroes and frees the memory; the value is empty afterwards.
     public func wipe() {
-        if let pointer { sodium_free(pointer) }  // sodium_free zeroes before freeing
+        release()  // zeroed either way
         pointer = nil
         count = 0
         capacity = 0
@@ -74,7 +97,7 @@ public final class SecureBytes: @unchecked Sendable {
             let grown = sodium_malloc(newCapacity)!
             sodium_memzero(grown, newCapacity)
             grown.copyMemory(from: pointer!, byteCount: count)
-            sodium_free(pointer)
+            release()
             pointer = grown
             capacity = newCapacity
         } else if newCount < count {

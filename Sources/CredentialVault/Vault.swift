@@ -84,6 +84,8 @@ public final class Vault: @unchecked Sendable {
 
     private var masterKey: SecureBytes?
     private var fields: [[UInt8]: [AccountField: SecureBytes]] = [:]
+    /// Where the decrypted fields live while unlocked (a few large secure regions).
+    private let arena = SecureArena()
 
     struct SealedRecord {
         var uuid: [UInt8]
@@ -239,6 +241,7 @@ public final class Vault: @unchecked Sendable {
         masterKey = nil
         for (_, values) in fields { for (_, value) in values { value.wipe() } }
         fields.removeAll()
+        arena.releaseAll()
     }
 
     static func deriveKey(_ passphrase: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(VaultError) -> SecureBytes {
@@ -281,11 +284,11 @@ public final class Vault: @unchecked Sendable {
 
     public func addAccount(uuid: [UInt8], name: String) throws(VaultError) {
         _ = try requireKey()
-        guard !records.contains(where: { $0.uuid == uuid }) else { throw .accountExists }
+        guard fields[uuid] == nil else { throw .accountExists }  // (unlocked: every account has an entry)
         fields[uuid] = [:]
         records.append(SealedRecord(uuid: uuid, name: name, nonce: [], ciphertext: []))
         do {
-            try reseal(uuid)
+            try reseal(at: records.count - 1)
             try sealManifest()
             try save()
         } catch {
@@ -298,22 +301,35 @@ public final class Vault: @unchecked Sendable {
     /// Adds many empty accounts with one save (all or nothing): one rewrite of the file
     /// instead of one per account (importing thousands of accounts, the benchmark's W3).
     public func addAccounts(_ accounts: [(uuid: [UInt8], name: String)]) throws(VaultError) {
+        try addAccounts(accounts.map { ($0.uuid, $0.name, [:]) })
+    }
+
+    /// Adds many accounts with their fields with one save (all or nothing): an import.
+    public func addAccounts(_ accounts: [(uuid: [UInt8], name: String, fields: [AccountField: SecureBytes])]) throws(VaultError) {
         _ = try requireKey()
         var seen = Set(records.map(\.uuid))
         for account in accounts {
             guard seen.insert(account.uuid).inserted else { throw .accountExists }
         }
         let before = records.count
-        do {
+        do throws(VaultError) {
             for account in accounts {
-                fields[account.uuid] = [:]
+                var values: [AccountField: SecureBytes] = [:]
+                fields[account.uuid] = values  // (before a throw below, so that it is undone)
+                for (field, value) in account.fields where value.count > 0 {
+                    guard let copy = value.withUnsafeBytes({ SecureBytes.allocate(copying: $0, in: arena) }) else {
+                        throw VaultError.io(.noMemory)
+                    }
+                    values[field] = copy
+                    fields[account.uuid] = values
+                }
                 records.append(SealedRecord(uuid: account.uuid, name: account.name, nonce: [], ciphertext: []))
-                try reseal(account.uuid)
+                try reseal(at: records.count - 1)
             }
             try sealManifest()
             try save()
         } catch {
-            for record in records[before...] { fields[record.uuid] = nil }
+            for account in accounts { fields.removeValue(forKey: account.uuid)?.values.forEach { $0.wipe() } }
             records.removeSubrange(before...)
             try? sealManifest()
             throw error
@@ -342,10 +358,17 @@ public final class Vault: @unchecked Sendable {
         guard let old = fields[uuid], let index = records.firstIndex(where: { $0.uuid == uuid }) else { throw .noSuchAccount }
         let oldRecord = records[index]
         var new = old
-        for (field, value) in changes { new[field] = value.count == 0 ? nil : value.copy() }
+        for (field, value) in changes {
+            guard value.count > 0 else { new[field] = nil; continue }
+            guard let copy = value.withUnsafeBytes({ SecureBytes.allocate(copying: $0, in: arena) }) else {
+                for (changed, _) in changes where new[changed] !== old[changed] { new[changed]?.wipe() }
+                throw .io(.noMemory)
+            }
+            new[field] = copy
+        }
         fields[uuid] = new
         do {
-            try reseal(uuid)
+            try reseal(at: index)
             try sealManifest()
             try save()
         } catch {
@@ -424,9 +447,10 @@ public final class Vault: @unchecked Sendable {
 
     /// Record plaintext: version 1 (u8), then for each field in `AccountField` order a u32
     /// length and the bytes.
-    private func reseal(_ uuid: [UInt8]) throws(VaultError) {
+    private func reseal(at index: Int) throws(VaultError) {
         let key = try requireKey()
-        guard let index = records.firstIndex(where: { $0.uuid == uuid }), let values = fields[uuid] else { throw .noSuchAccount }
+        let uuid = records[index].uuid
+        guard let values = fields[uuid] else { throw .noSuchAccount }
         let plaintext = SecureBytes(count: 1)
         plaintext.withUnsafeMutableBytes { $0[0] = 1 }
         for field in AccountField.allCases {
@@ -449,8 +473,7 @@ public final class Vault: @unchecked Sendable {
             throw .damaged("record \(record.name) fails authentication (altered, swapped or copied from another vault)")
         }
         defer { plaintext.wipe() }
-        // Only set fields get a secure allocation (each is a few memory mappings, and
-        // vm.max_map_count bounds them: 10,000 accounts of 8 fields each crashed the daemon).
+        // Only set fields take memory, all of it slots in the vault's arena.
         var values: [AccountField: SecureBytes] = [:]
         var outOfMemory = false
         let ok: Bool = plaintext.withUnsafeBytes { bytes in
@@ -462,7 +485,8 @@ public final class Vault: @unchecked Sendable {
                 position += 4
                 guard bytes.count - position >= length else { return false }
                 if length > 0 {
-                    guard let value = SecureBytes.allocate(copying: UnsafeRawBufferPointer(rebasing: bytes[position..<position + length])) else {
+                    guard let value = SecureBytes.allocate(copying: UnsafeRawBufferPointer(rebasing: bytes[position..<position + length]),
+                                                           in: arena) else {
                         outOfMemory = true
                         return true
                     }

@@ -308,16 +308,8 @@ final class Bench {
     }
 
     func bigFileRound(_ system: String, _ path: String) throws {
-        let block = [UInt8](repeating: 0x5A, count: 1 << 20)
         let total = bigBytes
-        let write = try seconds {
-            let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-            guard fd >= 0 else { throw BenchError("create \(path): \(Errno.current)") }
-            var written = 0
-            while written < total { written += Glibc.write(fd, block, block.count) }
-            fsync(fd)
-            close(fd)
-        }
+        let write = try timedBigWrite(path, total: total)
         record("W6 sequential write + fsync (MB/s)", system, Double(total) / write / 1e6)
         var buffer = [UInt8](repeating: 0, count: 1 << 20)
         let readWhole = {
@@ -329,6 +321,19 @@ final class Bench {
         record("W6 sequential read, cold (MB/s)", system, Double(total) / seconds(readWhole) / 1e6)
         record("W6 sequential read, warm (MB/s)", system, Double(total) / seconds(readWhole) / 1e6)
         unlink(path)
+    }
+
+    /// Seconds to write `total` bytes into a new file in 1 MiB writes and fsync it.
+    func timedBigWrite(_ path: String, total: Int) throws -> Double {
+        let block = [UInt8](repeating: 0x5A, count: 1 << 20)
+        return try seconds {
+            let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+            guard fd >= 0 else { throw BenchError("create \(path): \(Errno.current)") }
+            var written = 0
+            while written < total { written += Glibc.write(fd, block, block.count) }
+            fsync(fd)
+            close(fd)
+        }
     }
 
     /// Writes back and drops the kernel's page, dentry and inode caches (root only).

@@ -92,16 +92,8 @@ extension Bench {
                 }
             }
         }
-        let block = [UInt8](repeating: 0x5A, count: 1 << 20)
         let total = engineBigBytes
-        let elapsed = try seconds {
-            let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-            guard fd >= 0 else { throw BenchError("create \(path): \(Errno.current)") }
-            var written = 0
-            while written < total { written += write(fd, block, block.count) }
-            fsync(fd)
-            close(fd)
-        }
+        let elapsed = try timedBigWrite(path, total: total)
         done.withLock { $0 = true }
         usleep(20_000)
         return (Double(total) / elapsed / 1e6, Double(largest.withLock { $0 }) / Double(1 << 20))

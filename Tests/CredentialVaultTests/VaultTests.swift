@@ -201,3 +201,55 @@ let uuidB = "f47ac10b-58cc-4372-a567-0e02b2c3d479"
         #expect(text(try reopened.field(.password, of: uuid)) == "hunter2")
     }
 }
+
+/// A vault of 20,000 fully filled accounts unlocks, serves and locks like a small one: its
+/// plaintext lives in a few large secure regions (memory mappings stay few, far from
+/// vm.max_map_count), and a lock gives them back.
+@Suite struct VaultScaleTests {
+    static func residentKilobytes() -> Int {
+        let status = (try? String(contentsOfFile: "/proc/self/status", encoding: .utf8)) ?? ""
+        return status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") }.flatMap { Int($0.split(separator: " ")[1]) } ?? 0
+    }
+
+    static func mappings() -> Int {
+        ((try? String(contentsOfFile: "/proc/self/maps", encoding: .utf8)) ?? "").split(separator: "\n").count
+    }
+
+    @Test func twentyThousandFullAccountsTakeFewMappings() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-vault-\(UUID().uuidString)").path
+        defer { unlink(path) }
+        let writer = try Vault.create(at: path, passphrase: secret("correct horse"), parameters: .interactive)
+        let count = 20_000
+        // The inputs too come from an arena: 160,000 regions of their own would exhaust the
+        // process's memory mappings before the vault is even written.
+        let inputs = SecureArena()
+        var accounts: [(uuid: [UInt8], name: String, fields: [AccountField: SecureBytes])] = []
+        for index in 0..<count {
+            let name = String(format: "%08x-0000-4000-8000-%012x", index, index)
+            var values: [AccountField: SecureBytes] = [:]
+            for field in AccountField.allCases {
+                values[field] = Array("\(field)-\(index)-a value long enough to be a real one".utf8)
+                    .withUnsafeBytes { SecureBytes.allocate(copying: $0, in: inputs)! }
+            }
+            accounts.append((AccountName.uuidBytes(name)!, name, values))
+        }
+        try writer.addAccounts(accounts)
+        accounts.forEach { $0.fields.values.forEach { $0.wipe() } }
+        inputs.releaseAll()
+        writer.lock()
+
+        let vault = try Vault(path: path)
+        let before = Self.mappings(), residentBefore = Self.residentKilobytes()
+        try vault.unlock(passphrase: secret("correct horse"))
+        let unlocked = Self.mappings(), grown = Self.residentKilobytes() - residentBefore
+        #expect(unlocked - before < 100, "\(unlocked - before) new mappings for \(count * AccountField.allCases.count) fields")
+        #expect(grown < 64 << 10, "unlocking grew the process by \(grown) kB")
+        print("vault scale: \(count) accounts of \(AccountField.allCases.count) fields: \(unlocked - before) mappings, \(grown) kB more resident when unlocked")
+        let last = AccountName.uuidBytes(String(format: "%08x-0000-4000-8000-%012x", count - 1, count - 1))!
+        #expect(text(try vault.field(.password, of: last)) == "password-\(count - 1)-a value long enough to be a real one")
+        try vault.setFields([.username: secret("changed")], of: last)
+        #expect(text(try vault.field(.username, of: last)) == "changed")
+        vault.lock()
+        #expect(Self.mappings() - before < 10, "a lock gives the regions back")
+    }
+}

@@ -11,9 +11,8 @@ import Glibc
 /// errnos, sizes, block counts and contents must agree. Offsets are multiples of 64 KiB
 /// where the answer depends on the allocation unit (ext4's 4 KiB, the store's 64 KiB chunks).
 @Suite struct CacheFileOperationsTests {
-    static let script = #"""
-    import ctypes, errno, hashlib, os, stat, sys
-    libc = ctypes.CDLL(None, use_errno=True)
+    /// After `CacheTests.operations` (libc, renameat2, attempt).
+    static let script = CacheTests.operations + #"""
     libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
     K = 64 * 1024; M = 1 << 20
     KEEP, PUNCH, COLLAPSE, ZERO, INSERT, UNSHARE = 1, 2, 8, 0x10, 0x20, 0x40
@@ -23,15 +22,6 @@ import Glibc
             if libc.fallocate(fd, mode, off, length) != 0:
                 e = ctypes.get_errno(); raise OSError(e, os.strerror(e))
         finally: os.close(fd)
-    def renameat2(a, b, flags):
-        if libc.renameat2(-100, a.encode(), -100, b.encode(), flags) != 0:
-            e = ctypes.get_errno(); raise OSError(e, os.strerror(e))
-    def attempt(fn):
-        try:
-            r = fn()
-            return 'OK' if r is None else f'OK {r}'
-        except OSError as e:
-            return errno.errorcode.get(e.errno, str(e.errno))
     def describe(p, blocks=True):
         st = os.lstat(p)
         shown = f' blocks={st.st_blocks}' if blocks else ''

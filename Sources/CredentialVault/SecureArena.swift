@@ -1,0 +1,81 @@
+import CSodium
+import Posix
+
+/// A few large regions of secure memory (`sodium_malloc`: guard pages, mlock, zeroed on
+/// free) that many small secrets share: the decrypted fields of an unlocked vault.
+///
+/// Each `sodium_malloc` is a page-aligned region between guard pages (about four memory
+/// mappings and 8 KiB); one per field made 10,000 accounts cost 61,000 mappings and
+/// 184 MB, and `vm.max_map_count` stopped an unlock at about 26,000 fields. Here a field
+/// takes a slot of the next power of two (16 B to 16 KiB) in a 1 MiB slab; a freed slot is
+/// zeroed and reused; `releaseAll` zeroes and frees every slab (a lock gives the memory
+/// back). Larger values get their own `sodium_malloc`.
+///
+/// Thread-safety: its own lock (slots are freed from `SecureBytes.deinit` on any thread).
+public final class SecureArena: @unchecked Sendable {
+    static let slabSize = 1 << 20
+    static let smallestSlot = 16
+    static let largestSlot = 16 << 10
+
+    private let lock = Lock()
+    private var slabs: [UnsafeMutableRawPointer] = []
+    /// Bytes used at the end of the last slab.
+    private var used = 0
+    /// Freed slots by size, ready for reuse.
+    private var free: [Int: [UnsafeMutableRawPointer]] = [:]
+    /// Counts `releaseAll`s: a slot of an earlier generation is gone and never touched.
+    private var generation = 0
+
+    public init() { Sodium.initialize() }
+
+    deinit { releaseAll() }
+
+    /// The slot size for `count` bytes, or nil when it is too large for a slot.
+    static func slotSize(for count: Int) -> Int? {
+        guard count <= largestSlot else { return nil }
+        var size = smallestSlot
+        while size < count { size <<= 1 }
+        return size
+    }
+
+    /// A zeroed slot of at least `count` bytes, its size and generation; nil when the value
+    /// is too large for a slot or secure memory ran out.
+    func allocate(_ count: Int) -> (slot: UnsafeMutableRawPointer, size: Int, generation: Int)? {
+        guard let size = Self.slotSize(for: count) else { return nil }
+        return lock.withLock { () -> (slot: UnsafeMutableRawPointer, size: Int, generation: Int)? in
+            if let slot = free[size]?.popLast() { return (slot, size, generation) }
+            if slabs.isEmpty || used + size > Self.slabSize {
+                guard let slab = sodium_malloc(Self.slabSize) else { return nil }
+                sodium_memzero(slab, Self.slabSize)
+                slabs.append(slab)
+                used = 0
+            }
+            let slot = slabs.last! + used
+            used += size
+            return (slot, size, generation)
+        }
+    }
+
+    /// Zeroes a slot and keeps it for reuse (a slot from before a `releaseAll` is gone).
+    func release(_ slot: UnsafeMutableRawPointer, size: Int, generation: Int) {
+        lock.withLock {
+            guard generation == self.generation else { return }
+            sodium_memzero(slot, size)
+            free[size, default: []].append(slot)
+        }
+    }
+
+    /// Zeroes and frees every slab. Every value in them must have been wiped first.
+    public func releaseAll() {
+        lock.withLock {
+            for slab in slabs { sodium_free(slab) }  // sodium_free zeroes before freeing
+            slabs.removeAll()
+            free.removeAll()
+            used = 0
+            generation += 1
+        }
+    }
+
+    /// Slabs held (each one `sodium_malloc` region).
+    public var slabCount: Int { lock.withLock { slabs.count } }
+}
