@@ -51,6 +51,7 @@ let package = Package(
         .testTarget(name: "FuzzTargetsTests", dependencies: ["FuzzTargets"], exclude: ["Corpus"]),
         .testTarget(name: "PosixTests", dependencies: ["Posix"]),
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),
+        .testTarget(name: "CacheStoreTests", dependencies: ["CacheStore", "Posix"]),
         .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault"]),
         .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "CredentialVault"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Posix"]),

@@ -204,7 +204,19 @@ public final class Vault: @unchecked Sendable {
     /// decrypts every record. On any failure the vault stays locked.
     /// A wrong passphrase while unlocked changes nothing (it does not lock).
     public func unlock(passphrase: SecureBytes) throws(VaultError) {
-        let kek = try Self.deriveKey(passphrase, salt: salt, parameters: parameters)
+        try unlock(withPassphraseKey: try passphraseKey(passphrase))
+    }
+
+    /// The slow half of an unlock (Argon2id: 0.1 s interactive to seconds sensitive): reads
+    /// only the salt and parameters, which nothing changes while the vault is served, so a
+    /// caller runs it outside the lock its requests take, then `unlock(withPassphraseKey:)`.
+    public func passphraseKey(_ passphrase: SecureBytes) throws(VaultError) -> SecureBytes {
+        try Self.deriveKey(passphrase, salt: salt, parameters: parameters)
+    }
+
+    /// The fast half of an unlock: unwraps the master key with `kek` (which it wipes) and
+    /// opens every record.
+    public func unlock(withPassphraseKey kek: SecureBytes) throws(VaultError) {
         let key = SecureBytes(count: VaultFormat.keySize)
         let unwrapped = wrappedKey.withUnsafeBytes { sealed in
             key.withUnsafeMutableBytes { out in

@@ -83,13 +83,24 @@ public final class AccountsTree: Subtree {
     // MARK: Lock and unlock
 
     /// Unlocks with a passphrase (already in secure memory). Wrong: EACCES; damaged: EIO.
+    /// The key derivation runs outside the state lock: requests of accounts/ go on meanwhile.
     public func unlock(passphrase: SecureBytes) throws(Errno) {
         defer { SecureBytes.burnStack() }
+        guard let vault = state.withLock({ $0.vault }) else { throw .ioError }
+        let kek: SecureBytes
+        do throws(VaultError) {
+            kek = try vault.passphraseKey(passphrase)
+        } catch {
+            throw error.errno
+        }
         // Sizes cached as 0 while locked are dropped, so `ls -l` right after shows the real ones.
         let fields = try state.withLock { (s) throws(Errno) -> [InodeNumber] in
-            guard let vault = s.vault else { throw .ioError }
+            guard s.vault === vault else {
+                kek.wipe()
+                throw .tryAgain
+            }
             do throws(VaultError) {
-                try vault.unlock(passphrase: passphrase)
+                try vault.unlock(withPassphraseKey: kek)
             } catch {
                 if case .damaged = error { s.damage(error.description) }
                 Log.warning(error == .wrongPassphrase ? "unlock refused: wrong passphrase" : error.description)

@@ -1,0 +1,158 @@
+@testable import CacheStore
+import Foundation
+import Posix
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The cache store without a mount: the errno rules, group commit, buffered writes, the
+/// bounded log and deletion in slices, each against a real SQLite database in /tmp.
+final class StoreFixture {
+    let directory: String
+    let store: CacheStore
+    var path: String { directory + "/cache.sqlite" }
+
+    init() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-store-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try CacheDatabase.createEmpty(at: directory + "/cache.sqlite")
+        store = try CacheStore(path: directory + "/cache.sqlite", owner: (0, 0))
+    }
+
+    deinit { try? FileManager.default.removeItem(atPath: directory) }
+
+    @discardableResult
+    func file(_ name: String, in parent: Int64 = CacheStore.rootInode) throws -> Int64 {
+        try store.create(parent: parent, name: name, mode: S_IFREG | 0o644, uid: 0, gid: 0).ino
+    }
+
+    func write(_ ino: Int64, _ bytes: [UInt8], at offset: Int64) throws {
+        _ = try bytes.withUnsafeBytes { (buffer) throws(Errno) in try store.write(ino, offset: offset, data: buffer, append: false) }
+    }
+
+    func read(_ ino: Int64, _ offset: Int64, _ count: Int) throws -> [UInt8] {
+        var bytes: [UInt8] = []
+        try store.read(ino, offset: offset, size: count) { bytes = Array($0) }
+        return bytes
+    }
+
+    /// What another connection (the `sqlite3` shell, say) sees.
+    func query(_ sql: String) throws -> String? {
+        try SQLiteDatabase(path: path, readOnly: true).scalarText(sql)
+    }
+}
+
+func errno(_ body: () throws -> Void) -> Errno? {
+    do { try body(); return nil } catch let error as Errno { return error } catch { return nil }
+}
+
+@Suite struct CacheStoreTests {
+    @Test func namesFollowExt4sErrnos() throws {
+        let f = try StoreFixture()
+        let s = f.store, root = CacheStore.rootInode
+        let dir = try s.create(parent: root, name: "d", mode: S_IFDIR | 0o755, uid: 0, gid: 0).ino
+        try f.file("x", in: dir)
+        #expect(errno { _ = try s.create(parent: root, name: "d", mode: S_IFDIR | 0o755, uid: 0, gid: 0) } == .fileExists)
+        #expect(errno { try s.removeDirectory(parent: root, name: "d") } == .directoryNotEmpty)
+        #expect(errno { try s.unlink(parent: root, name: "d") } == .isDirectory)
+        #expect(errno { try s.rename(parent: root, name: "d", newParent: dir, newName: "inside", flags: 0) } == .invalidArgument)
+        #expect(errno { try s.rename(parent: root, name: "nothing", newParent: root, newName: "y", flags: 0) } == .noSuchFileOrDirectory)
+        #expect(errno { try s.rename(parent: dir, name: "x", newParent: root, newName: "d", flags: 0) } == .isDirectory)
+        #expect(errno { try s.rename(parent: dir, name: "x", newParent: root, newName: "d", flags: 4) } == .invalidArgument)
+        #expect(errno { _ = try s.create(parent: root, name: String(repeating: "n", count: 256), mode: S_IFREG, uid: 0, gid: 0) } == .nameTooLong)
+        #expect(errno { _ = try s.lookup(parent: root, name: "missing") } == .noSuchFileOrDirectory)
+    }
+
+    /// A change that fails inside an open group is undone alone: the others of the group
+    /// stay and are committed.
+    @Test func aFailingChangeRollsBackAloneInItsGroup() throws {
+        let f = try StoreFixture()
+        try f.file("kept")
+        #expect(errno { try f.store.rename(parent: CacheStore.rootInode, name: "missing", newParent: CacheStore.rootInode, newName: "x", flags: 0) } != nil)
+        try f.file("kept too")
+        try f.store.synchronize()
+        #expect(try f.query("SELECT group_concat(name, ',') FROM (SELECT name FROM entries ORDER BY name)") == "kept,kept too")
+    }
+
+    /// Small writes are buffered: read back at once, stored whole, and in the database after
+    /// an fsync; a failed write (a directory) changes nothing.
+    @Test func bufferedWritesReadBackAndReachTheDatabase() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("f")
+        try f.write(ino, Array(repeating: 7, count: 100), at: 10)
+        try f.write(ino, Array(repeating: 9, count: 5), at: 200_000)
+        #expect(try f.store.inode(ino).size == 200_005)
+        #expect(try f.query("SELECT count(*) FROM chunks") == "0", "nothing stored before it is needed")
+        #expect(try f.read(ino, 0, 120) == Array(repeating: 0, count: 10) + Array(repeating: 7, count: 100) + Array(repeating: 0, count: 10))
+        #expect(try f.read(ino, 200_000, 10) == Array(repeating: 9, count: 5))
+        try f.write(ino, Array(repeating: 1, count: 4096), at: 65536 * 5)
+        try f.store.synchronize()
+        // Size 5 × 64 KiB + 4 KiB; stored: 110 bytes in chunk 0, 3,392 + 5 in chunk 3, 4 KiB in chunk 5.
+        #expect(try f.query("SELECT size || ' ' || stored FROM inodes WHERE ino = \(ino)") == "331776 7603")
+        #expect(try f.query("SELECT sum(length(data)) FROM chunks WHERE ino = \(ino)") == "7603")
+        // A later small write into a stored chunk goes in place.
+        try f.write(ino, [42], at: 11)
+        try f.store.synchronize()
+        #expect(try f.read(ino, 10, 3) == [7, 42, 7])
+        #expect(errno { try f.write(CacheStore.rootInode, [1], at: 0) } == .isDirectory)
+    }
+
+    /// A writer that never stops: the log stays under its bound when the committing thread
+    /// does its work between writes, as the daemon's thread does.
+    @Test func theLogStaysBounded() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("stream")
+        let megabyte = [UInt8](repeating: 0x33, count: 1 << 20)
+        var largest: Int64 = 0
+        for index in 0..<160 {
+            try f.write(ino, megabyte, at: Int64(index) << 20)
+            f.store.commitWhenDue(waitingAtMost: 0)
+            f.store.checkpointIfDue()
+            largest = max(largest, CacheStore.fileSize(f.path + "-wal"))
+        }
+        #expect(largest > 0 && largest <= CacheStore.logBound, "largest log \(largest)")
+    }
+
+    /// A big file's data goes in slices after its last name and reference, and the space
+    /// comes back to the file system.
+    @Test func deletionRunsInSlicesAndGivesTheSpaceBack() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("big")
+        let megabyte = [UInt8](repeating: 0x44, count: 1 << 20)
+        for index in 0..<40 { try f.write(ino, megabyte, at: Int64(index) << 20) }
+        try f.store.synchronize()
+        try f.store.unlink(parent: CacheStore.rootInode, name: "big")
+        #expect(f.store.reclaimPending == 1, "queued, not deleted in the request")
+        var slices = 0
+        while f.store.reclaimStep() { slices += 1 }
+        #expect(slices >= 40 * 16 / CacheStore.reclaimSlice, "\(slices) slices")
+        #expect(f.store.reclaimPending == 0)
+        // Vacuum waits for a quiet store (CacheStore.vacuumQuiet).
+        Thread.sleep(forTimeInterval: CacheStore.vacuumQuiet + 0.1)
+        while f.store.reclaimStep() {}
+        try f.store.close()
+        #expect(try f.query("SELECT count(*) FROM chunks") == "0")
+        #expect(try f.query("SELECT count(*) FROM inodes WHERE ino = \(ino)") == "0")
+        var st = stat()
+        stat(f.path, &st)
+        #expect(st.st_size < 8 << 20, "database file \(st.st_size) bytes after the delete")
+    }
+
+    /// An unlinked file still open keeps its data until its last close; a forget of an
+    /// inode that still has names touches nothing.
+    @Test func orphansLiveUntilTheLastReference() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("open")
+        try f.write(ino, [1, 2, 3], at: 0)
+        f.store.opened(ino)
+        try f.store.unlink(parent: CacheStore.rootInode, name: "open")
+        #expect(try f.read(ino, 0, 3) == [1, 2, 3])
+        f.store.released(ino)
+        #expect(errno { _ = try f.store.inode(ino) } == .noSuchFileOrDirectory)
+        let named = try f.file("named")
+        f.store.lookedUp(named)
+        f.store.forgot(named, count: 1)
+        #expect(try f.store.inode(named).links == 1)
+    }
+}
