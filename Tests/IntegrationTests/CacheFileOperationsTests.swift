@@ -12,7 +12,7 @@ import Glibc
 /// where the answer depends on the allocation unit (ext4's 4 KiB, the store's 64 KiB chunks).
 @Suite struct CacheFileOperationsTests {
     /// After `CacheTests.operations` (libc, renameat2, attempt).
-    static let script = CacheTests.operations + #"""
+    static let script = CacheTests.operations + "\n" + #"""
     libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
     K = 64 * 1024; M = 1 << 20
     KEEP, PUNCH, COLLAPSE, ZERO, INSERT, UNSHARE = 1, 2, 8, 0x10, 0x20, 0x40
