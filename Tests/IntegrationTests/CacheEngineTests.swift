@@ -48,10 +48,7 @@ import Glibc
         let lines = result.stdout.split(separator: "\n")
         try #require(lines.count == 2, "\(result)")
         #expect(lines[0] == "direct read matches True")
-        let pid = try #require(Int32(try store.status()["pid"] ?? ""))
-        kill(pid, SIGKILL)
-        #expect(MountTable.wait { !isRunning(pid) })
-        Run.program("fusermount3", ["-uz", store.mountPoint])
+        try store.killDaemon(detach: true)
         #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
         #expect(Run.shell("md5sum < \(file)").stdout.hasPrefix(String(lines[1])))
         #expect(try store.status()["cache_check"] == "full", "an unclean shutdown is checked in full")
@@ -106,7 +103,10 @@ import Glibc
         let numbers = result.stdout.split(separator: " ").compactMap { Double($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
         try #require(numbers.count == 3, "\(result)")
         #expect(numbers[0] < 0.1, "rm took \(numbers[0]) s")
-        #expect(numbers[1] < 0.1, "a request waited \(numbers[1]) s (\(Int(numbers[2])) probes)")
+        // The benchmark holds the release build to 100 ms (W14); here, a debug build shares
+        // two cores with the other tests, so scheduling alone can cost tens of milliseconds.
+        // A delete inside the request took seconds for this size.
+        #expect(numbers[1] < 0.5, "a request waited \(numbers[1]) s (\(Int(numbers[2])) probes)")
         #expect(MountTable.wait(seconds: 60) { directorySize(store.dataDirectory) < 32 << 20 },
                 "data directory: \(directorySize(store.dataDirectory)) bytes, was \(before)")
         #expect(Run.program("sqlite3", [store.dataDirectory + "/cache.sqlite", "PRAGMA integrity_check"]).stdout == "ok\n")
@@ -126,10 +126,7 @@ import Glibc
         let clean = Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint)
         #expect(clean.status == 0 && !clean.stderr.contains("checking"), "\(clean)")
         #expect(try store.status()["cache_check"] == "quick")
-        let pid = try #require(Int32(try store.status()["pid"] ?? ""))
-        kill(pid, SIGKILL)
-        #expect(MountTable.wait { !isRunning(pid) })
-        Run.program("fusermount3", ["-uz", store.mountPoint])
+        try store.killDaemon(detach: true)
         let unclean = Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint)
         #expect(unclean.status == 0 && unclean.stderr.contains("checking the cache database"), "\(unclean)")
         #expect(unclean.stderr.contains("after an unclean shutdown") && unclean.stderr.contains(": ok"), "\(unclean)")

@@ -27,9 +27,7 @@ import Glibc
     @Test func statusCallsOnlyADeadDaemonStale() throws {
         let store = try MountedStore()
         defer { store.close() }
-        let pid = try #require(Int32(try store.status()["pid"] ?? ""))
-        kill(pid, SIGKILL)
-        #expect(MountTable.wait { !isRunning(pid) })
+        try store.killDaemon(detach: false)
         let status = Run.mtmfs("status", store.mountPoint)
         #expect(status.stdout.contains("stale (its daemon is gone"), "\(status)")
         #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)

@@ -139,6 +139,15 @@ final class MountedStore {
         return values
     }
 
+    /// Kills the daemon with SIGKILL and waits until it is gone; with `detach`, also takes
+    /// the dead mount away (the state after a crash, ready for a new mount).
+    func killDaemon(detach: Bool) throws {
+        let pid = try #require(Int32(try status()["pid"] ?? ""))
+        kill(pid, SIGKILL)
+        #expect(MountTable.wait { !isRunning(pid) })
+        if detach { Run.program("fusermount3", ["-uz", mountPoint]) }
+    }
+
     func close() {
         if MountTable.isMounted(mountPoint) {
             Run.mtmfs("unmount", mountPoint)
