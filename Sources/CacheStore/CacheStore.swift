@@ -85,8 +85,13 @@ public final class CacheStore: @unchecked Sendable {
     var batchChanges = 0
     /// Bytes of file data the open group wrote (see `groupBytes`).
     var batchBytes = 0
-    /// Inodes without names or references whose data is still to be deleted, in slices.
-    var reclaimQueue: [Int64] = []
+    /// Data to delete in slices: the chunks under `key`, then (when set) the inode row of
+    /// `inode` (a file without names or references).
+    var reclaimQueue: [(key: Int64, inode: Int64?)] = []
+    /// Inodes whose chunks are stored under another key than their number (`inodes.data`):
+    /// a big file cut short gets a new key and its old chunks go in slices (`cutOff`).
+    var dataKeys: [Int64: Int64] = [:]
+    var nextDataKey: Int64 = -1
     /// When the last change (not a reclaim step) was made, and since when free pages wait to
     /// be given back.
     var lastChange = ContinuousClock.now
@@ -227,7 +232,17 @@ public final class CacheStore: @unchecked Sendable {
             try database.execute("INSERT OR REPLACE INTO state(name, value) VALUES('clean', 0);")
             // Inodes whose last name went while a crashed daemon still had them open, or
             // whose data was still being deleted: their chunks go in slices (`reclaimStep`).
-            reclaimQueue = try database.integers("SELECT ino FROM inodes WHERE links = 0")
+            for (ino, key) in try database.pairs("SELECT ino, data FROM inodes WHERE data IS NOT NULL") { dataKeys[ino] = key }
+            nextDataKey = min(-1, (try database.integers("SELECT coalesce(min(ino), 0) FROM chunks").first ?? 0) - 1,
+                              (dataKeys.values.min() ?? 0) - 1)
+            reclaimQueue = try database.pairs("SELECT ino, coalesce(data, ino) FROM inodes WHERE links = 0").map { ($0.1, $0.0) }
+            // Keys of chunks cut off by a truncation that a crash interrupted.
+            reclaimQueue += try database.integers(
+                "SELECT DISTINCT ino FROM chunks WHERE ino < 0 AND ino NOT IN (SELECT data FROM inodes WHERE data IS NOT NULL)"
+            ).map { ($0, nil) }
+            reclaimQueue += try database.integers(
+                "SELECT ino FROM inodes WHERE data IS NOT NULL AND EXISTS (SELECT 1 FROM chunks WHERE chunks.ino = inodes.ino)"
+            ).map { ($0, nil) }
         } catch let error as CacheStoreError {
             throw error
         } catch let error as SQLiteError {
@@ -294,7 +309,7 @@ public final class CacheStore: @unchecked Sendable {
                 size INTEGER NOT NULL DEFAULT 0, links INTEGER NOT NULL, atime INTEGER NOT NULL,
                 mtime INTEGER NOT NULL, ctime INTEGER NOT NULL, rdev INTEGER NOT NULL DEFAULT 0,
                 target TEXT, used INTEGER NOT NULL DEFAULT 0, expires INTEGER,
-                stored INTEGER NOT NULL DEFAULT 0) STRICT;
+                stored INTEGER NOT NULL DEFAULT 0, data INTEGER) STRICT;
             CREATE INDEX inodes_by_use ON inodes(used) WHERE links > 0;
             CREATE INDEX inodes_by_expiry ON inodes(expires) WHERE expires IS NOT NULL;
             CREATE TABLE entries(
@@ -330,6 +345,7 @@ public final class CacheStore: @unchecked Sendable {
         try database.execute("""
             BEGIN IMMEDIATE;
             ALTER TABLE inodes ADD COLUMN stored INTEGER NOT NULL DEFAULT 0;
+            ALTER TABLE inodes ADD COLUMN data INTEGER;
             UPDATE inodes SET stored = (SELECT coalesce(sum(length(data)), 0) FROM chunks WHERE chunks.ino = inodes.ino)
                 WHERE mode & \(S_IFMT) = \(S_IFREG);
             CREATE TABLE state(name TEXT PRIMARY KEY, value INTEGER NOT NULL) STRICT, WITHOUT ROWID;
@@ -343,6 +359,9 @@ public final class CacheStore: @unchecked Sendable {
             VACUUM;
             """)
     }
+
+    /// The key an inode's chunks are stored under (its number, unless cut short once).
+    func key(_ ino: Int64) -> Int64 { dataKeys[ino] ?? ino }
 
     static func now() -> Int64 {
         var ts = timespec()

@@ -30,6 +30,7 @@ extension CacheStore {
 
     func allocatedBytes(_ ino: Int64, chunks first: Int64, _ last: Int64) throws(Errno) -> Int64 {
         guard first <= last else { return 0 }
+        let ino = key(ino)
         let statement = try statement(Self.allocatedInRange)
         statement.bind(ino, first, last)
         defer { statement.done() }
@@ -38,6 +39,7 @@ extension CacheStore {
 
     /// The stored length of a chunk row; nil for a hole.
     func chunkLength(_ ino: Int64, _ index: Int64) throws(Errno) -> Int? {
+        let ino = key(ino)
         let statement = try statement("SELECT length(data) FROM chunks WHERE ino = ? AND idx = ?")
         statement.bind(ino, index)
         defer { statement.done() }
@@ -46,6 +48,7 @@ extension CacheStore {
 
     /// A chunk's row id and stored length (0: preallocated); nil for a hole.
     func chunkRow(_ ino: Int64, _ index: Int64) throws(Errno) -> (id: Int64, length: Int)? {
+        let ino = key(ino)
         let statement = try statement("SELECT id, length(data) FROM chunks WHERE ino = ? AND idx = ?")
         statement.bind(ino, index)
         defer { statement.done() }
@@ -55,6 +58,7 @@ extension CacheStore {
     /// A chunk's bytes to update in part, and what its row held before: a hole gives no
     /// bytes, a preallocated chunk a whole chunk of zeros.
     func chunkForUpdate(_ ino: Int64, _ index: Int64) throws(Errno) -> (bytes: [UInt8], allocated: Int64) {
+        let ino = key(ino)
         let statement = try statement("SELECT data FROM chunks WHERE ino = ? AND idx = ?")
         statement.bind(ino, index)
         defer { statement.done() }
@@ -65,12 +69,14 @@ extension CacheStore {
     }
 
     func putChunk(_ ino: Int64, _ index: Int64, _ bytes: some SQLiteBindable) throws(Errno) {
+        let ino = key(ino)
         try run("INSERT OR REPLACE INTO chunks(ino, idx, data) VALUES(?,?,?)", ino, index, bytes)
     }
 
     /// Fills `buffer` (zeroed by the caller) with the file's bytes from `offset` (lock held).
     func copyOut(_ ino: Int64, offset: Int64, into buffer: UnsafeMutableRawBufferPointer) throws(Errno) {
         guard buffer.count > 0 else { return }
+        let ino = key(ino)
         let length = Int64(buffer.count)
         let first = offset / Int64(Self.chunkSize), last = (offset + length - 1) / Int64(Self.chunkSize)
         let statement = try statement("SELECT idx, data FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ?")
@@ -224,8 +230,8 @@ extension CacheStore {
                 guard size >= 0 else { throw .invalidArgument }
                 if size < inode.size {
                     let lastIndex = size == 0 ? -1 : (size - 1) / Int64(Self.chunkSize)
-                    inode.storedBytes -= try allocatedBytes(ino, chunks: lastIndex + 1, Int64.max)
-                    try run("DELETE FROM chunks WHERE ino = ? AND idx > ?", ino, lastIndex)
+                    try cutOff(ino, after: lastIndex)
+                    inode.storedBytes = try allocatedBytes(ino, chunks: 0, max(0, lastIndex))
                     if lastIndex >= 0 {
                         let keep = Int(size - lastIndex * Int64(Self.chunkSize))
                         let (chunk, before) = try chunkForUpdate(ino, lastIndex)
@@ -249,6 +255,34 @@ extension CacheStore {
                     inode.accessNanoseconds, inode.modificationNanoseconds, inode.changeNanoseconds, ino)
             return inode
         }
+    }
+
+    /// Removes the chunks after `lastIndex`. Few: at once. Many (a big file cut short, as by
+    /// `> file` or O_TRUNC), with few kept: the kept ones move to a new key for the inode
+    /// and the old key's chunks go in slices (`reclaimStep`), so the request does not hold
+    /// the store while gigabytes are deleted.
+    func cutOff(_ ino: Int64, after lastIndex: Int64) throws(Errno) {
+        let old = key(ino)
+        // Counted only up to the threshold: the request never walks the whole file.
+        let limit = Self.deleteAtOnce + 1
+        let count = try statement("""
+            SELECT (SELECT count(*) FROM (SELECT 1 FROM chunks WHERE ino = ? AND idx > ? LIMIT ?)),
+                   (SELECT count(*) FROM (SELECT 1 FROM chunks WHERE ino = ? AND idx <= ? LIMIT ?))
+            """)
+        count.bind(old, lastIndex, limit, old, lastIndex, limit)
+        guard try row(count) else { count.done(); return }
+        let (dropped, kept) = (count.int(0), count.int(1))
+        count.done()
+        guard dropped > Self.deleteAtOnce && kept <= Self.deleteAtOnce else {
+            try run("DELETE FROM chunks WHERE ino = ? AND idx > ?", old, lastIndex)
+            return
+        }
+        let new = nextDataKey
+        nextDataKey -= 1
+        try run("UPDATE chunks SET ino = ? WHERE ino = ? AND idx <= ?", new, old, lastIndex)
+        try run("UPDATE inodes SET data = ? WHERE ino = ?", new, ino)
+        dataKeys[ino] = new
+        reclaimQueue.append((old, nil))
     }
 
     // MARK: fallocate, SEEK_DATA/SEEK_HOLE, copy_file_range
@@ -310,7 +344,7 @@ extension CacheStore {
             }
             if wholeFirst <= wholeLast {
                 if operation != 0 {
-                    try run("DELETE FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ?", ino, wholeFirst, wholeLast)
+                    try run("DELETE FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ?", key(ino), wholeFirst, wholeLast)
                 } else {
                     try fillPartialChunks(ino, wholeFirst, wholeLast)
                 }
@@ -330,13 +364,13 @@ extension CacheStore {
         try run("""
             WITH RECURSIVE range(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM range WHERE i < ?)
             INSERT OR IGNORE INTO chunks(ino, idx, data) SELECT ?, i, x'' FROM range
-            """, first, last, ino)
+            """, first, last, key(ino))
     }
 
     /// Fills the partial rows among chunks `first...last` up to whole chunks with zeros.
     private func fillPartialChunks(_ ino: Int64, _ first: Int64, _ last: Int64) throws(Errno) {
         let statement = try statement("SELECT idx FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ? AND length(data) BETWEEN 1 AND \(Self.chunkSize - 1)")
-        statement.bind(ino, first, last)
+        statement.bind(key(ino), first, last)
         var partial: [Int64] = []
         while try row(statement) { partial.append(statement.int(0)) }
         statement.done()
@@ -357,7 +391,7 @@ extension CacheStore {
             let inode = try fetchInode(ino)
             guard offset >= 0, offset < inode.size else { throw .noSuchDeviceOrAddress }
             let statement = try statement("SELECT idx, length(data) FROM chunks WHERE ino = ? AND idx >= ? ORDER BY idx")
-            statement.bind(ino, offset / Int64(Self.chunkSize))
+            statement.bind(key(ino), offset / Int64(Self.chunkSize))
             defer { statement.done() }
             var position = offset
             while try row(statement) {
@@ -403,9 +437,9 @@ extension CacheStore {
                 let piece = min(size - Int64(within), count - done)
                 if within == 0 && piece == size && origin % size == 0 {
                     try run("INSERT OR REPLACE INTO chunks(ino, idx, data) SELECT ?, ?, data FROM chunks WHERE ino = ? AND idx = ?",
-                            destination, index, source, origin / size)
+                            key(destination), index, key(source), origin / size)
                     if database.changes == 0 {
-                        try run("DELETE FROM chunks WHERE ino = ? AND idx = ?", destination, index)
+                        try run("DELETE FROM chunks WHERE ino = ? AND idx = ?", key(destination), index)
                     }
                 } else {
                     let bytes = try zeroedBuffer(source, offset: origin, count: Int(piece))

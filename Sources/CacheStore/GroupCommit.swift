@@ -30,7 +30,7 @@ extension CacheStore {
                 freeBytesNow = freeDiskBytes()
                 try openBatch()
                 try run("SAVEPOINT change")
-                let saved = (dirty, reclaimQueue, orphans)
+                let saved = (dirty, reclaimQueue, orphans, dataKeys, nextDataKey)
                 do throws(Errno) {
                     let result = try body()
                     try run("RELEASE change")
@@ -39,7 +39,7 @@ extension CacheStore {
                         || !hasRoomForGroups(free: freeBytesNow) { try commitBatch() }
                     return result
                 } catch {
-                    (dirty, reclaimQueue, orphans) = saved
+                    (dirty, reclaimQueue, orphans, dataKeys, nextDataKey) = saved
                     if database.isInTransaction {
                         try? exec("ROLLBACK TO change")
                         try? exec("RELEASE change")

@@ -31,10 +31,11 @@ extension CacheStore {
         guard inode.links <= 0 else { return }
         try run("DELETE FROM xattrs WHERE ino = ?", ino)
         if inode.storedBytes <= Self.deleteAtOnce * Int64(Self.chunkSize) {
-            try run("DELETE FROM chunks WHERE ino = ?", ino)
+            try run("DELETE FROM chunks WHERE ino = ?", key(ino))
             try run("DELETE FROM inodes WHERE ino = ?", ino)
-        } else if !reclaimQueue.contains(ino) {
-            reclaimQueue.append(ino)
+            dataKeys[ino] = nil
+        } else if !reclaimQueue.contains(where: { $0.inode == ino }) {
+            reclaimQueue.append((key(ino), ino))
         }
     }
 
@@ -54,23 +55,31 @@ extension CacheStore {
         }
         guard due else { return false }
         return (try? transaction(background: true) { () throws(Errno) -> Bool in
-            if let ino = reclaimQueue.first {
-                // A group lost at its commit may have brought the inode back: then it stays.
-                let links: Int64
-                do throws(Errno) {
-                    links = try fetchInode(ino).links
-                } catch where error == .noSuchFileOrDirectory {
-                    links = 1  // gone already
-                }
-                guard links <= 0 else {
-                    reclaimQueue.removeFirst()
+            if let (key, ino) = reclaimQueue.first {
+                if let ino {
+                    // A group lost at its commit may have brought the inode back: then it stays.
+                    let links: Int64
+                    do throws(Errno) {
+                        links = try fetchInode(ino).links
+                    } catch where error == .noSuchFileOrDirectory {
+                        links = 1  // gone already
+                    }
+                    guard links <= 0 else {
+                        reclaimQueue.removeFirst()
+                        return true
+                    }
+                } else if dataKeys.values.contains(key) {
+                    reclaimQueue.removeFirst()  // (the same: the key is in use again)
                     return true
                 }
                 try run("DELETE FROM chunks WHERE ino = ? AND idx IN (SELECT idx FROM chunks WHERE ino = ? ORDER BY idx LIMIT ?)",
-                        ino, ino, Self.reclaimSlice)
+                        key, key, Self.reclaimSlice)
                 if database.changes == 0 {
-                    try run("DELETE FROM xattrs WHERE ino = ?", ino)
-                    try run("DELETE FROM inodes WHERE ino = ?", ino)
+                    if let ino {
+                        try run("DELETE FROM xattrs WHERE ino = ?", ino)
+                        try run("DELETE FROM inodes WHERE ino = ?", ino)
+                        dataKeys[ino] = nil
+                    }
                     reclaimQueue.removeFirst()
                 }
                 return true
@@ -81,6 +90,6 @@ extension CacheStore {
         }) ?? false
     }
 
-    /// Deleted files whose data is still being removed.
+    /// Deleted files (and cut-off data) still being removed.
     public var reclaimPending: Int { lock.withLock { reclaimQueue.count } }
 }

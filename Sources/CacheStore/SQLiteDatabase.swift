@@ -72,6 +72,21 @@ public final class SQLiteDatabase {
     /// The database's page size in bytes.
     public var pageSize: Int { Int((try? scalarText("PRAGMA page_size")).flatMap { $0.flatMap { Int($0) } } ?? 4096) }
 
+    /// The first two columns of every row of a query, as integers.
+    public func pairs(_ sql: String) throws(SQLiteError) -> [(Int64, Int64)] {
+        var statement: OpaquePointer?
+        var rc = sqlite3_prepare_v2(handle, sql, -1, &statement, nil)
+        guard rc == SQLITE_OK else { throw error(rc, sql) }
+        defer { sqlite3_finalize(statement) }
+        var values: [(Int64, Int64)] = []
+        while true {
+            rc = sqlite3_step(statement)
+            if rc == SQLITE_DONE { return values }
+            guard rc == SQLITE_ROW else { throw error(rc, sql) }
+            values.append((sqlite3_column_int64(statement, 0), sqlite3_column_int64(statement, 1)))
+        }
+    }
+
     /// The first column of every row of a query, as integers.
     public func integers(_ sql: String) throws(SQLiteError) -> [Int64] {
         var statement: OpaquePointer?

@@ -156,3 +156,42 @@ func errno(_ body: () throws -> Void) -> Errno? {
         #expect(try f.store.inode(named).links == 1)
     }
 }
+
+/// A big file cut short (`> file`, O_TRUNC, truncate): the request moves the few chunks it
+/// keeps to a new key and leaves the rest to the slices; the file reads right at once, grows
+/// again without old data showing, and all of it survives a reopen.
+@Suite struct CacheStoreTruncationTests {
+    @Test func aBigFileCutShortKeepsItsHeadAndDropsTheRestInSlices() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("big")
+        let megabyte = (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 1) }
+        for index in 0..<40 { try f.write(ino, megabyte, at: Int64(index) << 20) }
+        try f.store.synchronize()
+        _ = try f.store.setAttributes(ino, CacheAttributeChanges(size: 100_000))
+        #expect(f.store.reclaimPending == 1, "the cut-off data is queued, not deleted in the request")
+        #expect(try f.store.inode(ino).size == 100_000)
+        #expect(try f.store.inode(ino).storedBytes == 100_000)
+        #expect(try f.read(ino, 0, 200_000) == Array(megabyte[0..<100_000]))
+        // Growing again shows zeros, never the old data.
+        _ = try f.store.setAttributes(ino, CacheAttributeChanges(size: 3 << 20))
+        #expect(try f.read(ino, 2 << 20, 16) == Array(repeating: 0, count: 16))
+        try f.write(ino, [9, 9, 9], at: 1 << 20)
+        while f.store.reclaimStep() {}
+        #expect(f.store.reclaimPending == 0)
+        #expect(try f.read(ino, (1 << 20) - 1, 5) == [0, 9, 9, 9, 0])
+        try f.store.close()
+        #expect(try f.query("SELECT count(*) FROM chunks") == "3", "chunks 0, 1 and 16 of the new key only")
+        let reopened = try CacheStore(path: f.path, owner: (0, 0))
+        var bytes: [UInt8] = []
+        try reopened.read(ino, offset: 0, size: 8) { bytes = Array($0) }
+        #expect(bytes == Array(megabyte[0..<8]))
+        try reopened.read(ino, offset: 1 << 20, size: 3) { bytes = Array($0) }
+        #expect(bytes == [9, 9, 9])
+        // Cut to nothing and deleted: every chunk goes.
+        _ = try reopened.setAttributes(ino, CacheAttributeChanges(size: 0))
+        try reopened.unlink(parent: CacheStore.rootInode, name: "big")
+        while reopened.reclaimStep() {}
+        try reopened.close()
+        #expect(try f.query("SELECT count(*) FROM chunks") == "0")
+    }
+}

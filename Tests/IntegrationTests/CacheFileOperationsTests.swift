@@ -204,7 +204,7 @@ import Glibc
         let before = Run.shell("head -c 100000 \(c)/f | md5sum").stdout
         #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
         let downgrade = Run.program("sqlite3", [database, """
-            ALTER TABLE inodes DROP COLUMN stored; DROP TABLE state;
+            ALTER TABLE inodes DROP COLUMN stored; ALTER TABLE inodes DROP COLUMN data; DROP TABLE state;
             CREATE TABLE v1(ino INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY(ino, idx)) STRICT, WITHOUT ROWID;
             INSERT INTO v1 SELECT ino, idx, data FROM chunks; DROP TABLE chunks; ALTER TABLE v1 RENAME TO chunks;
             PRAGMA user_version=1;
