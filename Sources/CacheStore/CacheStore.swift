@@ -494,6 +494,28 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
+    /// An open of a file in one visit to the store: its row, cut to size 0 first with
+    /// `truncate`, counted as open (see `opened`). A directory is EISDIR.
+    public func open(_ ino: Int64, truncate: Bool) throws(Errno) -> CacheInode {
+        try withLock { () throws(Errno) -> CacheInode in
+            var inode = try fetchInode(ino)
+            guard !inode.isDirectory else { throw .isDirectory }
+            if truncate && inode.size != 0 {
+                inode = try change { () throws(Errno) -> CacheInode in
+                    dirty.discard(ino)
+                    try cutOff(ino, after: -1)
+                    let now = Self.now()
+                    try run("UPDATE inodes SET size = 0, stored = 0, mtime = ?, ctime = ? WHERE ino = ?", now, now, ino)
+                    return try fetchInode(ino)
+                }
+            }
+            opens[ino, default: 0] += 1
+            let now = Self.now()
+            try run("UPDATE inodes SET used = ? WHERE ino = ? AND used < ?", now, ino, now - Self.useResolution)
+            return inode
+        }
+    }
+
     /// How precisely the least recently used order is kept (nanoseconds).
     static let useResolution: Int64 = 60_000_000_000
 
@@ -522,7 +544,7 @@ public final class CacheStore: @unchecked Sendable {
         try withLock { () throws(Errno) in
             if !dirty.files.isEmpty { try change { () throws(Errno) in try flushAllDirty() } }
             try commitBatch()
-            let fd = open(path + "-wal", O_RDONLY | O_CLOEXEC)
+            let fd = Glibc.open(path + "-wal", O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else { return }  // no log: everything is in the database file
             defer { Glibc.close(fd) }
             if fsync(fd) != 0 { throw Errno.current }

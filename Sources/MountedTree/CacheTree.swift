@@ -196,16 +196,15 @@ public final class CacheTree: Subtree {
 
     public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
         let store = try storeOrEIO()
-        let file = try store.inode(ino(inode))
-        if file.isDirectory { throw .isDirectory }
+        // libfuse negotiates atomic O_TRUNC: the truncation is ours to do, in the same visit
+        // to the store as the open. Buffered writes reach SQLite at the last close (RELEASE)
+        // or an fsync (which reports an error, as on ext4): a close sends no FLUSH.
+        let file = try store.open(ino(inode), truncate: flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY)
         // Device nodes are data here, never devices (the kernel refuses them first on nodev).
-        if file.mode & S_IFMT == S_IFBLK || file.mode & S_IFMT == S_IFCHR { throw .permissionDenied }
-        // libfuse negotiates atomic O_TRUNC: the truncation is ours to do. Writes reach SQLite
-        // as they come (no writeback cache), so a close has nothing left to do: no FLUSH.
-        if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY && file.size != 0 {
-            _ = try store.setAttributes(file.ino, CacheAttributeChanges(size: 0))
+        if file.mode & S_IFMT == S_IFBLK || file.mode & S_IFMT == S_IFCHR {
+            store.released(file.ino)
+            throw .permissionDenied
         }
-        store.opened(file.ino)
         return OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true, noFlush: true)
     }
 
