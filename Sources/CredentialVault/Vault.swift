@@ -78,7 +78,11 @@ public final class Vault: @unchecked Sendable {
     private var wrapNonce: [UInt8]
     private var wrappedKey: [UInt8]
     /// The sealed records, in file order.
-    var records: [SealedRecord]  // internal: tests tamper with it
+    var records: [SealedRecord] {  // internal: tests tamper with it
+        didSet { recordIndex = nil }
+    }
+    /// Name and UUID → position in `records`, built when first needed after a change.
+    private var recordIndex: (byName: [String: Int], byUUID: [[UInt8]: Int])?
     private var manifestNonce: [UInt8]
     private var manifestCiphertext: [UInt8]
 
@@ -99,6 +103,30 @@ public final class Vault: @unchecked Sendable {
 
     /// The accounts as (16-byte UUID, name as given), in file order. Works while locked.
     public var accounts: [(uuid: [UInt8], name: String)] { records.map { ($0.uuid, $0.name) } }
+
+    /// How many accounts there are (no copy of the list).
+    public var accountCount: Int { records.count }
+
+    /// The account of that name (as given), found by index, not by a scan.
+    public func account(named name: String) -> (uuid: [UInt8], name: String)? {
+        lookupIndex().byName[name].map { (records[$0].uuid, records[$0].name) }
+    }
+
+    /// Whether an account has that UUID (by index).
+    public func hasAccount(uuid: [UInt8]) -> Bool { lookupIndex().byUUID[uuid] != nil }
+
+    private func lookupIndex() -> (byName: [String: Int], byUUID: [[UInt8]: Int]) {
+        if let recordIndex { return recordIndex }
+        var byName: [String: Int] = [:], byUUID: [[UInt8]: Int] = [:]
+        byName.reserveCapacity(records.count)
+        byUUID.reserveCapacity(records.count)
+        for (position, record) in records.enumerated() {
+            byName[record.name] = position
+            byUUID[record.uuid] = position
+        }
+        recordIndex = (byName, byUUID)
+        return (byName, byUUID)
+    }
 
     // MARK: Creating and opening
 
@@ -350,7 +378,7 @@ public final class Vault: @unchecked Sendable {
 
     public func removeAccount(uuid: [UInt8]) throws(VaultError) {
         _ = try requireKey()
-        guard let index = records.firstIndex(where: { $0.uuid == uuid }) else { throw .noSuchAccount }
+        guard let index = lookupIndex().byUUID[uuid] else { throw .noSuchAccount }
         let removed = records.remove(at: index)
         let removedFields = fields.removeValue(forKey: uuid)
         do {
@@ -367,7 +395,7 @@ public final class Vault: @unchecked Sendable {
     /// Sets several fields of one account at once (all or nothing), e.g. the parts of a URL.
     public func setFields(_ changes: [AccountField: SecureBytes], of uuid: [UInt8]) throws(VaultError) {
         _ = try requireKey()
-        guard let old = fields[uuid], let index = records.firstIndex(where: { $0.uuid == uuid }) else { throw .noSuchAccount }
+        guard let old = fields[uuid], let index = lookupIndex().byUUID[uuid] else { throw .noSuchAccount }
         let oldRecord = records[index]
         var new = old
         for (field, value) in changes {

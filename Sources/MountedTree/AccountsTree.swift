@@ -149,7 +149,7 @@ public final class AccountsTree: Subtree {
                 autoLockIn = max(0, Int((Double(s.autoLockSeconds) - s.lastSecretAccess.secondsElapsed).rounded(.up)))
             }
             lines.append("auto_lock_in=\(autoLockIn)")
-            lines.append("accounts=\(s.vault?.accounts.count ?? 0)")
+            lines.append("accounts=\(s.vault?.accountCount ?? 0)")
             if let problem = s.problem { lines.append("vault_error=\(problem)") }
             return lines
         }
@@ -521,7 +521,7 @@ extension AccountsTree {
         func fieldInode(_ account: UInt64, _ index: Int) -> UInt64 { account << 8 | UInt64(index + 1) }
 
         func account(named name: String) -> (uuid: [UInt8], name: String)? {
-            vault?.accounts.first { $0.name == name }
+            vault?.account(named: name)
         }
 
         func symlinkAttributes(_ target: String) -> Attributes {
@@ -658,13 +658,13 @@ extension AccountsTree {
             try requireUnlocked()
             guard let uuid = AccountName.uuidBytes(name) else { throw .invalidArgument }
             guard let vault else { throw .ioError }
-            if vault.accounts.contains(where: { $0.uuid == uuid }) { throw .fileExists }
+            if vault.hasAccount(uuid: uuid) { throw .fileExists }
             do {
                 try vault.addAccount(uuid: uuid, name: name)
             } catch {
                 throw error.errno
             }
-            Log.debug("vault saved: account \(name) added (\(vault.accounts.count) accounts)")
+            Log.debug("vault saved: account \(name) added (\(vault.accountCount) accounts)")
             let local = id(of: uuid) << 8
             return try entry(local)
         }
@@ -689,7 +689,7 @@ extension AccountsTree {
             } catch {
                 throw error.errno
             }
-            Log.debug("vault saved: account \(name) removed (\(vault.accounts.count) accounts)")
+            Log.debug("vault saved: account \(name) removed (\(vault.accountCount) accounts)")
             for index in 0...AccountsTree.urlIndex {
                 let local = fieldInode(id, index)
                 pending.removeValue(forKey: local)?.bytes.wipe()
