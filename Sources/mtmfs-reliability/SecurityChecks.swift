@@ -199,7 +199,10 @@ final class SecurityChecks {
                 let (took, status) = timed("guess number \(attempt)")
                 var problems: [String] = []
                 if status == 0 { problems.append("accepted") }
-                if took < right * 0.8 { problems.append(String(format: "took %.3f s, a right one %.3f s", took, right)) }
+                // A wrong guess that skipped the derivation would take milliseconds; a right
+                // unlock also opens the records and drops the kernel's caches, and under load
+                // its median has run 40 % above a wrong one's (CI, 0.71 against 0.50 s).
+                if took < right * 0.6 { problems.append(String(format: "took %.3f s, a right one %.3f s", took, right)) }
                 tally.record("wrong passphrase \(attempt)", problems)
             }
             say(String(format: "  (unlock with MODERATE limits: right %.3f s; wrong ones measured against it)", right))
