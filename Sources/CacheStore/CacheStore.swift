@@ -52,10 +52,11 @@ public struct CacheAttributeChanges: Sendable {
 /// Changes are grouped into SQLite transactions (group commit, see `groupCommitDelay`);
 /// each change is a savepoint in it, so a failing change rolls back alone. `synchronize()`
 /// commits and makes everything durable (an fsync of the write-ahead log); checkpoints run
-/// off the request path (`checkpointWhenQuiet`). Inodes that lost their last name but are
-/// still open or known to the kernel stay until `released`/`forgot` drop the last reference; orphans
-/// left by a crash are removed at open. Memory does not grow with file size: reads and
-/// writes touch only their chunks.
+/// off the request path (`checkpointIfDue`). Writes of parts of chunks are buffered
+/// (`DirtyChunks`); big files' data is deleted in slices (`reclaimStep`). Inodes that lost
+/// their last name but are still open or known to the kernel stay until `released`/`forgot`
+/// drop the last reference; orphans left by a crash are removed after open. Memory does
+/// not grow with file size: reads and writes touch only their chunks.
 ///
 /// Thread-safety: one connection behind a mutex; every public method takes it.
 public final class CacheStore: @unchecked Sendable {
@@ -110,20 +111,18 @@ public final class CacheStore: @unchecked Sendable {
     /// transaction, which is committed on fsync, once it holds `groupCommitSize` changes,
     /// or `groupCommitDelay` after it began (by whoever calls `commitWhenDue`). Many
     /// files' creates and writes then cost one WAL append and one round of locks instead of
-    /// one each (creating a 1 KiB file: 345 → 230 µs; committing at every close as well
-    /// made it 420 µs, so a close does not commit). Readers of the database file see a
+    /// one each (a close does not commit: it cost more than it saved). Readers of the database file see a
     /// change within `groupCommitDelay`; a kill -9 of the daemon loses at most the changes
     /// of that last interval that were not fsynced; the database is consistent either way.
     public static let groupCommitDelay = 0.005
     static let groupCommitSize = 256
 
     /// The write-ahead log is copied into the database file (a checkpoint) by whoever calls
-    /// `checkpointWhenQuiet`, once no change came for `checkpointQuiet` seconds or the log
-    /// holds `checkpointLogLimit` bytes — not inside a request, as SQLite's automatic
-    /// checkpoint did: it read back and rewrote every written page in the write that
-    /// crossed 4 MB and synced the database in every fsync (35 % of the daemon's time in
-    /// a 256 MiB write + fsync). fsync syncs only the log, which is what makes a change
-    /// durable (`synchronize`).
+    /// `checkpointIfDue`, once no change came for `checkpointQuiet` seconds or the log has
+    /// grown — not inside a request, as SQLite's automatic checkpoint would (it rewrites
+    /// every page of the log in the write that crosses its limit and syncs the database in
+    /// every fsync). fsync syncs only the log, which is what makes a change durable
+    /// (`synchronize`).
     public static let checkpointQuiet = 0.1
     /// See `checkpointIfDue`: the log is copied from `checkpointThreshold` bytes on, emptied
     /// under the lock from `restartThreshold` on, and never holds much more than `logBound`.
@@ -176,22 +175,15 @@ public final class CacheStore: @unchecked Sendable {
     /// The extended attribute that makes a file disappear at a time (Unix seconds or ISO 8601).
     public static let expiryAttribute = "user.cache.expires"
 
-    /// How an open checks the database: the full `PRAGMA integrity_check` reads every page
-    /// (seconds for gigabytes), so it runs after an unclean shutdown only, unless asked.
-    public enum OpenCheck: Sendable {
-        /// The full check when the last mount did not end cleanly (the default).
-        case ifUnclean
-        /// The full check always (`mtmfs check`).
-        case always
-    }
-
     /// Whether this open ran the full integrity check (after an unclean shutdown).
     public private(set) var checkedAtOpen = false
 
     /// Opens (creating the schema if the file is new) the cache database at `path`. What
     /// takes long (the full check after an unclean shutdown, an upgrade) is said through
     /// `progress`, about once a second.
-    public init(path: String, owner: (uid: UInt32, gid: UInt32), check: OpenCheck = .ifUnclean,
+    /// The full `PRAGMA integrity_check` reads every page (seconds for gigabytes): it runs
+    /// here only after an unclean shutdown (`check(path:progress:)` runs it on demand).
+    public init(path: String, owner: (uid: UInt32, gid: UInt32),
                 progress: @escaping (String) -> Void = { _ in }) throws(CacheStoreError) {
         self.path = path
         do {
@@ -223,9 +215,7 @@ public final class CacheStore: @unchecked Sendable {
             } else {
                 clean = try database.scalarText("SELECT value FROM state WHERE name = 'clean'") == "1"
             }
-            if !clean || check == .always {
-                try fullCheck(progress: progress, reason: clean ? "on demand" : "after an unclean shutdown")
-            }
+            if !clean { try fullCheck(progress: progress, reason: "after an unclean shutdown") }
             pageSize = database.pageSize
             vacuums = try database.scalarText("PRAGMA auto_vacuum") == "2"
             // Unclean from now on, until `close()` marks it clean again.
@@ -482,31 +472,23 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    /// An open handle: the file is in use (never evicted while open) and was used now.
-    /// The time of use is kept to the minute (`useResolution`): an open within a minute of
-    /// the last recorded one writes nothing, so reading files costs no commits (a write
-    /// per open was half of an open+read+close of a cache file).
-    public func opened(_ ino: Int64) {
-        _ = try? withLock { () throws(Errno) in
-            opens[ino, default: 0] += 1
-            let now = Self.now()
-            try run("UPDATE inodes SET used = ? WHERE ino = ? AND used < ?", now, ino, now - Self.useResolution)
-        }
-    }
 
     /// An open of a file in one visit to the store: its row, cut to size 0 first with
-    /// `truncate`, counted as open (see `opened`). A directory is EISDIR.
+    /// `truncate`. The file is then in use (never evicted while open) and used now; the
+    /// time of use is kept to the minute (`useResolution`), so an open within a minute of
+    /// the last recorded one writes nothing and reading files costs no commits. A directory
+    /// is EISDIR.
     public func open(_ ino: Int64, truncate: Bool) throws(Errno) -> CacheInode {
         try withLock { () throws(Errno) -> CacheInode in
             var inode = try fetchInode(ino)
             guard !inode.isDirectory else { throw .isDirectory }
             if truncate && inode.size != 0 {
-                inode = try change { () throws(Errno) -> CacheInode in
+                try change { () throws(Errno) in
                     dirty.discard(ino)
-                    try cutOff(ino, after: -1)
                     let now = Self.now()
-                    try run("UPDATE inodes SET size = 0, stored = 0, mtime = ?, ctime = ? WHERE ino = ?", now, now, ino)
-                    return try fetchInode(ino)
+                    try setSize(of: &inode, to: 0, at: now)
+                    inode.changeNanoseconds = now
+                    try saveAttributes(inode)
                 }
             }
             opens[ino, default: 0] += 1

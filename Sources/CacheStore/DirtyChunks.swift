@@ -104,9 +104,8 @@ extension CacheStore {
         for index in flushed {
             let chunk = file.chunks[index]!
             if chunk.isWhole {
-                let before = try chunkLength(ino, index).map(Self.allocated) ?? 0
-                try putChunk(ino, index, chunk.bytes)
-                stored += Int64(Self.chunkSize) - before
+                stored += try putWholeChunk(ino, index, chunk.bytes)
+                continue
             } else if let row = try chunkRow(ino, index), row.length >= chunk.covered.last!.upperBound {
                 // A stored row long enough: the written ranges go in place, page by page.
                 for range in chunk.covered {

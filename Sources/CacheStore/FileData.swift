@@ -46,6 +46,15 @@ extension CacheStore {
         return try row(statement) ? Int(statement.int(0)) : nil
     }
 
+    /// Stores a whole chunk (lock held, inside a change); returns what it adds to the
+    /// bytes the file holds.
+    func putWholeChunk(_ ino: Int64, _ index: Int64, _ bytes: some SQLiteBindable) throws(Errno) -> Int64 {
+        let before = try chunkLength(ino, index).map(Self.allocated) ?? 0
+        try putChunk(ino, index, bytes)
+        batchBytes += Self.chunkSize
+        return Int64(Self.chunkSize) - before
+    }
+
     /// A chunk's row id and stored length (0: preallocated); nil for a hole.
     func chunkRow(_ ino: Int64, _ index: Int64) throws(Errno) -> (id: Int64, length: Int)? {
         let ino = key(ino)
@@ -174,12 +183,7 @@ extension CacheStore {
                 // Stored with the size they reach, so that no chunk lies past the recorded end.
                 try change { () throws(Errno) in
                     var stored: Int64 = 0
-                    for (index, piece) in whole {
-                        let before = try chunkLength(ino, index).map(Self.allocated) ?? 0
-                        try putChunk(ino, index, piece)
-                        stored += Int64(Self.chunkSize) - before
-                        batchBytes += piece.count
-                    }
+                    for (index, piece) in whole { stored += try putWholeChunk(ino, index, piece) }
                     let reached = whole.last!.index * Int64(Self.chunkSize) + Int64(Self.chunkSize)
                     try run("UPDATE inodes SET size = max(size, ?), stored = stored + ?, mtime = ?, ctime = ? WHERE ino = ?",
                             reached, stored, now, now, ino)
@@ -225,36 +229,47 @@ extension CacheStore {
             if changes.size == 0 { dirty.discard(ino) } else { try flushDirty(ino) }
             var inode = try fetchInode(ino)
             let now = Self.now()
-            if let size = changes.size {
-                guard !inode.isDirectory else { throw .isDirectory }
-                guard size >= 0 else { throw .invalidArgument }
-                if size < inode.size {
-                    let lastIndex = size == 0 ? -1 : (size - 1) / Int64(Self.chunkSize)
-                    try cutOff(ino, after: lastIndex)
-                    inode.storedBytes = try allocatedBytes(ino, chunks: 0, max(0, lastIndex))
-                    if lastIndex >= 0 {
-                        let keep = Int(size - lastIndex * Int64(Self.chunkSize))
-                        let (chunk, before) = try chunkForUpdate(ino, lastIndex)
-                        if chunk.count > keep {
-                            try putChunk(ino, lastIndex, Array(chunk[0..<keep]))
-                            inode.storedBytes -= before - Int64(keep)
-                        }
-                    }
-                }
-                inode.size = size
-                inode.modificationNanoseconds = now
-            }
+            if let size = changes.size { try setSize(of: &inode, to: size, at: now) }
             if let mode = changes.mode { inode.mode = (inode.mode & S_IFMT) | (mode & 0o7777) }
             if let uid = changes.uid { inode.uid = uid }
             if let gid = changes.gid { inode.gid = gid }
             if let atime = changes.accessNanoseconds { inode.accessNanoseconds = atime }
             if let mtime = changes.modificationNanoseconds { inode.modificationNanoseconds = mtime }
             inode.changeNanoseconds = now
-            try run("UPDATE inodes SET mode = ?, uid = ?, gid = ?, size = ?, stored = ?, atime = ?, mtime = ?, ctime = ? WHERE ino = ?",
-                    Int64(inode.mode), Int64(inode.uid), Int64(inode.gid), inode.size, inode.storedBytes,
-                    inode.accessNanoseconds, inode.modificationNanoseconds, inode.changeNanoseconds, ino)
+            try saveAttributes(inode)
             return inode
         }
+    }
+
+    /// Cuts a file to `size`, or lengthens it with a hole (lock held, inside a change, its
+    /// buffers already stored or dropped): the chunks past the end go (`cutOff`) and the
+    /// last one is trimmed. The row is the caller's to save.
+    func setSize(of inode: inout CacheInode, to size: Int64, at now: Int64) throws(Errno) {
+        guard !inode.isDirectory else { throw .isDirectory }
+        guard size >= 0 else { throw .invalidArgument }
+        let ino = inode.ino
+        if size < inode.size {
+            let lastIndex = size == 0 ? -1 : (size - 1) / Int64(Self.chunkSize)
+            try cutOff(ino, after: lastIndex)
+            inode.storedBytes = try allocatedBytes(ino, chunks: 0, max(0, lastIndex))
+            if lastIndex >= 0 {
+                let keep = Int(size - lastIndex * Int64(Self.chunkSize))
+                let (chunk, before) = try chunkForUpdate(ino, lastIndex)
+                if chunk.count > keep {
+                    try putChunk(ino, lastIndex, Array(chunk[0..<keep]))
+                    inode.storedBytes -= before - Int64(keep)
+                }
+            }
+        }
+        inode.size = size
+        inode.modificationNanoseconds = now
+    }
+
+    /// Writes an inode's attributes to its row.
+    func saveAttributes(_ inode: CacheInode) throws(Errno) {
+        try run("UPDATE inodes SET mode = ?, uid = ?, gid = ?, size = ?, stored = ?, atime = ?, mtime = ?, ctime = ? WHERE ino = ?",
+                Int64(inode.mode), Int64(inode.uid), Int64(inode.gid), inode.size, inode.storedBytes,
+                inode.accessNanoseconds, inode.modificationNanoseconds, inode.changeNanoseconds, inode.ino)
     }
 
     /// Removes the chunks after `lastIndex`. Few: at once. Many (a big file cut short, as by
