@@ -41,7 +41,9 @@ let package = Package(
         .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "CredentialVault"]),
         // Faults, bad input and attackers: crash, full disk, damaged stores, concurrency, security.
         .executableTarget(name: "mtmfs-reliability",
-                          dependencies: ["Posix", "CPosixShims", "CSodium", "CredentialVault", "SettingsStore"]),
+                          dependencies: ["Posix", "CPosixShims", "CSodium", "CredentialVault", "SettingsStore", "TestSupport"]),
+        // Shared by the integration tests and the reliability suite: programs, scratch, mounts.
+        .target(name: "TestSupport", dependencies: ["Posix"]),
 
         // Parsers of untrusted bytes as fuzzing entry points, and their libFuzzer driver
         // (mount-helpers/fuzz builds it with -sanitize=fuzzer; a normal build replays inputs).
@@ -54,6 +56,6 @@ let package = Package(
         .testTarget(name: "CacheStoreTests", dependencies: ["CacheStore", "Posix"]),
         .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault"]),
         .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "CredentialVault"]),
-        .testTarget(name: "IntegrationTests", dependencies: ["Posix"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["Posix", "TestSupport"]),
     ]
 )

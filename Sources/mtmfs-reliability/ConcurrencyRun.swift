@@ -3,6 +3,7 @@ import Glibc
 #endif
 import Foundation
 import Posix
+import TestSupport
 
 /// Eight processes of mixed operations on all three stores while the suite locks and
 /// unlocks the vault over and over. Each process owns its objects (an account, two
@@ -13,7 +14,7 @@ final class ConcurrencyRun {
     let processes: Int
     let seconds: Double
     let seed: UInt64
-    let scratch = Scratch("concurrency")
+    let scratch = Scratch("reliability-concurrency")
     let tally = Tally("concurrency (operations by 8 processes with lock/unlock toggling, then final state)")
 
     init(processes: Int, seconds: Double, seed: UInt64) {
@@ -42,9 +43,9 @@ final class ConcurrencyRun {
             }
             var actors: [pid_t] = []
             for index in 0..<processes {
-                actors.append(Program.start(Program.suite, ["actor", String(index), store.mountPoint, String(seconds),
-                                                            String(seed &+ UInt64(index)), scratch.sub("model-\(index)")],
-                                            stderr: scratch.sub("actor-errors")))
+                actors.append(Run.start(Run.suite, ["actor", String(index), store.mountPoint, String(seconds),
+                                                    String(seed &+ UInt64(index)), scratch.sub("model-\(index)")],
+                                        stderr: scratch.sub("actor-errors")))
             }
             var toggles = 0
             var toggleFailures: [String] = []

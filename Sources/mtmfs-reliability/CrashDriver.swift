@@ -3,6 +3,7 @@ import Glibc
 #endif
 import Foundation
 import Posix
+import TestSupport
 
 /// Kills the daemon with SIGKILL at random moments of a mixed workload over all three stores,
 /// then checks each store on disk and through a new mount.
@@ -14,7 +15,7 @@ import Posix
 final class CrashDriver {
     let rounds: Int
     var random: SplitMix
-    let scratch = Scratch("crash")
+    let scratch = Scratch("reliability-crash")
     let tally = Tally("crash (SIGKILL of the daemon during the mixed workload)")
     var store: Store!
 
@@ -57,7 +58,7 @@ final class CrashDriver {
             }
             tally.record("round \(round)", problems)
             if !problems.isEmpty { complain("crash round \(round): \(problems.joined(separator: "; "))") }
-            if !Mounts.isMounted(store.mountPoint) { break }
+            if !MountTable.isMounted(store.mountPoint) { break }
         }
         return tally
     }
@@ -92,13 +93,13 @@ final class CrashDriver {
             let workScratch = scratch.sub("work-\(store)")
             mkdir(workScratch, 0o755)
             logs.append(log)
-            workers.append(Program.start(Program.suite, ["worker", store, self.store.mountPoint, log,
-                                                         String(random.next() % 1_000_000_000), workScratch],
-                                         stderr: scratch.sub("worker-errors")))
+            workers.append(Run.start(Run.suite, ["worker", store, self.store.mountPoint, log,
+                                                 String(random.next() % 1_000_000_000), workScratch],
+                                     stderr: scratch.sub("worker-errors")))
         }
         usleep(useconds_t(150_000 + random.next() % 1_350_000))
         store.crash()
-        for worker in workers { Program.wait(worker, timeout: 30) }
+        for worker in workers { Run.wait(worker, timeout: 30) }
         return logs
     }
 

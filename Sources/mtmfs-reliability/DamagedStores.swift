@@ -6,6 +6,7 @@ import CSodium
 import Foundation
 import Posix
 import SettingsStore
+import TestSupport
 
 /// Damaged and tampered stores: each must give a clear error, never crash the daemon, never
 /// be overwritten, and leave the other two stores working.
@@ -18,7 +19,7 @@ import SettingsStore
 final class DamagedStores {
     let short: Bool
     var random: SplitMix
-    let scratch = Scratch("damage")
+    let scratch = Scratch("reliability-damage")
     var base: Store!
     let uuidA = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
     let uuidB = "3f2504e0-4f89-41d3-9a0c-0305e82c3302"
@@ -42,7 +43,7 @@ final class DamagedStores {
 
     /// A store with two accounts and a few cache files, unmounted.
     func makeStore(name: String, fields: [String: String]) throws -> Store {
-        let sub = Scratch("damage-\(name)")
+        let sub = Scratch("reliability-damage-\(name)")
         let store = try Store(in: sub)
         try store.mount()
         defer { store.unmount() }
@@ -358,7 +359,7 @@ final class DamagedStores {
 
     func sqliteThroughMount() -> Tally {
         let tally = Tally("damage: cache.sqlite with a flipped byte in each page, through a mount")
-        Program.run("sqlite3", [base.dataDirectory + "/cache.sqlite", "PRAGMA wal_checkpoint(TRUNCATE)"])
+        Run.program("sqlite3", [base.dataDirectory + "/cache.sqlite", "PRAGMA wal_checkpoint(TRUNCATE)"])
         let size = (readFile(base.dataDirectory + "/cache.sqlite").bytes ?? []).count
         let pages = size / 4_096
         let chosen = short ? Array(stride(from: 0, to: pages, by: max(1, pages / 10))) : Array(0..<pages)

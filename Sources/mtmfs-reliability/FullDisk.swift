@@ -3,24 +3,25 @@ import Glibc
 #endif
 import Foundation
 import Posix
+import TestSupport
 
 /// The data directory on a 32 MiB tmpfs: cache/ fills it up to its headroom, then another
 /// program takes the rest. Writers of every store get ENOSPC (never EIO, never a torn
 /// store); everything stays readable; after space is freed every store takes writes again,
 /// and a remount shows the last acknowledged values.
 final class FullDisk {
-    let scratch = Scratch("full-disk")
+    let scratch = Scratch("reliability-full-disk")
     let tally = Tally("full disk (ENOSPC for each store's writers, stores intact, recovery)")
 
     func run() -> Tally {
         defer { scratch.remove() }
         let disk = scratch.sub("disk")
         mkdir(disk, 0o755)
-        guard Program.run("mount", ["-t", "tmpfs", "-o", "size=32m", "tmpfs", disk]).status == 0 else {
+        guard Run.program("mount", ["-t", "tmpfs", "-o", "size=32m", "tmpfs", disk]).status == 0 else {
             tally.record("set-up", ["cannot mount a tmpfs (needs root)"])
             return tally
         }
-        defer { Program.run("umount", ["-l", disk]) }
+        defer { Run.program("umount", ["-l", disk]) }
         do {
             let store = try Store(in: scratch, dataDirectory: disk + "/data")
             defer { store.unmount() }
@@ -43,7 +44,7 @@ final class FullDisk {
             tally.record("cache writer on a filling disk", cacheError == ENOSPC ? [] : ["got \(errnoName(cacheError)) after \(cacheFiles) MiB"])
 
             // 2. Another program takes the rest: the vault and the plist writers get ENOSPC too.
-            Program.shell("dd if=/dev/zero of=\(disk)/filler bs=64k 2>/dev/null; sync")
+            Run.shell("dd if=/dev/zero of=\(disk)/filler bs=64k 2>/dev/null; sync")
             for (path, value) in [(field, "during"), (key, "during")] {
                 let error = writeFile(store.path(path), Array((value + "\n").utf8))
                 if error == 0 { if path == field { field_ = value } else { key_ = value } }

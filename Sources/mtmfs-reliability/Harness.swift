@@ -3,102 +3,11 @@ import Glibc
 #endif
 import Foundation
 import Posix
+import TestSupport
 
-/// What a finished program printed and how it ended (128 + signal when killed).
-struct Finished {
-    var status: Int32
-    var output: String
-    var errors: String
-}
-
-/// Starting programs: to their end with output captured, or in the background.
-enum Program {
-    /// $MTMFS_BIN (e.g. a sanitizer build), else the `mtmfs` built next to this executable,
-    /// else the one on PATH.
-    static let mtmfs: String = ProcessInfo.processInfo.environment["MTMFS_BIN"] ?? sibling("mtmfs")
+extension Run {
     /// This executable (the suite runs copies of itself as workers).
     static let suite: String = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
-
-    static func sibling(_ name: String) -> String {
-        let here = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
-        let candidate = here.appendingPathComponent(name).path
-        return FileManager.default.isExecutableFile(atPath: candidate) ? candidate : name
-    }
-
-    /// Runs to the end (SIGKILL after `timeout` seconds); stdin from `input`.
-    @discardableResult
-    static func run(_ program: String, _ arguments: [String], input: String = "",
-                    timeout: Double = 120) -> Finished {
-        var template = Array("/tmp/mtmfs-reliability-io.XXXXXX".utf8CString)
-        let scratch = String(cString: mkdtemp(&template)!)
-        defer { try? FileManager.default.removeItem(atPath: scratch) }
-        _ = FileManager.default.createFile(atPath: scratch + "/in", contents: Data(input.utf8))
-        let pid = start(program, arguments, stdin: scratch + "/in", stdout: scratch + "/out",
-                        stderr: scratch + "/err")
-        guard pid > 0 else { return Finished(status: 127, output: "", errors: "cannot run \(program)") }
-        let status = wait(pid, timeout: timeout)
-        return Finished(status: status,
-                        output: (try? String(contentsOfFile: scratch + "/out", encoding: .utf8)) ?? "",
-                        errors: (try? String(contentsOfFile: scratch + "/err", encoding: .utf8)) ?? "")
-    }
-
-    /// One line of `sh -c`.
-    @discardableResult
-    static func shell(_ line: String, input: String = "", timeout: Double = 120) -> Finished {
-        run("/bin/sh", ["-c", line], input: input, timeout: timeout)
-    }
-
-    /// Starts a program in the background (output appended to files); its pid, 0 when it
-    /// cannot start.
-    static func start(_ program: String, _ arguments: [String], stdin: String = "/dev/null",
-                      stdout: String = "/dev/null", stderr: String = "/dev/null") -> pid_t {
-        (try? Spawn.start(program, arguments, stdin: .file(stdin), stdout: .file(stdout, append: true),
-                          stderr: .file(stderr, append: true))) ?? 0
-    }
-
-    /// Reaps `pid`; SIGKILL after `timeout` seconds. The exit status, or 128 + signal.
-    @discardableResult
-    static func wait(_ pid: pid_t, timeout: Double = 120) -> Int32 { Spawn.wait(pid, timeout: timeout) }
-
-    static func exists(_ program: String) -> Bool { shell("command -v \(program)").status == 0 }
-}
-
-/// A temporary directory for one part of the suite; `remove()` unmounts what is below it.
-final class Scratch {
-    let path: String
-
-    init(_ label: String) {
-        var template = Array("/tmp/mtmfs-reliability-\(label).XXXXXX".utf8CString)
-        path = String(cString: mkdtemp(&template)!)
-        chmod(path, 0o755)
-    }
-
-    func sub(_ name: String) -> String { path + "/" + name }
-
-    /// `--keep`: leave the directories (logs, data) for a look after a failure.
-    nonisolated(unsafe) static var keep = false
-
-    func remove() {
-        if Scratch.keep { say("  (kept \(path))"); return }
-        for mountPoint in Mounts.below(path) { Program.run("fusermount3", ["-uz", mountPoint]) }
-        try? FileManager.default.removeItem(atPath: path)
-    }
-}
-
-enum Mounts {
-    /// FUSE mount points below `path` (from /proc/self/mountinfo).
-    static func below(_ path: String) -> [String] {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return [] }
-        return text.split(separator: "\n").compactMap { line -> String? in
-            let fields = line.split(separator: " ").map(String.init)
-            guard fields.count > 4, fields[4].hasPrefix(path + "/") else { return nil }
-            return fields[4]
-        }.reversed()
-    }
-
-    static func isMounted(_ path: String) -> Bool {
-        below((path as NSString).deletingLastPathComponent).contains(path)
-    }
 }
 
 /// The passphrase of every store the suite makes.
@@ -118,9 +27,9 @@ final class Store {
         mkdir(mountPoint, 0o755)
         _ = FileManager.default.createFile(atPath: passphraseFile, contents: Data((suitePassphrase + "\n").utf8),
                                        attributes: [.posixPermissions: 0o600])
-        let initialized = Program.run(Program.mtmfs, ["init", "--kdf", kdf, "--data-dir", self.dataDirectory],
+        let initialized = Run.program(Run.mtmfs, ["init", "--kdf", kdf, "--data-dir", self.dataDirectory],
                                       input: suitePassphrase + "\n")
-        guard initialized.status == 0 else { throw SuiteError("mtmfs init: \(initialized.errors)") }
+        guard initialized.status == 0 else { throw SuiteError("mtmfs init: \(initialized.stderr)") }
     }
 
     /// A copy of another store's data directory (to damage it), with its own mount point.
@@ -129,8 +38,8 @@ final class Store {
         mountPoint = scratch.sub(name + "-mnt")
         passphraseFile = other.passphraseFile
         mkdir(mountPoint, 0o755)
-        let copied = Program.run("cp", ["-a", other.dataDirectory, dataDirectory])
-        guard copied.status == 0 else { throw SuiteError("cp: \(copied.errors)") }
+        let copied = Run.program("cp", ["-a", other.dataDirectory, dataDirectory])
+        guard copied.status == 0 else { throw SuiteError("cp: \(copied.stderr)") }
     }
 
     func path(_ relative: String) -> String { mountPoint + "/" + relative }
@@ -139,37 +48,30 @@ final class Store {
     func mount(unlocked: Bool = true, options: [String] = []) throws {
         var arguments = ["mount", "--auto-lock", "0", "--data-dir", dataDirectory]
         if unlocked { arguments += ["--unlock", "--passphrase-file", passphraseFile] }
-        let mounted = Program.run(Program.mtmfs, arguments + options + [mountPoint])
-        guard mounted.status == 0 else { throw SuiteError("mtmfs mount: \(mounted.errors)\(mounted.output)") }
+        let mounted = Run.program(Run.mtmfs, arguments + options + [mountPoint])
+        guard mounted.status == 0 else { throw SuiteError("mtmfs mount: \(mounted.stderr)\(mounted.stdout)") }
         daemon = pid_t(status()["pid"] ?? "") ?? 0
     }
 
     func unmount() {
-        if Mounts.isMounted(mountPoint) { Program.run(Program.mtmfs, ["unmount", mountPoint]) }
-        if Mounts.isMounted(mountPoint) { Program.run("fusermount3", ["-uz", mountPoint]) }
+        if MountTable.isMounted(mountPoint) { Run.program(Run.mtmfs, ["unmount", mountPoint]) }
+        if MountTable.isMounted(mountPoint) { Run.program("fusermount3", ["-uz", mountPoint]) }
     }
 
     /// SIGKILL to the daemon, then the lazy unmount a crashed daemon needs.
     func crash() {
         if daemon > 0 { kill(daemon, SIGKILL) }
-        for _ in 0..<500 where ProcessState.isRunning(daemon) { usleep(2_000) }
-        Program.run("fusermount3", ["-uz", mountPoint])
+        Poll.until(seconds: 1, every: 0.002) { !ProcessState.isRunning(daemon) }
+        Run.program("fusermount3", ["-uz", mountPoint])
         daemon = 0
     }
 
-    func status() -> [String: String] {
-        guard let text = try? String(contentsOfFile: path(".mtmfs/status"), encoding: .utf8) else { return [:] }
-        var values: [String: String] = [:]
-        for line in text.split(separator: "\n") {
-            let parts = line.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-            if parts.count == 2 { values[String(parts[0])] = String(parts[1]) }
-        }
-        return values
-    }
+    /// The values of .mtmfs/status; empty when it cannot be read.
+    func status() -> [String: String] { (try? MountStatus.read(mountPoint)) ?? [:] }
 
-    func lock() -> Bool { Program.run(Program.mtmfs, ["lock", mountPoint]).status == 0 }
+    func lock() -> Bool { Run.program(Run.mtmfs, ["lock", mountPoint]).status == 0 }
     func unlock() -> Bool {
-        Program.run(Program.mtmfs, ["unlock", "--passphrase-file", passphraseFile, mountPoint]).status == 0
+        Run.program(Run.mtmfs, ["unlock", "--passphrase-file", passphraseFile, mountPoint]).status == 0
     }
 }
 
@@ -263,15 +165,15 @@ func listing(_ path: String) -> [String]? {
 
 /// Python's plistlib reads the file: nil, or why not.
 func plistlibProblem(_ path: String) -> String? {
-    let parsed = Program.run("python3", ["-c", "import plistlib,sys; plistlib.load(open(sys.argv[1],'rb'))", path])
-    return parsed.status == 0 ? nil : "plistlib: \(parsed.errors.split(separator: "\n").last ?? "")"
+    let parsed = Run.program("python3", ["-c", "import plistlib,sys; plistlib.load(open(sys.argv[1],'rb'))", path])
+    return parsed.status == 0 ? nil : "plistlib: \(parsed.stderr.split(separator: "\n").last ?? "")"
 }
 
 /// `PRAGMA integrity_check` through the sqlite3 shell: nil, or what it said.
 func integrityProblem(_ database: String) -> String? {
-    let checked = Program.run("sqlite3", [database, "PRAGMA integrity_check"])
-    let said = checked.output.trimmingCharacters(in: .whitespacesAndNewlines)
-    return checked.status == 0 && said == "ok" ? nil : "integrity_check: \(said) \(checked.errors)"
+    let checked = Run.program("sqlite3", [database, "PRAGMA integrity_check"])
+    let said = checked.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    return checked.status == 0 && said == "ok" ? nil : "integrity_check: \(said) \(checked.stderr)"
 }
 
 /// A line to standard output at once (the suite's progress shows while it runs).

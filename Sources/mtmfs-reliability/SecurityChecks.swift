@@ -3,11 +3,12 @@ import Glibc
 #endif
 import Foundation
 import Posix
+import TestSupport
 
 /// What an attacker on the same machine can get: another user, the logs, the daemon's
 /// memory and core files, and passphrase guessing.
 final class SecurityChecks {
-    let scratch = Scratch("security")
+    let scratch = Scratch("reliability-security")
     let account = "5a1e0c7b-95f1-4d2c-8a3e-6b7c8d9e0f10"
     let secret = "s3cr3t-field-value-7f3a"
     let otherUser = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--"]
@@ -18,8 +19,8 @@ final class SecurityChecks {
     }
 
     /// Runs `line` as user nobody; its exit status.
-    func asNobody(_ line: String) -> Finished {
-        Program.run(otherUser[0], Array(otherUser.dropFirst()) + ["/bin/sh", "-c", line])
+    func asNobody(_ line: String) -> CommandResult {
+        Run.program(otherUser[0], Array(otherUser.dropFirst()) + ["/bin/sh", "-c", line])
     }
 
     func populate(_ store: Store) -> [String] {
@@ -38,8 +39,8 @@ final class SecurityChecks {
         // and the switch to nobody must work (else every refusal below would be vacuous).
         chmod(scratch.path, 0o755)
         let whoami = asNobody("id -u")
-        tally.record("setpriv runs a command as nobody", whoami.status == 0 && whoami.output == "65534\n"
-                     ? [] : ["setpriv failed: \(whoami.errors)"])
+        tally.record("setpriv runs a command as nobody", whoami.status == 0 && whoami.stdout == "65534\n"
+                     ? [] : ["setpriv failed: \(whoami.stderr)"])
         guard whoami.status == 0 else { return tally }
         do {
             let store = try Store(in: scratch)
@@ -66,7 +67,7 @@ final class SecurityChecks {
             for path in ["accounts/\(account)/password", "accounts/\(account)"] {
                 let target = Workload.quoted(store.path(path))
                 let attempt = asNobody("cat \(target) 2>/dev/null || ls \(target) 2>/dev/null | grep -q .")
-                tally.record("nobody reads \(path) with allow_other", attempt.status == 0 ? ["it could: \(attempt.output)"] : [])
+                tally.record("nobody reads \(path) with allow_other", attempt.status == 0 ? ["it could: \(attempt.stdout)"] : [])
             }
             let write = asNobody("echo x > \(Workload.quoted(store.path("accounts/\(account)/password")))")
             tally.record("nobody writes the password with allow_other", write.status == 0 ? ["it could"] : [])
@@ -84,22 +85,18 @@ final class SecurityChecks {
     func logs() -> Tally {
         let tally = Tally("security: no passphrase or field value in the debug log")
         do {
-            let sub = Scratch("security-log")
+            let sub = Scratch("reliability-security-log")
             defer { sub.remove() }
             let store = try Store(in: sub)
             let log = sub.sub("daemon.log")
-            let daemon = Program.start(Program.mtmfs, ["mount", "-f", "--debug", "-o", "debug", "--auto-lock", "0",
-                                                       "--data-dir", store.dataDirectory, store.mountPoint],
-                                       stdout: log, stderr: log)
+            let daemon = Run.start(Run.mtmfs, ["mount", "-f", "--debug", "-o", "debug", "--auto-lock", "0",
+                                               "--data-dir", store.dataDirectory, store.mountPoint],
+                                   stdout: log, stderr: log)
             defer {
                 store.unmount()
-                Program.wait(daemon, timeout: 10)
+                Run.wait(daemon, timeout: 10)
             }
-            var ready = false
-            for _ in 0..<500 where !ready {
-                usleep(10_000)
-                ready = readText(store.path(".mtmfs/status")) != nil
-            }
+            let ready = Poll.until(seconds: 5, every: 0.01) { readText(store.path(".mtmfs/status")) != nil }
             guard ready else { throw SuiteError("the foreground mount did not come up") }
             store.daemon = daemon
             tally.record("unlock", store.unlock() ? [] : ["failed"])
@@ -108,16 +105,16 @@ final class SecurityChecks {
             for field in ["username", "comment", "label"] where writeFile(store.path("accounts/\(account)/\(field)"), Array((other + field + "\n").utf8)) != 0 {
                 session.append("write \(field)")
             }
-            if Program.shell("sed -i s/\(secret)/\(secret)2/ \(Workload.quoted(store.path("accounts/\(account)/password")))").status != 0 {
+            if Run.shell("sed -i s/\(secret)/\(secret)2/ \(Workload.quoted(store.path("accounts/\(account)/password")))").status != 0 {
                 session.append("sed -i on the password")
             }
             if readText(store.path("accounts/\(account)/password")) != secret + "2\n" { session.append("read back") }
-            let wrong = Program.run(Program.mtmfs, ["unlock", store.mountPoint], input: "wrong \(suitePassphrase)\n")
+            let wrong = Run.program(Run.mtmfs, ["unlock", store.mountPoint], input: "wrong \(suitePassphrase)\n")
             if wrong.status == 0 { session.append("a wrong passphrase unlocked") }
             if !store.lock() { session.append("lock") }
             tally.record("session", session)
             store.unmount()
-            Program.wait(daemon, timeout: 10)
+            Run.wait(daemon, timeout: 10)
             let text = readText(log) ?? ""
             let lines = text.split(separator: "\n")
             tally.record("the log has debug lines", lines.contains { $0.contains("debug:") } && lines.count > 50 ? [] : ["only \(lines.count) lines"])
@@ -135,12 +132,12 @@ final class SecurityChecks {
         let tally = Tally("security: locked key memory, no core files")
         for crashSignal in [SIGSEGV, SIGABRT] {
             do {
-                let sub = Scratch("security-core")
+                let sub = Scratch("reliability-security-core")
                 defer { sub.remove() }
                 let store = try Store(in: sub)
                 // Started from a shell that allows cores, in a directory we can search afterwards.
-                let started = Program.shell("cd \(sub.path) && ulimit -c unlimited && \(Program.mtmfs) mount --auto-lock 0 --data-dir \(store.dataDirectory) --unlock --passphrase-file \(store.passphraseFile) \(store.mountPoint)")
-                guard started.status == 0 else { throw SuiteError("mount: \(started.errors)") }
+                let started = Run.shell("cd \(sub.path) && ulimit -c unlimited && \(Run.mtmfs) mount --auto-lock 0 --data-dir \(store.dataDirectory) --unlock --passphrase-file \(store.passphraseFile) \(store.mountPoint)")
+                guard started.status == 0 else { throw SuiteError("mount: \(started.stderr)") }
                 store.daemon = pid_t(store.status()["pid"] ?? "") ?? 0
                 let daemon = store.daemon
                 let status = readText("/proc/\(daemon)/status") ?? ""
@@ -153,11 +150,11 @@ final class SecurityChecks {
                 let cwd = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(daemon)/cwd")) ?? "/"
                 let before = Set(coreFiles(in: [cwd, sub.path, store.dataDirectory]))
                 kill(daemon, crashSignal)
-                for _ in 0..<500 where ProcessState.isRunning(daemon) { usleep(10_000) }
-                Program.run("fusermount3", ["-uz", store.mountPoint])
+                Poll.until(seconds: 5, every: 0.01) { !ProcessState.isRunning(daemon) }
+                Run.program("fusermount3", ["-uz", store.mountPoint])
                 usleep(200_000)
                 let after = Set(coreFiles(in: [cwd, sub.path, store.dataDirectory]))
-                let coredumps = Program.shell("coredumpctl list --no-legend 2>/dev/null | grep -c mtmfs").output.trimmingCharacters(in: .whitespacesAndNewlines)
+                let coredumps = Run.shell("coredumpctl list --no-legend 2>/dev/null | grep -c mtmfs").stdout.trimmingCharacters(in: .whitespacesAndNewlines)
                 var problems: [String] = []
                 if ProcessState.isRunning(daemon) { problems.append("the daemon survived the signal") }
                 if !after.subtracting(before).isEmpty { problems.append("core files: \(after.subtracting(before).sorted())") }
@@ -180,14 +177,14 @@ final class SecurityChecks {
     func guessing() -> Tally {
         let tally = Tally("security: every wrong passphrase costs the full KDF")
         do {
-            let sub = Scratch("security-kdf")
+            let sub = Scratch("reliability-security-kdf")
             defer { sub.remove() }
             let store = try Store(in: sub, kdf: "moderate")
             try store.mount(unlocked: false)
             defer { store.unmount() }
             func timed(_ passphrase: String) -> (Double, Int32) {
                 let started = Date()
-                let result = Program.run(Program.mtmfs, ["unlock", store.mountPoint], input: passphrase + "\n")
+                let result = Run.program(Run.mtmfs, ["unlock", store.mountPoint], input: passphrase + "\n")
                 let took = Date().timeIntervalSince(started)
                 if result.status == 0 { _ = store.lock() }
                 return (took, result.status)

@@ -4,6 +4,7 @@ import Glibc
 import CPosixShims
 import Foundation
 import Posix
+import TestSupport
 
 /// The mixed workload of the crash driver: one worker process per store, each writing
 /// numbered values and logging `A` (attempt) before and `K` (acknowledged) after every
@@ -37,7 +38,7 @@ enum Workload {
         let run: @Sendable (_ file: String, _ value: String, _ scratch: String) -> Bool
     }
 
-    static func sh(_ line: String) -> Bool { Program.shell(line, timeout: 30).status == 0 }
+    static func sh(_ line: String) -> Bool { Run.shell(line, timeout: 30).status == 0 }
     static func quoted(_ text: String) -> String { "'" + text.replacingOccurrences(of: "'", with: "'\\''") + "'" }
 
     /// vim in Ex mode, without a vimrc: its default save renames the file to a backup.
@@ -68,7 +69,7 @@ enum Workload {
         fromAnotherFileSystem("mv"),
         fromAnotherFileSystem("install -m 600", named: "install"),
         Strategy(name: "python") { file, value, _ in
-            Program.run("python3", ["-c", "import sys; open(sys.argv[1], 'w').write(sys.argv[2] + '\\n')", file, value],
+            Run.program("python3", ["-c", "import sys; open(sys.argv[1], 'w').write(sys.argv[2] + '\\n')", file, value],
                         timeout: 30).status == 0
         },
         Strategy(name: "emacs") { file, value, _ in

@@ -1,11 +1,12 @@
 import Foundation
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// `accounts/` and lock/unlock through a real mount (SPEC §1–§3).
-@Suite struct AccountsTests {
+@Suite(.enabled(if: FuseAvailability.isAvailable, "needs /dev/fuse")) struct AccountsTests {
     static let uuid = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
 
     /// A store, mounted and unlocked, with one account.
@@ -84,8 +85,8 @@ import Glibc
         nano.send("C-k", "nano-secret", "C-o")
         nano.send("Enter")
         nano.send("C-x")
-        #expect(MountTable.wait(seconds: 5) { Run.shell("cat \(a)/password").stdout == "nano-secret\n" })
-        #expect(MountTable.wait(seconds: 5) { Run.shell("ls -A \(a)").stdout.split(separator: "\n").count == 9 },
+        #expect(Poll.until(seconds: 5) { Run.shell("cat \(a)/password").stdout == "nano-secret\n" })
+        #expect(Poll.until(seconds: 5) { Run.shell("ls -A \(a)").stdout.split(separator: "\n").count == 9 },
                 "\(Run.shell("ls -A \(a)").stdout)")
         for needle in ["first-secret", "second-secret", "nano-secret"] {
             #expect(Run.shell("grep -r -a -l -F '\(needle)' \(store.dataDirectory)").stdout.isEmpty, "\(needle) on disk")
@@ -103,16 +104,16 @@ import Glibc
         let start = Run.program("/bin/sh", ["-c", "\"$0\" mount -f --data-dir \"$1\" \"$2\" >\"$3\" 2>&1 & echo $!", Run.mtmfs, data, mnt, log])
         let pid = try #require(Int32(start.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
         defer { Run.mtmfs("unmount", mnt) }
-        #expect(MountTable.wait { FileManager.default.fileExists(atPath: mnt + "/accounts") })
+        #expect(Poll.until { FileManager.default.fileExists(atPath: mnt + "/accounts") })
         // The terminal prompt does not echo the passphrase.
         let first = TerminalSession("\(Run.mtmfs) unlock \(mnt); sleep 5")
         defer { first.close() }
         first.send("wrong guess", "Enter")
-        #expect(MountTable.wait(seconds: 5) { first.screen.contains("wrong passphrase") })
+        #expect(Poll.until(seconds: 5) { first.screen.contains("wrong passphrase") })
         let second = TerminalSession("\(Run.mtmfs) unlock \(mnt); sleep 5")
         defer { second.close() }
         second.send(Run.passphrase, "Enter")
-        #expect(MountTable.wait(seconds: 5) { second.screen.contains("Unlocked") })
+        #expect(Poll.until(seconds: 5) { second.screen.contains("Unlocked") })
         let screen = second.screen
         #expect(screen.contains("Passphrase for") && !screen.contains(Run.passphrase), "\(screen)")
         let a = mnt + "/accounts/" + Self.uuid
@@ -287,8 +288,8 @@ import Glibc
         session.send("long enough phrase", "Enter")
         #expect(session.screen.contains("Repeat the passphrase"), "\(session.screen)")
         session.send("long enough phrase", "Enter")
-        #expect(MountTable.wait(seconds: 15) { session.screen.contains("deriving the key") }, "\(session.screen)")
-        #expect(MountTable.wait(seconds: 15) { session.screen.contains("Initialized an mtmfs store") })
+        #expect(Poll.until(seconds: 15) { session.screen.contains("deriving the key") }, "\(session.screen)")
+        #expect(Poll.until(seconds: 15) { session.screen.contains("Initialized an mtmfs store") })
         #expect(!session.screen.contains("long enough phrase"))
     }
 
@@ -324,11 +325,11 @@ import Glibc
         #expect(Run.shell("echo s > \(store.path("accounts/\(Self.uuid)/password"))").status == 0)
         let status = try store.status()
         #expect(status["state"] == "unlocked" && Int(status["auto_lock_in"] ?? "") ?? 99 <= 1, "\(status)")
-        #expect(MountTable.wait(seconds: 3) { (try? store.status()["state"]) == "locked" }, "auto-lock did not fire")
+        #expect(Poll.until(seconds: 3) { (try? store.status()["state"]) == "locked" }, "auto-lock did not fire")
         #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
         let pid = try #require(Int32(try store.status()["pid"] ?? ""))
         kill(pid, SIGUSR1)
-        #expect(MountTable.wait(seconds: 2) { (try? store.status()["state"]) == "locked" }, "SIGUSR1 did not lock")
+        #expect(Poll.until(seconds: 2) { (try? store.status()["state"]) == "locked" }, "SIGUSR1 did not lock")
         // The daemon writes no core file.
         let limits = try String(contentsOfFile: "/proc/\(pid)/limits", encoding: .utf8)
         #expect(limits.split(separator: "\n").contains { $0.hasPrefix("Max core file size") && $0.contains(" 0 ") }, "\(limits)")

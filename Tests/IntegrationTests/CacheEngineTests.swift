@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -8,7 +9,7 @@ import Glibc
 /// every reader sees and fsync makes durable, a bounded write-ahead log, space given back
 /// after a delete without stalling other requests, mounts that skip the full check after a
 /// clean unmount, `mtmfs check`, and listings that do not grow the daemon.
-@Suite struct CacheEngineTests {
+@Suite(.enabled(if: FuseAvailability.isAvailable, "needs /dev/fuse")) struct CacheEngineTests {
     func size(_ path: String) -> Int {
         var st = stat()
         return stat(path, &st) == 0 ? Int(st.st_size) : 0
@@ -107,7 +108,7 @@ import Glibc
         // two cores with the other tests, so scheduling alone can cost tens of milliseconds.
         // A delete inside the request took seconds for this size.
         #expect(numbers[1] < 0.5, "a request waited \(numbers[1]) s (\(Int(numbers[2])) probes)")
-        #expect(MountTable.wait(seconds: 60) { directorySize(store.dataDirectory) < 32 << 20 },
+        #expect(Poll.until(seconds: 60) { directorySize(store.dataDirectory) < 32 << 20 },
                 "data directory: \(directorySize(store.dataDirectory)) bytes, was \(before)")
         #expect(Run.program("sqlite3", [store.dataDirectory + "/cache.sqlite", "PRAGMA integrity_check"]).stdout == "ok\n")
     }

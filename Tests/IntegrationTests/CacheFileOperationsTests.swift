@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -10,7 +11,7 @@ import Glibc
 /// mount and on a directory of the machine's own file system in the same run; results,
 /// errnos, sizes, block counts and contents must agree. Offsets are multiples of 64 KiB
 /// where the answer depends on the allocation unit (ext4's 4 KiB, the store's 64 KiB chunks).
-@Suite struct CacheFileOperationsTests {
+@Suite(.enabled(if: FuseAvailability.isAvailable, "needs /dev/fuse")) struct CacheFileOperationsTests {
     /// After `CacheTests.operations` (libc, renameat2, attempt).
     static let script = CacheTests.operations + "\n" + #"""
     libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
@@ -181,7 +182,7 @@ import Glibc
         let c = store.path("cache")
         // 4 MiB allocated in a file of length 4 MiB is over the limit on its own: evicted.
         #expect(Run.shell("fallocate -l 4M \(c)/reserved && du -k \(c)/reserved | cut -f1").stdout == "4096\n")
-        #expect(MountTable.wait(seconds: 4) { !FileManager.default.fileExists(atPath: c + "/reserved") })
+        #expect(Poll.until(seconds: 4) { !FileManager.default.fileExists(atPath: c + "/reserved") })
         // 10 GiB long, 1 MiB stored each: both stay.
         #expect(Run.shell("truncate -s 10G \(c)/sparse && dd if=/dev/urandom of=\(c)/sparse bs=64K count=16 seek=1000 conv=notrunc 2>/dev/null").status == 0)
         #expect(Run.shell("cp --sparse=always \(c)/sparse \(c)/copy").status == 0)

@@ -1,4 +1,6 @@
 import Foundation
+import Posix
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -6,7 +8,7 @@ import Glibc
 
 /// `cache/` through a real mount (SPEC §5), checked against a model: the same operations
 /// on a directory of the machine's own file system must give the same errno and tree.
-@Suite struct CacheTests {
+@Suite(.enabled(if: FuseAvailability.isAvailable, "needs /dev/fuse")) struct CacheTests {
     /// Runs operations on a root and prints one line per operation: its errno name (or OK
     /// and a result), then a digest of the whole tree. Python has setxattr and, through
     /// ctypes, renameat2, which Swift's Glibc module lacks.
@@ -151,7 +153,7 @@ import Glibc
             """, store.path("cache/kept")])
         #expect(write.status == 0, "\(write)")
         kill(pid, SIGKILL)
-        #expect(MountTable.wait { !isRunning(pid) })
+        #expect(Poll.until { !ProcessState.isRunning(pid) })
         Run.program("fusermount3", ["-uz", store.mountPoint])
         #expect(Run.program("sqlite3", [store.dataDirectory + "/cache.sqlite", "PRAGMA integrity_check"]).stdout == "ok\n")
         #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
@@ -167,7 +169,7 @@ import Glibc
         func size(_ path: String) -> Int { Int(Run.program("stat", ["-c", "%s", path]).stdout.trimmingCharacters(in: .newlines)) ?? -1 }
         let before = size(database)
         #expect(Run.shell("head -c 2000000 /dev/urandom > \(store.path("cache/blob"))").status == 0)
-        #expect(MountTable.wait(seconds: 5) { size(database) >= before + 2_000_000 }, "database \(size(database)) bytes, was \(before)")
+        #expect(Poll.until(seconds: 5) { size(database) >= before + 2_000_000 }, "database \(size(database)) bytes, was \(before)")
         #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
         #expect(!FileManager.default.fileExists(atPath: database + "-wal") || size(database + "-wal") == 0)
         #expect(Run.program("sqlite3", [database, "SELECT size FROM inodes WHERE size = 2000000"]).stdout == "2000000\n")
@@ -233,7 +235,7 @@ import Glibc
         // "one" is the oldest but open: it must stay.
         let held = open(c + "/one", O_RDONLY | O_CLOEXEC)
         defer { close(held) }
-        #expect(MountTable.wait(seconds: 3) { (try? store.status()["cache_bytes"]).flatMap { Int($0) } ?? .max <= 300 * 1024 })
+        #expect(Poll.until(seconds: 3) { (try? store.status()["cache_bytes"]).flatMap { Int($0) } ?? .max <= 300 * 1024 })
         let names = Set(try FileManager.default.contentsOfDirectory(atPath: c))
         #expect(names.contains("one") && names.contains("five") && !names.contains("two"), "\(names)")
         let status = try store.status()
@@ -250,7 +252,7 @@ import Glibc
         #expect(Run.shell("setfattr -n user.cache.expires -v $(date -u -d @$(($(date +%s) + 1)) +%Y-%m-%dT%H:%M:%S+00:00) \(c)/iso").status == 0)
         let bad = Run.shell("setfattr -n user.cache.expires -v tomorrow \(c)/later")
         #expect(bad.status != 0 && bad.stderr.contains("Invalid argument"), "\(bad)")
-        #expect(MountTable.wait(seconds: 4) { !FileManager.default.fileExists(atPath: c + "/soon") && !FileManager.default.fileExists(atPath: c + "/iso") })
+        #expect(Poll.until(seconds: 4) { !FileManager.default.fileExists(atPath: c + "/soon") && !FileManager.default.fileExists(atPath: c + "/iso") })
         #expect(FileManager.default.fileExists(atPath: c + "/later"))
         #expect(try store.status()["cache_expired"] == "2")
     }

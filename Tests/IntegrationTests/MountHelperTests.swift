@@ -1,11 +1,13 @@
 import Foundation
+import Posix
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// `mount-helpers/`: mount(8) and /etc/fstab through the helper; the dependency installer.
-@Suite(.serialized) struct MountHelperTests {
+@Suite(.serialized, .enabled(if: FuseAvailability.isAvailable, "needs /dev/fuse")) struct MountHelperTests {
     /// mount(8) finds helpers in /sbin only: link ours there unless one is installed.
     static func helperInstalled() throws -> Bool {
         let helper = "/sbin/mount.fuse.mtmfs"
@@ -36,7 +38,7 @@ import Glibc
             .split(separator: "\n").first { $0.hasPrefix("pid=") }!.dropFirst(4))!
         let unmounted = Run.program("umount", [mnt])
         #expect(unmounted.status == 0, "\(unmounted)")
-        #expect(MountTable.wait { !isRunning(pid) })
+        #expect(Poll.until { !ProcessState.isRunning(pid) })
         #expect(!MountTable.isMounted(mnt))
     }
 

@@ -1,11 +1,13 @@
 import Foundation
+import Posix
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// `mtmfs mount` / `unmount` / `status`: readiness, errors, signals, stale mounts.
-@Suite struct MountLifecycleTests {
+@Suite(.enabled(if: FuseAvailability.isAvailable, "needs /dev/fuse")) struct MountLifecycleTests {
     @Test func mountIsReadyOnTheNextLineEveryTime() throws {
         let scratch = Scratch()
         defer { scratch.remove() }
@@ -30,10 +32,10 @@ import Glibc
         let store = try MountedStore()
         defer { store.close() }
         let pid = try #require(Int32(try store.status()["pid"] ?? ""))
-        #expect(isRunning(pid))
+        #expect(ProcessState.isRunning(pid))
         let result = Run.mtmfs("unmount", store.mountPoint)
         #expect(result.status == 0, "\(result)")
-        #expect(!isRunning(pid), "daemon still alive after unmount returned")
+        #expect(!ProcessState.isRunning(pid), "daemon still alive after unmount returned")
         #expect(!MountTable.isMounted(store.mountPoint))
     }
 
@@ -133,10 +135,10 @@ import Glibc
         let start = Run.program("/bin/sh", ["-c", "\"$0\" mount -f --data-dir \"$1\" \"$2\" >/dev/null 2>&1 & echo $!",
                                             Run.mtmfs, data, mnt])
         let pid = try #require(Int32(start.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
-        #expect(MountTable.wait { MountTable.isMounted(mnt) && FileManager.default.fileExists(atPath: mnt + "/accounts") })
+        #expect(Poll.until { MountTable.isMounted(mnt) && FileManager.default.fileExists(atPath: mnt + "/accounts") })
         #expect(Run.program("kill", ["-\(signal)", "\(pid)"]).status == 0)
-        #expect(MountTable.wait { !MountTable.isMounted(mnt) }, "still mounted after SIG\(signal)")
-        #expect(MountTable.wait { !isRunning(pid) }, "daemon alive after SIG\(signal)")
+        #expect(Poll.until { !MountTable.isMounted(mnt) }, "still mounted after SIG\(signal)")
+        #expect(Poll.until { !ProcessState.isRunning(pid) }, "daemon alive after SIG\(signal)")
     }
 
     @Test(arguments: ["INT", "TERM", "HUP"])
@@ -145,8 +147,8 @@ import Glibc
         defer { store.close() }
         let pid = try #require(Int32(try store.status()["pid"] ?? ""))
         #expect(Run.program("kill", ["-\(signal)", "\(pid)"]).status == 0)
-        #expect(MountTable.wait { !MountTable.isMounted(store.mountPoint) })
-        #expect(MountTable.wait { !isRunning(pid) })
+        #expect(Poll.until { !MountTable.isMounted(store.mountPoint) })
+        #expect(Poll.until { !ProcessState.isRunning(pid) })
     }
 
     @Test func staleMountIsReportedAndCleanedUp() throws {
@@ -154,7 +156,7 @@ import Glibc
         defer { store.close() }
         let pid = try #require(Int32(try store.status()["pid"] ?? ""))
         kill(pid, SIGKILL)
-        #expect(MountTable.wait { !isRunning(pid) })
+        #expect(Poll.until { !ProcessState.isRunning(pid) })
         var fs = statvfs()
         #expect([ENOTCONN, ECONNABORTED].contains(errnoOf { statvfs(store.mountPoint, &fs) }))
 
@@ -178,7 +180,7 @@ import Glibc
         let holder = Run.program("/bin/sh", ["-c", "cd \"$0\" && sleep 30 >/dev/null 2>&1 & echo $!", store.path("cache")])
         let pid = try #require(Int32(holder.stdout.trimmingCharacters(in: .whitespacesAndNewlines)))
         defer { kill(pid, SIGKILL) }
-        #expect(MountTable.wait { (try? String(contentsOfFile: "/proc/\(pid)/cwd/../.mtmfs/status", encoding: .utf8)) != nil })
+        #expect(Poll.until { (try? String(contentsOfFile: "/proc/\(pid)/cwd/../.mtmfs/status", encoding: .utf8)) != nil })
         let busy = Run.mtmfs("unmount", store.mountPoint)
         #expect(busy.status == 1 && busy.stderr.contains("is busy: close the files and shells using it"), "\(busy)")
         #expect(MountTable.isMounted(store.mountPoint))

@@ -1,11 +1,12 @@
 import Foundation
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// Rough edges a new user hits, each through the real CLI or a real mount.
-@Suite struct NewUserTests {
+@Suite(.enabled(if: FuseAvailability.isAvailable, "needs /dev/fuse")) struct NewUserTests {
     static let asNobody = ["--reuid=65534", "--regid=65534", "--clear-groups"]
 
     /// `mtmfs status` speaks only of the caller's own mounts; another user's mount is

@@ -1,11 +1,12 @@
 import Foundation
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// The mounted root through the kernel: its entries, `.mtmfs/status`, and refusals.
-@Suite struct RootTreeTests {
+@Suite(.enabled(if: FuseAvailability.isAvailable, "needs /dev/fuse")) struct RootTreeTests {
     @Test func rootListsTheStoresAndControlDirectory() throws {
         let store = try MountedStore()
         defer { store.close() }

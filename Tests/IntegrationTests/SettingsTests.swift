@@ -1,11 +1,12 @@
 import Foundation
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// `settings/` through a real mount (SPEC §4).
-@Suite struct SettingsTests {
+@Suite(.enabled(if: FuseAvailability.isAvailable, "needs /dev/fuse")) struct SettingsTests {
     /// The plist as Python's plistlib sees it: `key:type=value` per key, in file order.
     static func dump(_ dataDirectory: String) -> String {
         let result = Run.program("python3", ["-c", """
@@ -50,7 +51,7 @@ import Glibc
         #expect(Run.shell("cat \(key)").stdout == "1\n")
         let plist = store.dataDirectory + "/Settings.plist"
         #expect(Run.program("python3", ["-c", "import plistlib,sys; d=plistlib.load(open(sys.argv[1],'rb')); d['IsFirstRun']=False; plistlib.dump(d, open(sys.argv[1],'wb'))", plist]).status == 0)
-        #expect(MountTable.wait(seconds: 3) { Run.shell("cat \(key)").stdout == "false\n" })
+        #expect(Poll.until(seconds: 3) { Run.shell("cat \(key)").stdout == "false\n" })
     }
 
     @Test func defaultsAndEachTypesForms() throws {
@@ -221,8 +222,8 @@ import Glibc
         nano.send("C-k", "6", "C-o")
         nano.send("Enter")
         nano.send("C-x")
-        #expect(MountTable.wait(seconds: 5) { Run.shell("cat \(s)/N").stdout == "6\n" })
-        #expect(MountTable.wait(seconds: 5) { !Run.shell("ls -A \(s)").stdout.contains(".N.swp") })
+        #expect(Poll.until(seconds: 5) { Run.shell("cat \(s)/N").stdout == "6\n" })
+        #expect(Poll.until(seconds: 5) { !Run.shell("ls -A \(s)").stdout.contains(".N.swp") })
         #expect(Self.dump(store.dataDirectory) == "\(Self.defaults) N:integer=6")
     }
 
@@ -241,7 +242,7 @@ import Glibc
             """, store.dataDirectory + "/Settings.plist"])
         #expect(edit.status == 0, "\(edit)")
         let start = Date()
-        #expect(MountTable.wait(seconds: 1.0) {
+        #expect(Poll.until(seconds: 1.0) {
             Run.shell("cat \(s)/IsFirstRun").stdout == "false\n" && Run.shell("cat \(s)/Added").stdout == "by python\n"
         }, "not visible after \(Date().timeIntervalSince(start)) s")
         // A write merges with the other program's change instead of clobbering it.
@@ -329,7 +330,7 @@ import Glibc
         #expect(Self.dump(store.dataDirectory) == Self.defaults + " Key:string='new' Other:string='gone'")
         // A plain rm: hidden at once, out of the plist within a second or so.
         #expect(Run.shell("rm \(s)/Other; ls \(s)").stdout == "ActiveServiceAccountUUID\nIsFirstRun\nKey\n")
-        #expect(MountTable.wait(seconds: 5) { !Self.dump(store.dataDirectory).contains("Other") })
+        #expect(Poll.until(seconds: 5) { !Self.dump(store.dataDirectory).contains("Other") })
         // And at unmount at once.
         #expect(Run.shell("rm \(s)/Key").status == 0)
         #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
@@ -348,7 +349,7 @@ import Glibc
         // The next mount clears a temporary file the killed daemon may have left.
         Run.program("fusermount3", ["-uz", store.mountPoint])
         #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
-        #expect(MountTable.wait(seconds: 2) {
+        #expect(Poll.until(seconds: 2) {
             (try? DataFiles.names(in: store.dataDirectory).sorted()) == ["Settings.plist", "cache.sqlite", "vault"]
         })
     }

@@ -1,64 +1,21 @@
 import Foundation
 import Posix
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// What a finished command printed and how it ended.
-struct CommandResult: CustomStringConvertible {
-    var status: Int32
-    var stdout: String
-    var stderr: String
-    var description: String { "exit \(status)\nstdout: \(stdout)\nstderr: \(stderr)" }
-}
+// Running programs, scratch directories, the mount table and `FuseAvailability` come from
+// TestSupport (shared with mtmfs-reliability); what is here belongs to these tests alone.
 
-/// Runs programs for the tests: the built `mtmfs`, shell lines, helpers.
-enum Run {
-    /// The `mtmfs` built next to this test bundle (`swift build` first), or $MTMFS_BIN.
-    static let mtmfs: String = {
-        if let given = ProcessInfo.processInfo.environment["MTMFS_BIN"] { return given }
-        let runner = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-        var directory = runner.deletingLastPathComponent()
-        // swift-testing may run from inside the .xctest bundle on some layouts.
-        for _ in 0..<3 {
-            let candidate = directory.appendingPathComponent("mtmfs").path
-            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
-            directory = directory.deletingLastPathComponent()
-        }
-        return "mtmfs"
-    }()
-
+extension Run {
     /// The repository root (for mount-helpers/).
     static let repository: String = {
         var url = URL(fileURLWithPath: #filePath)
         for _ in 0..<3 { url = url.deletingLastPathComponent() }
         return url.path
     }()
-
-    /// Runs a program to its end (killed after `timeout` seconds) with posix_spawn and
-    /// waitpid; output goes through temporary files. (Foundation's Process can hang in
-    /// waitUntilExit when tests spawn concurrently.)
-    @discardableResult
-    static func program(_ path: String, _ arguments: [String], input: String? = nil,
-                        environment: [String: String]? = nil, timeout: TimeInterval = 60) -> CommandResult {
-        let scratch = Scratch()
-        defer { scratch.remove() }
-        let inPath = scratch.sub("in"), outPath = scratch.sub("out"), errPath = scratch.sub("err")
-        _ = FileManager.default.createFile(atPath: inPath, contents: Data((input ?? "").utf8))
-        let env = (environment ?? ProcessInfo.processInfo.environment).map { "\($0.key)=\($0.value)" }
-        let pid: pid_t
-        do {
-            pid = try Spawn.start(path, arguments, stdin: .file(inPath), stdout: .file(outPath), stderr: .file(errPath),
-                                  environment: env)
-        } catch {
-            return CommandResult(status: 127, stdout: "", stderr: "cannot run \(path): \(error)")
-        }
-        let exitStatus = Spawn.wait(pid, timeout: timeout)
-        return CommandResult(status: exitStatus,
-                             stdout: (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? "",
-                             stderr: (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? "")
-    }
 
     /// The passphrase of every test store.
     static let passphrase = "test passphrase"
@@ -73,37 +30,15 @@ enum Run {
     static func mtmfs(_ arguments: String..., input: String? = nil) -> CommandResult {
         program(mtmfs, arguments, input: input)
     }
-
-    /// One line of `sh -c`.
-    @discardableResult
-    static func shell(_ line: String, input: String? = nil, timeout: TimeInterval = 60) -> CommandResult {
-        program("/bin/sh", ["-c", line], input: input, timeout: timeout)
-    }
 }
 
-/// A fresh temporary directory, removed (after unmounting anything below it) on `remove()`.
-final class Scratch {
-    let path: String
-
-    init() {
-        var template = Array("/tmp/mtmfs-test.XXXXXX".utf8CString)
-        path = String(cString: mkdtemp(&template)!)
-        chmod(path, 0o755)
-    }
-
-    func sub(_ name: String) -> String { path + "/" + name }
-
+extension Scratch {
     /// An initialized data directory `data` and an empty mount point `mnt` in here.
     func initializedStore() -> (data: String, mnt: String) {
         let data = sub("data"), mnt = sub("mnt")
         #expect(Run.initStore(data).status == 0)
         mkdir(mnt, 0o755)
         return (data, mnt)
-    }
-
-    func remove() {
-        MountTable.unmountAll(below: path)
-        try? FileManager.default.removeItem(atPath: path)
     }
 }
 
@@ -129,22 +64,14 @@ final class MountedStore {
     func path(_ relative: String) -> String { mountPoint + "/" + relative }
 
     /// The key=value lines of .mtmfs/status.
-    func status() throws -> [String: String] {
-        let text = try String(contentsOfFile: path(".mtmfs/status"), encoding: .utf8)
-        var values: [String: String] = [:]
-        for line in text.split(separator: "\n") {
-            let parts = line.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-            if parts.count == 2 { values[String(parts[0])] = String(parts[1]) }
-        }
-        return values
-    }
+    func status() throws -> [String: String] { try MountStatus.read(mountPoint) }
 
     /// Kills the daemon with SIGKILL and waits until it is gone; with `detach`, also takes
     /// the dead mount away (the state after a crash, ready for a new mount).
     func killDaemon(detach: Bool) throws {
         let pid = try #require(Int32(try status()["pid"] ?? ""))
         kill(pid, SIGKILL)
-        #expect(MountTable.wait { !isRunning(pid) })
+        #expect(Poll.until { !ProcessState.isRunning(pid) })
         if detach { Run.program("fusermount3", ["-uz", mountPoint]) }
     }
 
@@ -156,38 +83,6 @@ final class MountedStore {
     }
 }
 
-enum MountTable {
-    /// Mount points of type fuse.mtmfs (from /proc/self/mountinfo, unescaped enough for tests).
-    static func mtmfsMountPoints() -> [String] {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return [] }
-        return text.split(separator: "\n").compactMap { line in
-            let fields = line.split(separator: " ").map(String.init)
-            guard let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count,
-                  fields[dash + 1] == "fuse.mtmfs" else { return nil }
-            return fields[4].replacingOccurrences(of: "\\040", with: " ")
-        }
-    }
-
-    static func isMounted(_ path: String) -> Bool { mtmfsMountPoints().contains(path) }
-
-    /// Teardown's safety net: no test may leave a mount behind.
-    static func unmountAll(below path: String) {
-        for mountPoint in mtmfsMountPoints() where mountPoint.hasPrefix(path + "/") {
-            Run.program("fusermount3", ["-uz", mountPoint])
-        }
-    }
-
-    /// Waits up to `seconds` for `condition`.
-    static func wait(seconds: Double = 10, until condition: () -> Bool) -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if condition() { return true }
-            usleep(20_000)
-        }
-        return condition()
-    }
-}
-
 /// Tests run in parallel in one process and spawn programs: a descriptor a test holds
 /// must be O_CLOEXEC, or a child's exit closes its copy and FUSE sends a FLUSH for the
 /// test's open file (which commits a pending value early).
@@ -196,15 +91,6 @@ enum MountTable {
 func errnoOf(_ body: () -> Int32) -> Int32 {
     errno = 0
     return body() == -1 ? errno : 0
-}
-
-/// True while `pid` runs; an exited, not yet reaped daemon (a zombie) counts as gone.
-func isRunning(_ pid: pid_t) -> Bool {
-    guard kill(pid, 0) == 0 || errno != ESRCH else { return false }
-    guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-          let close = text.lastIndex(of: ")") else { return false }
-    let state = text[text.index(after: close)...].trimmingCharacters(in: .whitespaces).first
-    return state != "Z" && state != "X"
 }
 
 /// A terminal program driven through tmux (nano, prompts without echo).

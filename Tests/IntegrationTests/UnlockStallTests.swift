@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -6,7 +7,7 @@ import Glibc
 
 /// SPEC §7: no request waits on another's slow work. An unlock's key derivation (moderate
 /// Argon2id here: about half a second) runs outside the lock that accounts/ requests take.
-@Suite struct UnlockStallTests {
+@Suite(.enabled(if: FuseAvailability.isAvailable, "needs /dev/fuse")) struct UnlockStallTests {
     @Test func listingAccountsDuringAnUnlockNeverWaitsLong() throws {
         let scratch = Scratch()
         defer { scratch.remove() }
