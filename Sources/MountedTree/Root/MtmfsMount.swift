@@ -57,8 +57,7 @@ public final class MtmfsMount: Sendable {
             }),
             ControlTree.File(name: "lock", mode: 0o200, command: { _ in accounts.lock(reason: "lock requested") }),
         ], ownership: ownership)
-        _ = AccountsTree.lockRequested.load(ordering: .relaxed)  // initialized before the handler can run
-        Glibc.signal(SIGUSR1) { _ in AccountsTree.lockRequested.store(true, ordering: .relaxed) }
+        DaemonSignals.catchLockRequests()
         let root = RootTree(subtrees: [
             accounts,
             settings,

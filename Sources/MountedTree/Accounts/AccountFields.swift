@@ -1,0 +1,191 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+import FuseLowLevel
+import Posix
+
+/// One field of one account: what a file in an account's directory stands for.
+struct FieldKey: Hashable, Sendable {
+    let account: AccountID
+    /// An index into `AccountFields.names` (`url` last).
+    let index: Int
+
+    var isURL: Bool { index == AccountFields.urlIndex }
+    var field: AccountField? { isURL ? nil : AccountField.allCases[index] }
+}
+
+/// The fields of the vault's accounts as the editing engine sees them (its `EditedStore`):
+/// every account has every field (an unset one reads as an empty line); a field's text is
+/// its value and one newline, `url` composes protocol, server, port and path and a write
+/// sets those four at once. Values are checked by `AccountFieldSyntax` and sealed into the
+/// vault (one atomic save a change). Plaintext stays in secure memory: a field's text is
+/// composed in `readBuffer`, made once and zeroed after every use.
+///
+/// Also the accounts of the mount: a small `AccountID` for each UUID seen, whose directory
+/// inode follows from it.
+///
+/// Thread-safety: a value behind `AccountsTree`'s lock.
+struct AccountFields: EditedStore, @unchecked Sendable {
+    typealias Key = FieldKey
+    typealias Buffer = SecureBytes
+    typealias Note = Never
+
+    static let names = AccountField.allCases.map(\.rawValue) + ["url"]
+    static let urlIndex = AccountField.allCases.count
+    /// Editor's files an account directory may hold at once (they take secure memory).
+    static let maximumScratchFiles = 64
+
+    var session: VaultSession
+    private var ids: [[UInt8]: AccountID] = [:]
+    private var uuids: [AccountID: [UInt8]] = [:]
+    private var nextAccount: UInt64 = 0
+    /// Fields whose values changed outside a commit of their own file (a removal, a URL's
+    /// parts): the tree tells the engine.
+    var changedKeys: [FieldKey] = []
+    /// Where a field's text is composed for getattr and read (see `withText`).
+    let readBuffer = SecureBytes(count: 0)
+
+    init(session: VaultSession) { self.session = session }
+
+    var vault: Vault? { session.vault }
+
+    // MARK: Accounts
+
+    /// The id of an account's UUID, given at first sight.
+    mutating func id(of uuid: [UInt8]) -> AccountID {
+        if let id = ids[uuid] { return id }
+        let id = AccountID(serial: nextAccount)
+        nextAccount += 1
+        ids[uuid] = id
+        uuids[id] = uuid
+        return id
+    }
+
+    func uuid(of account: AccountID) -> [UInt8]? { uuids[account] }
+
+    /// The account whose directory is `directory`, if it is one.
+    func account(at directory: LocalInode) -> AccountID? {
+        guard let id = AccountID(directory: directory), uuids[id] != nil else { return nil }
+        return id
+    }
+
+    func account(named name: String) -> (uuid: [UInt8], name: String)? { vault?.account(named: name) }
+
+    /// An account left the vault: its id goes.
+    mutating func forgetAccount(_ id: AccountID) {
+        if let uuid = uuids.removeValue(forKey: id) { ids[uuid] = nil }
+    }
+
+    // MARK: EditedStore
+
+    func key(named name: String, in directory: LocalInode, isHidden: (FieldKey) -> Bool) -> FieldKey? {
+        guard let account = account(at: directory), let index = Self.names.firstIndex(of: name) else { return nil }
+        return FieldKey(account: account, index: index)
+    }
+
+    func directory(of key: FieldKey) -> LocalInode? { key.account.directory }
+
+    func hasValue(_ key: FieldKey) -> Bool { uuids[key.account] != nil }
+
+    func withText<T>(of key: FieldKey, _ body: (UnsafeRawBufferPointer) -> T) throws(Errno) -> T {
+        guard session.isOpen, let vault, let uuid = uuids[key.account] else {
+            return body(UnsafeRawBufferPointer(start: nil, count: 0))
+        }
+        let out = readBuffer
+        out.resize(to: 0)
+        defer { out.resize(to: 0) }  // zeroes what was written, keeps the allocation
+        do {
+            func bytes(_ value: SecureBytes?, _ use: (UnsafeRawBufferPointer) -> Void) {
+                if let value { value.withUnsafeBytes(use) } else { use(UnsafeRawBufferPointer(start: nil, count: 0)) }
+            }
+            if let field = key.field {
+                bytes(try vault.storedField(field, of: uuid)) { out.write($0, at: 0) }
+            } else {
+                let parts = try [AccountField.protocol, .server, .port, .path].map { (f) throws(VaultError) in
+                    try vault.storedField(f, of: uuid)
+                }
+                bytes(parts[0]) { scheme in bytes(parts[1]) { server in bytes(parts[2]) { port in bytes(parts[3]) { path in
+                    AccountFieldSyntax.composeURL(protocol: scheme, server: server, port: port, path: path, into: out)
+                } } } }
+            }
+        } catch {
+            throw error.errno
+        }
+        [UInt8(0x0A)].withUnsafeBytes { out.write($0, at: out.count) }
+        return out.withUnsafeBytes(body)
+    }
+
+    func limit(for key: FieldKey) -> Int { AccountFieldSyntax.maximumSize + 2 }
+    var scratchLimit: Int { 16 << 20 }
+    func mode(forNewFile requested: mode_t) -> mode_t { 0o600 }
+
+    func accepts(_ text: UnsafeRawBufferPointer, for key: FieldKey, note: Never?) -> Bool {
+        let value = Self.withoutNewline(text)
+        guard let field = key.field else { return AccountFieldSyntax.parseURL(value) != nil }
+        return AccountFieldSyntax.isValid(value, for: field)
+    }
+
+    static func withoutNewline(_ raw: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer {
+        var end = raw.count
+        if end > 0 && raw[end - 1] == 0x0A {
+            end -= 1
+            if end > 0 && raw[end - 1] == 0x0D { end -= 1 }
+        }
+        return UnsafeRawBufferPointer(rebasing: raw[0..<end])
+    }
+
+    /// Validates and seals one field's text (`url`: its four parts at once).
+    mutating func commit(_ text: SecureBytes, to key: FieldKey, note: Never?) throws(Errno) -> Committed<FieldKey, SecureBytes> {
+        try session.requireOpen()
+        guard let vault, let uuid = uuids[key.account] else { throw .noSuchFileOrDirectory }
+        guard text.count <= AccountFieldSyntax.maximumSize + 2 else { throw .fileTooLarge }
+        var changes: [AccountField: SecureBytes] = [:]
+        defer { for (_, value) in changes { value.wipe() } }
+        let ok: Bool = text.withUnsafeBytes { raw in
+            let value = Self.withoutNewline(raw)
+            guard let field = key.field else {
+                guard let parts = AccountFieldSyntax.parseURL(value) else { return false }
+                for (field, range) in parts { changes[field] = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: value[range])) }
+                return true
+            }
+            guard AccountFieldSyntax.isValid(value, for: field) else { return false }
+            changes[field] = SecureBytes(copying: value)
+            return true
+        }
+        guard ok else { throw text.count > AccountFieldSyntax.maximumSize ? .fileTooLarge : .invalidArgument }
+        do {
+            try vault.setFields(changes, of: uuid)
+        } catch {
+            throw error.errno
+        }
+        session.touched()
+        Log.debug("vault saved: \(changes.count) field(s) of one account changed (values not logged)")
+        return Committed(shown: nil, alsoChanged: Self.related(to: key))
+    }
+
+    /// The fields whose text changes with `key`'s: a URL and its parts.
+    static func related(to key: FieldKey) -> [FieldKey] {
+        let parts = [AccountField.protocol, .server, .port, .path].map { AccountField.allCases.firstIndex(of: $0)! }
+        guard key.isURL || parts.contains(key.index) else { return [] }
+        return (parts + [urlIndex]).filter { $0 != key.index }.map { FieldKey(account: key.account, index: $0) }
+    }
+
+    /// An unlinked field: cleared.
+    mutating func remove(_ key: FieldKey) throws(Errno) {
+        let empty = SecureBytes()
+        let saved = try commit(empty, to: key, note: nil)
+        changedKeys += [key] + saved.alsoChanged
+    }
+
+    /// Fields have fixed names: one is never renamed onto another.
+    mutating func move(_ key: FieldKey, onto target: FieldKey) throws(Errno) { throw .notPermitted }
+
+    func admitsScratch(in directory: LocalInode, count: Int, moved: Bool) throws(Errno) {
+        guard count < Self.maximumScratchFiles else { throw .noSpace }  // secure memory is precious
+    }
+
+    func mayRenameAway(_ key: FieldKey, to directory: LocalInode) throws(Errno) {}
+
+    func removesAtOnce(_ key: FieldKey) -> Bool { false }
+}

@@ -1,0 +1,341 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+import FuseLowLevel
+import Posix
+import Synchronization
+
+/// The two views of the active account: `accounts/active` and
+/// `settings/ActiveServiceAccountUUID` are one value, kept in the settings store.
+public struct ActiveAccountLink: Sendable {
+    public var get: @Sendable () -> String?
+    public var set: @Sendable (String) throws(Errno) -> Void
+
+    public init(get: @escaping @Sendable () -> String?, set: @escaping @Sendable (String) throws(Errno) -> Void) {
+        self.get = get
+        self.set = set
+    }
+}
+
+/// `accounts/`: one directory per service account of the credential vault, one file per
+/// field (SPEC §1–§3).
+///
+/// Locked, the account names (UUIDs) and field names are listed with size 0, and every
+/// read, write, mkdir and rmdir gets EACCES. Unlocked, fields read as their value plus one
+/// newline. Files — fields, editors' scratch files, the rules of every save strategy — are
+/// the editing engine's (`EditingEngine`, shared with `settings/`), with buffers in secure
+/// memory; `AccountFields` checks and seals values; `VaultSession` holds the lock state.
+/// While unlocked the kernel may keep a field's pages for readers (see `PageCacheGate`;
+/// writers use direct I/O); every lock drops the pages and attributes of every field the
+/// kernel holds before it returns, so a descriptor or mapping made before a lock gets
+/// EACCES (SIGBUS) or nothing on its next read.
+///
+/// Thread-safety: one mutex, never held during a key derivation; kernel notifications are
+/// sent after it is released.
+public final class AccountsTree: Subtree {
+    public let name = "accounts"
+    public let space = InodeSpace.accounts
+    let notifier: KernelCacheNotifier
+    let active: ActiveAccountLink
+    /// Readers keep the kernel's pages of a field until it changes or the vault locks.
+    let pageCache = PageCacheGate()
+    let state: Locked<State>
+    let running = Atomic<Bool>(true)
+
+    static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
+    /// Field attributes (sizes) may be cached while unlocked: every commit and every lock
+    /// invalidates them, so a lock shows sizes 0 at once.
+    static let fieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
+    /// Locked, a field's size (0) is not cached: a read through a descriptor from before the
+    /// lock then asks for it again (with its handle), and is refused.
+    static let lockedFieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 0)
+
+    public init(vaultPath: String, ownership: Ownership, notifier: KernelCacheNotifier, active: ActiveAccountLink,
+                autoLockSeconds: Int) {
+        self.notifier = notifier
+        self.active = active
+        let session = VaultSession(vaultPath: vaultPath, autoLockSeconds: autoLockSeconds)
+        self.state = Locked(State(ownership: ownership, fields: AccountFields(session: session),
+                                  engine: EditingEngine(since: ownership.since)))
+        startWatcher()
+    }
+
+    public func shutDown() {
+        running.store(false, ordering: .relaxed)
+        lock(reason: "unmount")
+    }
+
+    func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
+        let (result, invalidations) = try state.withLock { (s) throws(Errno) -> (T, [LocalInode]) in
+            guard s.fields.vault != nil else { throw .ioError }
+            let result = try body(&s)
+            return (result, s.takeInvalidations())
+        }
+        send(invalidations)
+        return result
+    }
+
+    func send(_ invalidations: [LocalInode]) {
+        if !invalidations.isEmpty { pageCache.changed() }
+        for local in invalidations { notifier.invalidateInode(space.inode(local)) }
+    }
+
+    func symlinkAttributes(_ target: String) -> Attributes {
+        let ownership = state.withLock { $0.ownership }
+        var attributes = ownership.file(space.inode(.activeLink), mode: 0o777, size: UInt64(target.utf8.count))
+        attributes.mode = S_IFLNK | 0o777
+        return attributes
+    }
+
+    private func entry(_ s: State, _ local: LocalInode) throws(Errno) -> Entry {
+        Entry(attributes: try s.attributes(local, space), cache: s.cache(for: local))
+    }
+
+    /// Files held, editor's files linked, hidden fields (for tests and status).
+    var census: (files: Int, scratch: Int, hidden: Int) { state.withLock { $0.engine.census } }
+
+    // MARK: FileSystem
+
+    public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {
+        let parentLocal = space.local(of: parent)
+        if parentLocal == .top && name == "active" {
+            guard let target = active.get(), !target.isEmpty else { throw .noSuchFileOrDirectory }
+            return Entry(attributes: symlinkAttributes(target), cache: .none)
+        }
+        return try locked { (s) throws(Errno) in
+            let made = try s.lookup(parentLocal, name)
+            return try entry(s, made)
+        }
+    }
+
+    public func forget(inode: InodeNumber, lookups: UInt64) {
+        let local = space.local(of: inode)
+        guard local.isFile else { return }
+        state.withLock { $0.engine.forget(local, count: lookups) }
+    }
+
+    public func countLookup(of inode: InodeNumber) {
+        let local = space.local(of: inode)
+        guard local.isFile else { return }
+        state.withLock { $0.engine.countLookup(local) }
+    }
+
+    public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
+        let local = space.local(of: inode)
+        if local == .top { return (state.withLock { $0.ownership.directory(inode, mode: 0o700) }, Self.directoryCache) }
+        if local == .activeLink {
+            guard let target = active.get(), !target.isEmpty else { throw .noSuchFileOrDirectory }
+            return (symlinkAttributes(target), .none)
+        }
+        return try locked { (s) throws(Errno) in
+            // Through a descriptor from before a lock: refused. The kernel asks this before
+            // it reads cached pages past the size it knows, so such a descriptor's read fails
+            // with EACCES rather than reading nothing (the size is 0 while locked).
+            if let handle = context.fileHandle, !s.fields.session.isCurrent(FileHandle(raw: handle)) { throw .permissionDenied }
+            return (try s.attributes(local, space), s.cache(for: local))
+        }
+    }
+
+    public func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
+                              context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
+        defer { SecureBytes.burnStack() }
+        return try locked { (s) throws(Errno) in
+            let local = space.local(of: inode)
+            _ = try s.attributes(local, space)
+            if let uid = changes.uid, uid != s.ownership.uid { throw .notPermitted }
+            if let gid = changes.gid, gid != s.ownership.gid { throw .notPermitted }
+            if let size = changes.size {
+                guard local.isFile else { throw .isDirectory }
+                try s.fields.session.requireOpen()
+                try s.engine.truncate(local, to: Int(clamping: size), owner: handle.map(FileHandle.init(raw:)),
+                                      deferred: handle != nil, &s.fields)
+            }
+            if let modified = changes.modificationTime, local.isFile { s.engine.setModified(local, modified) }
+            return (try s.attributes(local, space), s.cache(for: local))
+        }
+    }
+
+    public func readLink(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> String {
+        let local = space.local(of: inode)
+        if local == .activeLink {
+            guard let target = active.get(), !target.isEmpty else { throw .noSuchFileOrDirectory }
+            return target
+        }
+        return try locked { (s) throws(Errno) in
+            guard let target = s.engine.files[local]?.symlinkTarget else { throw .invalidArgument }
+            return target
+        }
+    }
+
+    public func makeDirectory(parent: InodeNumber, name: String, mode: mode_t,
+                              context: RequestContext) throws(Errno) -> Entry {
+        guard space.local(of: parent) == .top else { throw .permissionDenied }
+        return try locked { (s) throws(Errno) in
+            let made = try s.makeAccount(name)
+            return try entry(s, made)
+        }
+    }
+
+    public func removeDirectory(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
+        guard space.local(of: parent) == .top else { throw .notDirectory }
+        try locked { (s) throws(Errno) in try s.removeAccount(name) }
+    }
+
+    public func unlink(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
+        defer { SecureBytes.burnStack() }
+        let parentLocal = space.local(of: parent)
+        if parentLocal == .top && name == "active" {
+            guard active.get()?.isEmpty == false else { throw .noSuchFileOrDirectory }
+            try active.set("")
+            return
+        }
+        try locked { (s) throws(Errno) in try s.unlink(parentLocal, name) }
+    }
+
+    public func makeSymbolicLink(target: String, parent: InodeNumber, name: String,
+                                 context: RequestContext) throws(Errno) -> Entry {
+        let parentLocal = space.local(of: parent)
+        if parentLocal == .top && name == "active" {
+            guard active.get()?.isEmpty != false else { throw .fileExists }
+            try setActive(target)
+            return Entry(attributes: symlinkAttributes(target), cache: .none)
+        }
+        return try locked { (s) throws(Errno) in
+            let made = try s.makeSymbolicLink(target, in: parentLocal, name)
+            return try entry(s, made)
+        }
+    }
+
+    private func setActive(_ target: String) throws(Errno) {
+        guard target.isEmpty || AccountName.uuidBytes(target) != nil else { throw .invalidArgument }
+        try active.set(target)
+    }
+
+    public func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
+                       flags: RenameFlags, context: RequestContext) throws(Errno) {
+        defer { SecureBytes.burnStack() }
+        let from = space.local(of: parent), to = space.local(of: newParent)
+        if from == .top && to == .top && newName == "active" {
+            // `ln -sfn UUID accounts/active` makes a temporary link and renames it over.
+            let target = try locked { (s) throws(Errno) -> String in
+                guard let local = s.engine.scratch(named: name, in: .top),
+                      let target = s.engine.files[local]?.symlinkTarget else { throw .invalidArgument }
+                return target
+            }
+            try setActive(target)
+            try locked { (s) throws(Errno) in try s.engine.unlink(name, in: .top, &s.fields) }
+            return
+        }
+        try locked { (s) throws(Errno) in try s.rename(from, name, to, newName, flags: flags) }
+    }
+
+    public func link(_ inode: InodeNumber, newParent: InodeNumber, newName: String,
+                     context: RequestContext) throws(Errno) -> Entry {
+        throw .notPermitted
+    }
+
+    public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
+        defer { SecureBytes.burnStack() }
+        let opened = try locked { (s) throws(Errno) -> OpenedFile in
+            let local = space.local(of: inode)
+            try s.fields.session.requireOpen()
+            guard local.isFile else { throw .isDirectory }
+            let handle = s.fields.session.newHandle()
+            let writer = flags & O_ACCMODE != O_RDONLY
+            try s.engine.open(local, handle: handle, truncate: flags & O_TRUNC != 0 && writer, s.fields)
+            s.fields.session.touched()
+            guard !writer else { return OpenedFile(handle: handle.raw, directIO: true) }
+            // A reader reads the kernel's pages of the field while it has not changed (every
+            // lock drops them all), and its close commits nothing: no READ, no FLUSH.
+            return OpenedFile(handle: handle.raw, keepCache: true, noFlush: true)
+        }
+        if opened.keepCache { pageCache.admit(inode, notifier: notifier) }
+        return opened
+    }
+
+    public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
+                       context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
+        try locked { (s) throws(Errno) in
+            let handle = s.fields.session.newHandle()
+            let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle)
+            return (try entry(s, local), OpenedFile(handle: handle.raw, directIO: true))
+        }
+    }
+
+    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
+                     context: RequestContext) throws(Errno) -> [UInt8] {
+        // Never used: the reply-by-pointer form below keeps secrets out of Swift arrays.
+        throw .ioError
+    }
+
+    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
+                     reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        defer { SecureBytes.burnStack() }
+        try state.withLock { (s) throws(Errno) in
+            guard s.fields.vault != nil else { throw .ioError }
+            try s.fields.session.requireOpen()
+            guard s.fields.session.isCurrent(FileHandle(raw: handle)) else { throw .permissionDenied }  // opened before a lock
+            s.fields.session.touched()
+            try s.engine.withContent(space.local(of: inode), s.fields) { bytes in
+                guard offset < UInt64(bytes.count) else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
+                let start = Int(offset)
+                reply(UnsafeRawBufferPointer(rebasing: bytes[start..<min(bytes.count, start + size)]))
+            }
+        }
+    }
+
+    public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
+                      flags: Int32, context: RequestContext) throws(Errno) -> Int {
+        defer { SecureBytes.burnStack() }
+        return try locked { (s) throws(Errno) in
+            // The bytes sit in libfuse's receive buffer: once copied into secure memory,
+            // they are zeroed there so that no plaintext lingers in an idle worker's buffer.
+            defer { if let base = data.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), data.count) } }
+            try s.fields.session.requireOpen()
+            let owner = FileHandle(raw: handle)
+            guard s.fields.session.isCurrent(owner) else { throw .permissionDenied }  // opened before a lock
+            s.fields.session.touched()
+            try s.engine.write(space.local(of: inode), at: offset, data, append: flags & O_APPEND != 0, owner: owner, s.fields)
+            return data.count
+        }
+    }
+
+    public func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {
+        defer { SecureBytes.burnStack() }
+        try locked { (s) throws(Errno) in
+            // Written before a lock: the lock discarded it, and the writer hears so here.
+            guard s.fields.session.isCurrent(FileHandle(raw: handle)) else { throw .permissionDenied }
+            try s.engine.commit(space.local(of: inode), by: FileHandle(raw: handle), finalClose: false, &s.fields)
+        }
+    }
+
+    public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
+        defer { SecureBytes.burnStack() }
+        _ = try? locked { (s) throws(Errno) in
+            try s.engine.release(space.local(of: inode), handle: FileHandle(raw: handle), &s.fields)
+        }
+    }
+
+    public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
+        defer { SecureBytes.burnStack() }
+        try locked { (s) throws(Errno) in
+            guard s.fields.session.isCurrent(FileHandle(raw: handle)) else { throw .permissionDenied }
+            try s.engine.commit(space.local(of: inode), by: FileHandle(raw: handle), finalClose: false, &s.fields)
+        }
+    }
+
+    public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {
+        let local = space.local(of: inode)
+        let activeTarget = local == .top ? active.get() : nil
+        var entries = try locked { (s) throws(Errno) in
+            let names = try s.list(local)
+            return try names.map { (name, local) throws(Errno) in DirectoryEntry(name: name, entry: try entry(s, local)) }
+        }
+        if let activeTarget, !activeTarget.isEmpty {
+            entries.insert(DirectoryEntry(name: "active", entry: Entry(attributes: symlinkAttributes(activeTarget), cache: .none)),
+                           at: 0)
+        }
+        return entries
+    }
+}

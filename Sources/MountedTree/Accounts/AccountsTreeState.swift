@@ -1,0 +1,161 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+import FuseLowLevel
+import Posix
+
+extension AccountsTree {
+    /// Everything `accounts/` holds: the vault, its session and fields (`fields`) and the
+    /// files (`engine`). Account directories are here; files go to the engine.
+    ///
+    /// Thread-safety: a value behind `AccountsTree.state`.
+    struct State: @unchecked Sendable {
+        let ownership: Ownership
+        var fields: AccountFields
+        var engine: EditingEngine<AccountFields>
+
+        /// Hands fields changed by the store (a removal, a URL's parts) to the engine.
+        mutating func settle() {
+            let changed = fields.changedKeys
+            fields.changedKeys.removeAll()
+            for key in changed { engine.keyChanged(key) }
+        }
+
+        mutating func takeInvalidations() -> [LocalInode] {
+            settle()
+            defer { engine.invalidations.removeAll() }
+            return engine.invalidations
+        }
+
+        func attributes(_ local: LocalInode, _ space: InodeSpace) throws(Errno) -> Attributes {
+            if local.isFile {
+                return try engine.attributes(of: local, as: space.inode(local), ownership: ownership, fields)
+            }
+            guard local == .top || fields.account(at: local) != nil else { throw .noSuchFileOrDirectory }
+            return ownership.directory(space.inode(local), mode: 0o700)
+        }
+
+        func cache(for local: LocalInode) -> CachePolicy {
+            guard local.isFile else { return AccountsTree.directoryCache }
+            return fields.session.isOpen ? AccountsTree.fieldCache : AccountsTree.lockedFieldCache
+        }
+
+        /// The account of a directory inode (ENOTDIR for a file, ENOENT for a removed account).
+        func account(at directory: LocalInode) throws(Errno) -> AccountID {
+            if directory.isFile { throw .notDirectory }
+            guard let account = fields.account(at: directory) else { throw .noSuchFileOrDirectory }
+            return account
+        }
+
+        // MARK: Names
+
+        mutating func lookup(_ parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
+            guard parent == .top else {
+                _ = try account(at: parent)
+                return try engine.lookup(name, in: parent, fields)
+            }
+            if engine.scratch(named: name, in: .top) != nil { return try engine.lookup(name, in: .top, fields) }
+            guard let account = fields.account(named: name) else { throw .noSuchFileOrDirectory }
+            return fields.id(of: account.uuid).directory
+        }
+
+        mutating func list(_ local: LocalInode) throws(Errno) -> [(String, LocalInode)] {
+            var entries: [(String, LocalInode)] = []
+            if local == .top {
+                for account in fields.vault?.accounts ?? [] {
+                    entries.append((account.name, fields.id(of: account.uuid).directory))
+                }
+            } else {
+                let account = try account(at: local)
+                for (index, name) in AccountFields.names.enumerated() {
+                    let key = FieldKey(account: account, index: index)
+                    guard !engine.isHidden(key), engine.scratch(named: name, in: local) == nil else { continue }
+                    entries.append((name, engine.file(for: key, fields)))
+                }
+            }
+            entries += engine.scratchFiles(in: local).map { ($0.name, $0.inode) }
+            return entries
+        }
+
+        mutating func makeAccount(_ name: String) throws(Errno) -> LocalInode {
+            try fields.session.requireOpen()
+            guard let uuid = AccountName.uuidBytes(name) else { throw .invalidArgument }
+            guard let vault = fields.vault else { throw .ioError }
+            if vault.hasAccount(uuid: uuid) || engine.scratch(named: name, in: .top) != nil { throw .fileExists }
+            do {
+                try vault.addAccount(uuid: uuid, name: name)
+            } catch {
+                throw error.errno
+            }
+            Log.debug("vault saved: account \(name) added (\(vault.accountCount) accounts)")
+            return fields.id(of: uuid).directory
+        }
+
+        mutating func removeAccount(_ name: String) throws(Errno) {
+            try fields.session.requireOpen()
+            guard let account = fields.account(named: name), let vault = fields.vault else {
+                if engine.scratch(named: name, in: .top) != nil { throw .notDirectory }
+                throw .noSuchFileOrDirectory
+            }
+            let id = fields.id(of: account.uuid)
+            if !engine.scratchFiles(in: id.directory).isEmpty { throw .directoryNotEmpty }
+            // Fields always exist: an account with any value is not empty (`rm -r` unlinks
+            // each field first — they wait to leave — then removes the directory).
+            for (index, field) in AccountField.allCases.enumerated() {
+                let key = FieldKey(account: id, index: index)
+                if engine.isLeaving(key) { continue }
+                let value: SecureBytes
+                do { value = try vault.field(field, of: account.uuid) } catch { throw error.errno }
+                if value.count > 0 { throw .directoryNotEmpty }
+            }
+            do {
+                try vault.removeAccount(uuid: account.uuid)
+            } catch {
+                throw error.errno
+            }
+            Log.debug("vault saved: account \(name) removed (\(vault.accountCount) accounts)")
+            for index in AccountFields.names.indices { engine.keyGone(FieldKey(account: id, index: index), fields) }
+            fields.forgetAccount(id)
+        }
+
+        mutating func create(_ parent: LocalInode, _ name: String, mode: mode_t, flags: Int32,
+                             handle: FileHandle) throws(Errno) -> LocalInode {
+            try fields.session.requireOpen()
+            guard parent != .top else { throw .permissionDenied }
+            _ = try account(at: parent)
+            guard name.utf8.count <= 255 else { throw .nameTooLong }
+            return try engine.create(name, in: parent, mode: mode, exclusive: flags & O_EXCL != 0,
+                                     truncate: flags & O_TRUNC != 0, handle: handle, fields)
+        }
+
+        mutating func makeSymbolicLink(_ target: String, in parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
+            if parent == .top {
+                if fields.account(named: name) != nil { throw .fileExists }
+            } else {
+                try fields.session.requireOpen()
+                _ = try account(at: parent)
+            }
+            return try engine.makeSymbolicLink(target, named: name, in: parent, fields)
+        }
+
+        mutating func unlink(_ parent: LocalInode, _ name: String) throws(Errno) {
+            if parent == .top {
+                if engine.scratch(named: name, in: .top) != nil { return try engine.unlink(name, in: .top, &fields) }
+                if fields.account(named: name) != nil { throw .isDirectory }
+                throw .noSuchFileOrDirectory
+            }
+            try fields.session.requireOpen()
+            _ = try account(at: parent)
+            try engine.unlink(name, in: parent, &fields)
+        }
+
+        mutating func rename(_ from: LocalInode, _ name: String, _ to: LocalInode, _ newName: String,
+                             flags: RenameFlags) throws(Errno) {
+            try fields.session.requireOpen()
+            guard from != .top, to != .top else { throw .notPermitted }
+            guard try account(at: from) == account(at: to) else { throw .crossDevice }
+            try engine.rename(name, in: from, to: newName, in: to, flags: flags, &fields)
+        }
+    }
+}

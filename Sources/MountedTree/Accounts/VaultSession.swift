@@ -1,0 +1,82 @@
+import CredentialVault
+import Posix
+
+/// The vault of a mount and its lock state: whether fields can be read and written, when
+/// the vault locks by itself, and which file handles still count.
+///
+/// Invariants: a handle is honoured only while the lock generation it was made under is
+/// current (every lock starts a new one); `isOpen` is false from a lock until an unlock
+/// has made the kernel drop what it cached while locked (`revealing`).
+///
+/// The key derivation of an unlock happens outside the tree's lock (see
+/// `AccountsTree.unlock`); the session only takes the finished key.
+/// Thread-safety: a value behind `AccountsTree`'s lock.
+struct VaultSession {
+    let vaultPath: String
+    var vault: Vault?
+    /// Why the vault cannot be used (damaged or unreadable), for status and logs.
+    var problem: String?
+    var autoLockSeconds: Int
+    var lastSecretAccess = ContinuousClock.now
+    /// Unlocked, but the kernel's caches of the locked state are still being dropped:
+    /// fields answer as locked until then.
+    var revealing = false
+    private(set) var generation: UInt64 = 1
+    private var nextHandle: UInt64 = 0
+
+    init(vaultPath: String, autoLockSeconds: Int) {
+        self.vaultPath = vaultPath
+        self.autoLockSeconds = autoLockSeconds
+        // A save cut short by a kill leaves its (sealed) temporary file behind.
+        AtomicFile.removeStaleTemporaries(of: vaultPath)
+        do {
+            vault = try Vault(path: vaultPath)
+        } catch {
+            damage(error.description)
+        }
+    }
+
+    /// Fields can be read and written.
+    var isOpen: Bool { vault?.isUnlocked == true && !revealing }
+    var isUnlocked: Bool { vault?.isUnlocked == true }
+
+    func requireOpen() throws(Errno) {
+        guard isOpen else { throw .permissionDenied }
+    }
+
+    /// A secret was read or written: the auto-lock waits again.
+    mutating func touched() { lastSecretAccess = .now }
+
+    var autoLockDue: Bool {
+        guard autoLockSeconds > 0, isUnlocked else { return false }
+        return lastSecretAccess.secondsElapsed >= Double(autoLockSeconds)
+    }
+
+    /// Seconds until the auto-lock (0: locked or never).
+    var autoLockIn: Int {
+        guard isUnlocked, autoLockSeconds > 0 else { return 0 }
+        return max(0, Int((Double(autoLockSeconds) - lastSecretAccess.secondsElapsed).rounded(.up)))
+    }
+
+    mutating func newHandle() -> FileHandle {
+        nextHandle += 1
+        return FileHandle(generation: generation, serial: nextHandle)
+    }
+
+    /// Made under the current lock generation.
+    func isCurrent(_ handle: FileHandle) -> Bool { handle.generation == FileHandle(generation: generation, serial: 0).generation }
+
+    /// Zeroes the keys and starts a new generation: every earlier handle is refused.
+    mutating func lock() {
+        vault?.lock()
+        revealing = false
+        generation += 1
+    }
+
+    mutating func damage(_ message: String) {
+        problem = message
+        vault?.lock()
+        vault = nil
+        Log.error("\(message); accounts/ answers EIO, the vault file is left as it is")
+    }
+}

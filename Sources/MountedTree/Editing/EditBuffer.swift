@@ -1,0 +1,66 @@
+import CredentialVault
+
+/// The bytes of a file being edited: a key's pending value or an editor's scratch file.
+/// The editing engine is generic over it, so that settings keep plain arrays and account
+/// fields never leave secure memory.
+///
+/// Ownership: the engine treats every buffer as uniquely owned (a class-backed buffer is
+/// never shared between two files) and calls `wipe()` before it lets one go.
+/// Thread-safety: none of its own; used under the owning tree's lock.
+protocol EditBuffer {
+    /// An empty buffer.
+    init()
+    /// A buffer holding a copy of `bytes`.
+    init(copying bytes: UnsafeRawBufferPointer)
+    var count: Int { get }
+    /// Sets the length, keeping the prefix; new bytes are zero.
+    mutating func resize(to newCount: Int)
+    /// Writes `bytes` at `offset`, growing as needed (a gap is zero-filled).
+    mutating func write(_ bytes: UnsafeRawBufferPointer, at offset: Int)
+    func withUnsafeBytes<T>(_ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T
+    /// Zeroes and frees the bytes; the buffer is empty afterwards.
+    mutating func wipe()
+}
+
+extension EditBuffer {
+    /// A copy of the bytes (same kind of memory).
+    func copied() -> Self { withUnsafeBytes { Self(copying: $0) } }
+
+    /// Whether the buffer holds exactly `byte` (an empty value reads as its newline).
+    func isSingle(_ byte: UInt8) -> Bool { count == 1 && withUnsafeBytes { $0[0] == byte } }
+}
+
+/// Plain memory, for values that are not secret (settings keys).
+struct PlainBuffer: EditBuffer, Sendable {
+    var bytes: [UInt8] = []
+
+    init() {}
+    init(copying bytes: UnsafeRawBufferPointer) { self.bytes = Array(bytes) }
+    init(_ bytes: [UInt8]) { self.bytes = bytes }
+
+    var count: Int { bytes.count }
+
+    mutating func resize(to newCount: Int) {
+        if newCount < bytes.count {
+            bytes.removeSubrange(newCount...)
+        } else {
+            bytes += [UInt8](repeating: 0, count: newCount - bytes.count)
+        }
+    }
+
+    mutating func write(_ data: UnsafeRawBufferPointer, at offset: Int) {
+        if offset + data.count > bytes.count { resize(to: offset + data.count) }
+        bytes.replaceSubrange(offset..<offset + data.count, with: data)
+    }
+
+    func withUnsafeBytes<T>(_ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T {
+        try bytes.withUnsafeBytes(body)
+    }
+
+    mutating func wipe() { bytes = [] }
+}
+
+/// Secure memory (`sodium_malloc`: locked, guarded, zeroed when freed), for account fields.
+extension SecureBytes: EditBuffer {
+    convenience init() { self.init(count: 0) }
+}

@@ -1,0 +1,568 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import FuseLowLevel
+import Posix
+
+/// The files of a tree whose files stand for values (`settings/` keys, `accounts/` fields),
+/// and every save strategy of editors and tools on them, in one place for both trees.
+///
+/// It owns the file nodes (inode numbers `LocalInode.file(_:)`): a key's file, made at its
+/// first lookup; an editor's temporary, swap, lock or backup file, held in memory only
+/// (never on disk, never a key by itself); and files unlinked or replaced but still open
+/// or known to the kernel. Directories belong to the tree. What a key is, its text and how
+/// a value is saved come from the tree's `EditedStore`.
+///
+/// The save strategies, each the same in both trees:
+/// - write in place (`>`, `>>`, cp, tee, nano, ed, vim `backupcopy=yes`, Python
+///   `open(…, 'w')`): the key's pending content (`PendingEdit`) is committed at flush,
+///   fsync or last close, never the empty state of a truncate;
+/// - write a new file and rename it onto the key (sed -i, perl -pi, Python tempfile +
+///   `os.replace`, vim restoring its backup): the key takes the file's text, validated
+///   first (on EINVAL nothing has moved), and the file's inode is the key's from then on;
+/// - rename the key away and write a new one (vim, neovim, emacs: `K` → `K~`, create `K`):
+///   the key is hidden and keeps its value while its old text lives in `K~`; the new file
+///   becomes the key when written and closed; `K~` deleted with no new file removes it;
+/// - unlink, then create (mv from another file system, install, git checkout with
+///   `O_EXCL`): the unlinked key is hidden and leaves only `removalDelay` later, unless the
+///   new file takes its name first — one rewrite, no moment without the key on disk.
+///
+/// Thread-safety: a value type; the owning tree keeps it behind its lock. `invalidations`
+/// collects the inodes whose kernel copies must go, to be sent after the lock is released.
+struct EditingEngine<Store: EditedStore> {
+    typealias Key = Store.Key
+    typealias Buffer = Store.Buffer
+    typealias File = EditedFile<Key, Buffer, Store.Note>
+
+    private(set) var files: [LocalInode: File] = [:]
+    private(set) var byKey: [Key: LocalInode] = [:]
+    private var scratchIn: [LocalInode: [String: LocalInode]] = [:]
+    private(set) var hidden: [Key: HiddenKey] = [:]
+    private var nextSerial: UInt64 = 0
+    /// The time every key file shows until it is written.
+    let since: Timestamp
+    let removalDelay: Duration
+    /// Files whose kernel copies (attributes, pages) must be dropped.
+    var invalidations: [LocalInode] = []
+
+    init(since: Timestamp, removalDelay: Duration = .seconds(1)) {
+        self.since = since
+        self.removalDelay = removalDelay
+    }
+
+    // MARK: Names
+
+    func isHidden(_ key: Key) -> Bool { hidden[key] != nil }
+
+    /// The key `name` stands for in `directory` (with or without a value), or nil.
+    func addressedKey(_ name: String, in directory: LocalInode, _ store: Store) -> Key? {
+        store.key(named: name, in: directory, isHidden: { hidden[$0] != nil })
+    }
+
+    /// Whether a lookup of the key finds its file.
+    func isVisible(_ key: Key, _ store: Store) -> Bool { hidden[key] == nil && store.hasValue(key) }
+
+    func scratch(named name: String, in directory: LocalInode) -> LocalInode? { scratchIn[directory]?[name] }
+
+    /// The editor's files of a directory, by name.
+    func scratchFiles(in directory: LocalInode) -> [(name: String, inode: LocalInode)] {
+        (scratchIn[directory] ?? [:]).sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
+    }
+
+    /// Finds `name` in `directory` and counts one kernel reference to it.
+    mutating func lookup(_ name: String, in directory: LocalInode, _ store: Store) throws(Errno) -> LocalInode {
+        if let inode = scratch(named: name, in: directory) {
+            files[inode]!.lookups += 1
+            return inode
+        }
+        guard let key = addressedKey(name, in: directory, store), isVisible(key, store) else { throw .noSuchFileOrDirectory }
+        let inode = file(for: key, store)
+        files[inode]!.lookups += 1
+        return inode
+    }
+
+    /// The file of a key, made on first sight (with no kernel reference yet).
+    mutating func file(for key: Key, _ store: Store) -> LocalInode {
+        if let inode = byKey[key] { return inode }
+        let inode = newFile(File(role: .key(key), mode: store.mode(forNewFile: 0o644), modified: since, changed: since))
+        byKey[key] = inode
+        return inode
+    }
+
+    private mutating func newFile(_ file: File) -> LocalInode {
+        nextSerial += 1
+        let inode = LocalInode.file(nextSerial)
+        files[inode] = file
+        return inode
+    }
+
+    /// One more kernel reference (an entry of a `readdirplus`).
+    mutating func countLookup(_ inode: LocalInode) { files[inode]?.lookups += 1 }
+
+    /// The kernel dropped `count` references.
+    mutating func forget(_ inode: LocalInode, count: UInt64) {
+        guard files[inode] != nil else { return }
+        files[inode]!.lookups -= min(count, files[inode]!.lookups)
+        collect(inode)
+    }
+
+    /// Frees a file nothing refers to any more.
+    private mutating func collect(_ inode: LocalInode) {
+        guard var file = files[inode], file.lookups == 0, file.opens == 0, !file.isLinkedScratch else { return }
+        if let key = file.key, byKey[key] == inode { byKey[key] = nil }
+        file.wipe()
+        files[inode] = nil
+    }
+
+    // MARK: Making and removing names
+
+    /// `create(2)`: an existing file (EEXIST with `exclusive`), the key's file when the
+    /// name is a key with a value, else a new editor's file (meant for the key its name
+    /// stands for, if any). Counts one kernel reference and one open.
+    mutating func create(_ name: String, in directory: LocalInode, mode: mode_t, exclusive: Bool, truncate: Bool,
+                         handle: FileHandle, _ store: Store) throws(Errno) -> LocalInode {
+        let inode: LocalInode
+        if let existing = scratch(named: name, in: directory) {
+            if exclusive { throw .fileExists }
+            inode = existing
+        } else if let key = addressedKey(name, in: directory, store), isVisible(key, store) {
+            if exclusive { throw .fileExists }
+            inode = file(for: key, store)
+        } else {
+            let key = addressedKey(name, in: directory, store)
+            if key == nil { try store.admitsScratch(in: directory, count: scratchIn[directory]?.count ?? 0, moved: false) }
+            let now = Timestamp.now()
+            var file = File(role: .scratch(directory: directory, name: name), mode: store.mode(forNewFile: mode & 0o7777),
+                            modified: now, changed: now)
+            file.content = Buffer()
+            file.intendedKey = key
+            inode = newFile(file)
+            scratchIn[directory, default: [:]][name] = inode
+        }
+        files[inode]!.lookups += 1
+        try open(inode, handle: handle, truncate: truncate, store)
+        return inode
+    }
+
+    /// A symbolic link: always an editor's file (emacs's `.#K` lock, `ln -s`).
+    mutating func makeSymbolicLink(_ target: String, named name: String, in directory: LocalInode,
+                                   _ store: Store) throws(Errno) -> LocalInode {
+        if scratch(named: name, in: directory) != nil { throw .fileExists }
+        if let key = addressedKey(name, in: directory, store), isVisible(key, store) { throw .fileExists }
+        try store.admitsScratch(in: directory, count: scratchIn[directory]?.count ?? 0, moved: false)
+        let now = Timestamp.now()
+        var file = File(role: .scratch(directory: directory, name: name), mode: 0o777, modified: now, changed: now)
+        file.symlinkTarget = target
+        file.lookups = 1
+        let inode = newFile(file)
+        scratchIn[directory, default: [:]][name] = inode
+        return inode
+    }
+
+    /// `unlink(2)`. An editor's file goes (its bytes stay while it is open); the old text
+    /// of a hidden key deleted while no new file is on its way takes the key with it. A
+    /// key is hidden and leaves later (see `HiddenKey.unlinked`).
+    mutating func unlink(_ name: String, in directory: LocalInode, _ store: inout Store) throws(Errno) {
+        if let inode = scratch(named: name, in: directory) {
+            let detachedFrom = files[inode]!.detachedFrom
+            unlinkScratch(inode)
+            if let key = detachedFrom, hidden[key] == .renamedAway, !isBeingRecreated(key, store) {
+                hidden[key] = nil
+                try store.remove(key)
+            }
+            return
+        }
+        guard let key = addressedKey(name, in: directory, store), isVisible(key, store) else { throw .noSuchFileOrDirectory }
+        if let inode = byKey[key] { detach(inode, store) }
+        if store.removesAtOnce(key) {
+            try store.remove(key)
+        } else {
+            hidden[key] = .unlinked(due: .now.advanced(by: removalDelay))
+        }
+    }
+
+    private mutating func unlinkScratch(_ inode: LocalInode) {
+        guard case .scratch(let directory, let name) = files[inode]?.role else { return }
+        scratchIn[directory]?[name] = nil
+        if scratchIn[directory]?.isEmpty == true { scratchIn[directory] = nil }
+        files[inode]!.role = .unlinked
+        files[inode]!.changed = .now()
+        collect(inode)
+    }
+
+    /// A new file at the key's name will become the key (an editor's new copy).
+    func isBeingRecreated(_ key: Key, _ store: Store) -> Bool {
+        guard let directory = store.directory(of: key) else { return false }
+        return (scratchIn[directory] ?? [:]).values.contains { files[$0]?.intendedKey == key }
+    }
+
+    /// A key's file stops being the key (unlinked, replaced, or the value went): open
+    /// descriptors keep reading its last text.
+    private mutating func detach(_ inode: LocalInode, _ store: Store) {
+        guard var file = files[inode], let key = file.key else { return }
+        if byKey[key] == inode { byKey[key] = nil }
+        var text = Buffer()
+        if file.opens > 0, let current = try? currentText(file, key, store) { text = current }
+        file.wipe()
+        file.content = text
+        file.role = .unlinked
+        file.changed = .now()
+        files[inode] = file
+        invalidations.append(inode)
+        collect(inode)
+    }
+
+    /// `rename(2)` of a file (the tree handles directories and moves between them).
+    mutating func rename(_ name: String, in directory: LocalInode, to newName: String, in newDirectory: LocalInode,
+                         flags: RenameFlags, _ store: inout Store) throws(Errno) {
+        if flags.contains(.exchange) { throw .invalidArgument }
+        let targetScratch = scratch(named: newName, in: newDirectory)
+        let targetKey = addressedKey(newName, in: newDirectory, store)
+        let targetTaken = targetScratch != nil || targetKey.map { isVisible($0, store) } == true
+        if flags.contains(.noReplace) && targetTaken { throw .fileExists }
+        if directory == newDirectory && name == newName { return }
+
+        if let source = scratch(named: name, in: directory) {
+            if let targetKey {
+                // sed -i, os.replace, `mv tmp K`, vim restoring its backup.
+                if files[source]!.symlinkTarget != nil { throw .invalidArgument }
+                try adopt(source, as: targetKey, &store)
+                if let targetScratch, targetScratch != source { unlinkScratch(targetScratch) }
+                return
+            }
+            try store.admitsScratch(in: newDirectory, count: scratchIn[newDirectory]?.count ?? 0, moved: true)
+            if let targetScratch { unlinkScratch(targetScratch) }
+            scratchIn[directory]?[name] = nil
+            if scratchIn[directory]?.isEmpty == true { scratchIn[directory] = nil }
+            scratchIn[newDirectory, default: [:]][newName] = source
+            files[source]!.role = .scratch(directory: newDirectory, name: newName)
+            files[source]!.intendedKey = nil
+            files[source]!.changed = .now()
+            return
+        }
+
+        guard let key = addressedKey(name, in: directory, store), isVisible(key, store) else { throw .noSuchFileOrDirectory }
+        guard let targetKey else {
+            // `mv K K~` (vim, emacs): K is hidden; its text lives on in K~, same inode.
+            try store.mayRenameAway(key, to: newDirectory)
+            if let targetScratch { unlinkScratch(targetScratch) }
+            let inode = file(for: key, store)
+            var file = files[inode]!
+            let text = try currentText(file, key, store)
+            file.wipe()
+            file.content = text
+            file.role = .scratch(directory: newDirectory, name: newName)
+            file.detachedFrom = key
+            file.changed = .now()
+            files[inode] = file
+            byKey[key] = nil
+            hidden[key] = .renamedAway
+            scratchIn[newDirectory, default: [:]][newName] = inode
+            return
+        }
+        try store.move(key, onto: targetKey)
+        if let replaced = byKey[targetKey] { detach(replaced, store) }
+        hidden[targetKey] = nil
+        if let targetScratch { unlinkScratch(targetScratch) }
+        if let inode = byKey.removeValue(forKey: key) {
+            files[inode]!.role = .key(targetKey)
+            files[inode]!.changed = .now()
+            byKey[targetKey] = inode
+            invalidations.append(inode)
+        }
+    }
+
+    /// An editor's file becomes `key`: its text is validated and saved, and its inode
+    /// stands for the key from now on (the kernel moved the name to it).
+    private mutating func adopt(_ inode: LocalInode, as key: Key, _ store: inout Store) throws(Errno) {
+        var file = files[inode]!
+        let saved = try store.commit(file.content ?? Buffer(), to: key, note: file.note)
+        hidden[key] = nil
+        if let previous = byKey[key], previous != inode { detach(previous, store) }
+        if case .scratch(let directory, let name) = file.role {
+            scratchIn[directory]?[name] = nil
+            if scratchIn[directory]?.isEmpty == true { scratchIn[directory] = nil }
+        }
+        file.wipe()
+        file.role = .key(key)
+        file.intendedKey = nil
+        file.detachedFrom = nil
+        file.note = nil
+        file.written = false
+        file.shown = saved.shown
+        file.modified = .now()
+        file.changed = file.modified
+        files[inode] = file
+        byKey[key] = inode
+        changedWith(saved, inode)
+    }
+
+    /// Marks the file and the keys that changed with it as modified.
+    private mutating func changedWith(_ saved: Committed<Key, Buffer>, _ inode: LocalInode) {
+        invalidations.append(inode)
+        let now = Timestamp.now()
+        for key in saved.alsoChanged {
+            guard let other = byKey[key], other != inode else { continue }
+            files[other]!.shown?.wipe()
+            files[other]!.shown = nil
+            files[other]!.modified = now
+            invalidations.append(other)
+        }
+    }
+
+    /// Removes every unlinked key whose delay has passed (nil: all of them now).
+    mutating func commitDueRemovals(before deadline: ContinuousClock.Instant?, _ store: inout Store) {
+        for (key, state) in hidden {
+            guard case .unlinked(let due) = state, deadline.map({ due <= $0 }) ?? true else { continue }
+            hidden[key] = nil
+            guard store.hasValue(key) else { continue }
+            do {
+                try store.remove(key)
+            } catch {
+                Log.error("cannot remove an unlinked key: \(error)")
+            }
+        }
+    }
+
+    /// Whether the key was unlinked and waits to leave (it counts as gone for rmdir).
+    func isLeaving(_ key: Key) -> Bool {
+        if case .unlinked? = hidden[key] { true } else { false }
+    }
+
+    // MARK: Content
+
+    /// The text a read of the key's file shows now.
+    private func currentText(_ file: File, _ key: Key, _ store: Store) throws(Errno) -> Buffer {
+        if let pending = file.pending { return pending.text.copied() }
+        if let shown = file.shown { return shown.copied() }
+        return try store.withText(of: key) { Buffer(copying: $0) }
+    }
+
+    /// Runs `body` on what a read of the file shows.
+    func withContent<T>(_ inode: LocalInode, _ store: Store, _ body: (UnsafeRawBufferPointer) -> T) throws(Errno) -> T {
+        guard let file = files[inode] else { throw .noSuchFileOrDirectory }
+        if let target = file.symlinkTarget { return Array(target.utf8).withUnsafeBytes(body) }
+        if let key = file.key {
+            if let pending = file.pending { return pending.text.withUnsafeBytes(body) }
+            if let shown = file.shown { return shown.withUnsafeBytes(body) }
+            return try store.withText(of: key, body)
+        }
+        guard let content = file.content else { return body(UnsafeRawBufferPointer(start: nil, count: 0)) }
+        return content.withUnsafeBytes(body)
+    }
+
+    func attributes(of inode: LocalInode, as number: InodeNumber, ownership: Ownership,
+                    _ store: Store) throws(Errno) -> Attributes {
+        guard let file = files[inode] else { throw .noSuchFileOrDirectory }
+        let size = try withContent(inode, store) { $0.count }
+        var attributes = ownership.file(number, mode: file.mode, size: UInt64(size), modified: file.modified)
+        if file.symlinkTarget != nil { attributes.mode = S_IFLNK | 0o777 }
+        attributes.changeTime = file.changed
+        if case .unlinked = file.role { attributes.linkCount = 0 }
+        return attributes
+    }
+
+    private func limit(of file: File, _ store: Store) -> Int {
+        if let key = file.key ?? file.intendedKey { return store.limit(for: key) }
+        return store.scratchLimit
+    }
+
+    // MARK: Descriptors
+
+    /// An open of the file (`truncate`: with O_TRUNC, for writing).
+    mutating func open(_ inode: LocalInode, handle: FileHandle, truncate: Bool, _ store: Store) throws(Errno) {
+        guard files[inode] != nil else { throw .noSuchFileOrDirectory }
+        files[inode]!.opens += 1
+        if truncate { try resize(inode, to: 0, owner: handle, store) }
+    }
+
+    /// The last close of a descriptor: commits what it wrote.
+    mutating func release(_ inode: LocalInode, handle: FileHandle, _ store: inout Store) throws(Errno) {
+        guard files[inode] != nil else { return }
+        defer {
+            files[inode]!.opens -= 1
+            collect(inode)
+        }
+        try commit(inode, by: handle, finalClose: true, &store)
+    }
+
+    /// `truncate(2)`/`ftruncate(2)` (`deferred`: through a descriptor, committed later).
+    mutating func truncate(_ inode: LocalInode, to size: Int, owner: FileHandle?, deferred: Bool,
+                           _ store: inout Store) throws(Errno) {
+        try resize(inode, to: size, owner: owner, store)
+        if !deferred { try commit(inode, by: owner, finalClose: true, &store) }
+    }
+
+    private mutating func resize(_ inode: LocalInode, to size: Int, owner: FileHandle?, _ store: Store) throws(Errno) {
+        guard var file = files[inode] else { throw .noSuchFileOrDirectory }
+        guard size <= limit(of: file, store) else { throw .fileTooLarge }
+        if let key = file.key {
+            var pending = try pendingEdit(of: file, key, store)
+            pending.text.resize(to: size)
+            pending.written = false
+            pending.rejected = false
+            pending.owner = owner
+            file.pending = pending
+        } else {
+            if file.content == nil { file.content = Buffer() }
+            file.content!.resize(to: size)
+        }
+        file.modified = .now()
+        file.changed = file.modified
+        files[inode] = file
+    }
+
+    /// The key's pending content, begun from its current text.
+    private func pendingEdit(of file: File, _ key: Key, _ store: Store) throws(Errno) -> PendingEdit<Buffer> {
+        if let pending = file.pending { return pending }
+        return PendingEdit(text: try currentText(file, key, store))
+    }
+
+    /// `write(2)`: into the key's pending content, or the editor's file. A write that is
+    /// the whole value (`echo v > key`) is checked at once: EINVAL, and the pending content
+    /// is never committed.
+    mutating func write(_ inode: LocalInode, at offset: UInt64, _ data: UnsafeRawBufferPointer, append: Bool,
+                        owner: FileHandle, _ store: Store) throws(Errno) {
+        guard var file = files[inode] else { throw .noSuchFileOrDirectory }
+        if file.symlinkTarget != nil { throw .invalidArgument }
+        let limit = limit(of: file, store)
+        defer {
+            file.modified = .now()
+            file.changed = file.modified
+            files[inode] = file
+        }
+        if let key = file.key {
+            var pending = try pendingEdit(of: file, key, store)
+            pending.owner = owner
+            var start = append ? pending.text.count : Int(clamping: offset)
+            // An empty value reads as "\n": appending to it starts from nothing.
+            if pending.text.isSingle(0x0A) && (append || start == 1) {
+                pending.text.resize(to: 0)
+                start = 0
+            }
+            guard start <= limit, data.count <= limit - start else {
+                pending.rejected = true
+                file.pending = pending
+                throw .fileTooLarge
+            }
+            if start == 0 && data.count >= pending.text.count && !store.accepts(data, for: key, note: nil) {
+                pending.rejected = true
+                file.pending = pending
+                throw .invalidArgument
+            }
+            pending.text.write(data, at: start)
+            pending.written = true
+            file.pending = pending
+            return
+        }
+        if file.content == nil { file.content = Buffer() }
+        let start = append ? file.content!.count : Int(clamping: offset)
+        guard start <= limit, data.count <= limit - start else { throw .fileTooLarge }
+        if start == 0 && data.count >= file.content!.count, let key = file.intendedKey,
+           !store.accepts(data, for: key, note: file.note) {
+            throw .invalidArgument
+        }
+        file.content!.write(data, at: start)
+        file.written = true
+    }
+
+    /// Makes written content the key's value, or does nothing (see `PendingEdit`); an
+    /// editor's file meant for a key becomes it once written.
+    mutating func commit(_ inode: LocalInode, by handle: FileHandle?, finalClose: Bool,
+                         _ store: inout Store) throws(Errno) {
+        guard let file = files[inode] else { return }
+        switch file.role {
+        case .key(let key):
+            guard let pending = file.pending, pending.isCommitted(by: handle, finalClose: finalClose) else { return }
+            files[inode]!.pending = nil
+            var text = pending.text
+            defer { text.wipe() }
+            if pending.rejected { throw .invalidArgument }
+            let saved = try store.commit(text, to: key, note: nil)
+            // (The store may have re-read its file: only a file still bound shows the text.)
+            if files[inode]?.key == key {
+                files[inode]!.shown?.wipe()
+                files[inode]!.shown = saved.shown
+                files[inode]!.modified = .now()
+            }
+            changedWith(saved, inode)
+        case .scratch:
+            guard let key = file.intendedKey, file.written else { return }
+            try adopt(inode, as: key, &store)
+        case .unlinked:
+            return
+        }
+    }
+
+    // MARK: Attributes of files
+
+    mutating func setMode(_ inode: LocalInode, _ mode: mode_t) {
+        files[inode]?.mode = mode & 0o7777
+        files[inode]?.changed = .now()
+    }
+
+    mutating func setModified(_ inode: LocalInode, _ time: Timestamp) {
+        files[inode]?.modified = time
+        files[inode]?.changed = .now()
+    }
+
+    mutating func setNote(_ inode: LocalInode, _ note: Store.Note) { files[inode]?.note = note }
+
+    // MARK: Changes made by the store
+
+    /// The key's value changed outside the engine: its shown text goes, the kernel forgets
+    /// its pages.
+    mutating func keyChanged(_ key: Key) {
+        guard let inode = byKey[key] else { return }
+        files[inode]!.shown?.wipe()
+        files[inode]!.shown = nil
+        files[inode]!.modified = .now()
+        files[inode]!.changed = files[inode]!.modified
+        invalidations.append(inode)
+    }
+
+    /// The key's value is gone (removed outside, or its place changed type): its file is
+    /// unlinked, and the key is no longer hidden.
+    mutating func keyGone(_ key: Key, _ store: Store) {
+        hidden[key] = nil
+        if let inode = byKey[key] { detach(inode, store) }
+    }
+
+    /// Keys whose files the kernel may hold.
+    var boundKeys: Dictionary<Key, LocalInode>.Keys { byKey.keys }
+
+    /// Moves key bindings (a directory renamed: every key below it has a new path).
+    mutating func rebind(_ transform: (Key) -> Key?) {
+        for (key, inode) in byKey {
+            guard let moved = transform(key), moved != key else { continue }
+            byKey[key] = nil
+            byKey[moved] = inode
+            files[inode]!.role = .key(moved)
+        }
+    }
+
+    /// Forgets hidden keys that are gone from the store.
+    mutating func dropHidden(where gone: (Key) -> Bool) {
+        for key in hidden.keys where gone(key) { hidden[key] = nil }
+    }
+
+    /// Zeroes every buffer and unlinks every editor's file (a vault lock): returns every
+    /// file the kernel may still hold, whose copies must go. Files stay while the kernel or
+    /// a descriptor refers to them; hidden keys show again.
+    mutating func wipeAll() -> [LocalInode] {
+        let inodes = Array(files.keys)
+        for inode in inodes {
+            files[inode]!.wipe()
+            if files[inode]!.isLinkedScratch { files[inode]!.role = .unlinked }
+            collect(inode)
+        }
+        scratchIn.removeAll()
+        hidden.removeAll()
+        return inodes
+    }
+
+    /// Counts for status and tests: files held, editor's files linked, hidden keys.
+    var census: (files: Int, scratch: Int, hidden: Int) {
+        (files.count, scratchIn.values.reduce(0) { $0 + $1.count }, hidden.count)
+    }
+}

@@ -1,0 +1,84 @@
+import FuseLowLevel
+
+/// A subtree's own number for one of its inodes: the low 56 bits of a global inode number
+/// (the top byte is the subtree's tag, see `InodeSpace`).
+///
+/// Layout of the local numbers of `accounts/` and `settings/`, written down once:
+///
+///     1                    the subtree's top directory
+///     2                    accounts/active (the symbolic link)
+///     3 ..< 2^48           a directory the tree made (an account, a dictionary, an array):
+///                          `Directory(serial)` is 3 + serial
+///     2^48 ..< 2^56        a file of the editing engine (key, field or editor's file):
+///                          2^48 + serial
+///
+/// Serials are never reused while a mount runs, so an inode number the kernel still holds
+/// never names a newer node. Thread-safety: a value.
+struct LocalInode: Hashable, Sendable, CustomStringConvertible {
+    let raw: UInt64
+
+    init(_ raw: UInt64) { self.raw = raw }
+
+    static let top = LocalInode(1)
+    static let activeLink = LocalInode(2)
+
+    private static let firstDirectory: UInt64 = 3
+    private static let fileBit: UInt64 = 1 << 48
+
+    /// The inode of the tree's `serial`-th directory.
+    static func directory(_ serial: UInt64) -> LocalInode {
+        precondition(serial < fileBit - firstDirectory)
+        return LocalInode(firstDirectory + serial)
+    }
+
+    /// The inode of the engine's `serial`-th file.
+    static func file(_ serial: UInt64) -> LocalInode {
+        precondition(serial < (1 << 56) - fileBit)
+        return LocalInode(fileBit + serial)
+    }
+
+    /// The directory serial, or nil for any other inode.
+    var directorySerial: UInt64? {
+        raw >= Self.firstDirectory && raw < Self.fileBit ? raw - Self.firstDirectory : nil
+    }
+
+    /// Whether this is a file of the editing engine.
+    var isFile: Bool { raw >= Self.fileBit }
+
+    var description: String { "#\(raw)" }
+}
+
+extension InodeSpace {
+    func inode(_ local: LocalInode) -> InodeNumber { inode(local.raw) }
+    func local(of inode: InodeNumber) -> LocalInode { LocalInode(local(inode)) }
+}
+
+/// An account of `accounts/` while the mount runs: a small number given at first sight of
+/// its UUID (the vault's identity), and the serial of its directory's inode.
+/// Thread-safety: a value.
+struct AccountID: Hashable, Sendable {
+    let serial: UInt64
+    var directory: LocalInode { .directory(serial) }
+
+    init(serial: UInt64) { self.serial = serial }
+
+    init?(directory: LocalInode) {
+        guard let serial = directory.directorySerial else { return nil }
+        self.serial = serial
+    }
+}
+
+/// A file handle given at open: the vault's lock generation in the top 24 bits (a handle
+/// opened before a lock is refused after it), a serial in the low 40.
+/// Thread-safety: a value.
+struct FileHandle: Hashable, Sendable {
+    let raw: UInt64
+
+    init(raw: UInt64) { self.raw = raw }
+
+    init(generation: UInt64, serial: UInt64) {
+        raw = (generation & ((1 << 24) - 1)) << 40 | (serial & ((1 << 40) - 1))
+    }
+
+    var generation: UInt64 { raw >> 40 }
+}

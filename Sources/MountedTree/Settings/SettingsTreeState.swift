@@ -1,0 +1,262 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import FuseLowLevel
+import Posix
+import SettingsStore
+
+extension SettingsTree {
+    /// Everything `settings/` holds: the plist and its directories (`keys`) and the files
+    /// (`engine`). Directory operations are here; file operations go to the engine.
+    ///
+    /// Thread-safety: a value behind `SettingsTree.state`.
+    struct State: @unchecked Sendable {
+        var keys: SettingsKeys
+        var engine: EditingEngine<SettingsKeys>
+        var nextHandle: UInt64 = 0
+
+        mutating func newHandle() -> FileHandle {
+            nextHandle += 1
+            return FileHandle(generation: 0, serial: nextHandle)
+        }
+
+        /// Hands the store's news to the engine: keys whose value went or changed.
+        mutating func settle() {
+            let gone = keys.gone
+            keys.gone.removeAll()
+            for key in gone { engine.keyGone(key, keys) }
+            let changed = keys.changedKeys
+            keys.changedKeys.removeAll()
+            for key in changed {
+                if keys.hasValue(key) {
+                    engine.keyChanged(key)
+                } else {
+                    if let parent = keys.directory(of: key), engine.boundKeys.contains(key) {
+                        keys.entryInvalidations.append((parent, key.last!))
+                    }
+                    engine.keyGone(key, keys)
+                }
+            }
+            engine.dropHidden { keys.value(at: $0) == nil }
+        }
+
+        /// The invalidations queued so far (emptied).
+        mutating func takeInvalidations() -> [Invalidation] {
+            settle()
+            var result = engine.invalidations.map(Invalidation.inode)
+            result += keys.entryInvalidations.map { Invalidation.entry(parent: $0.parent, name: $0.name) }
+            engine.invalidations.removeAll()
+            keys.entryInvalidations.removeAll()
+            return result
+        }
+
+        func attributes(_ local: LocalInode, _ space: InodeSpace) throws(Errno) -> Attributes {
+            if local.isFile {
+                return try engine.attributes(of: local, as: space.inode(local), ownership: keys.ownership, keys)
+            }
+            guard let directory = keys.directoryNode(local), !directory.removed else { throw .noSuchFileOrDirectory }
+            return keys.ownership.directory(space.inode(local), mode: directory.mode)
+        }
+
+        /// The container at `path + [name]` when there is one (and no editor's file shadows it).
+        func container(_ name: String, in parent: LocalInode, path: [String]) -> PlistValue? {
+            guard engine.scratch(named: name, in: parent) == nil, !engine.isHidden(path + [name]),
+                  let value = keys.value(at: path + [name]), value.isContainer else { return nil }
+            return value
+        }
+
+        // MARK: Names
+
+        mutating func lookup(_ parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
+            let path = try keys.path(of: parent)
+            if container(name, in: parent, path: path) != nil {
+                let inode = keys.directory(at: path + [name])
+                keys.countLookup(inode)
+                return inode
+            }
+            return try engine.lookup(name, in: parent, keys)
+        }
+
+        /// Names of a directory with their inodes (made on first sight; `readdirplus`
+        /// counts the references).
+        mutating func list(_ local: LocalInode) throws(Errno) -> [(String, LocalInode)] {
+            let path = try keys.path(of: local)
+            var names: [String] = []
+            switch keys.value(at: path) {
+            case .dictionary(let dictionary)?: names = dictionary.keys.filter(SettingsKeys.isListable)
+            case .array(let items)?: names = items.indices.map(String.init)
+            default: throw .noSuchFileOrDirectory
+            }
+            var entries: [(String, LocalInode)] = []
+            for name in names where !engine.isHidden(path + [name]) {
+                guard let value = keys.value(at: path + [name]) else { continue }
+                if engine.scratch(named: name, in: local) != nil { continue }
+                entries.append((name, value.isContainer ? keys.directory(at: path + [name]) : engine.file(for: path + [name], keys)))
+            }
+            entries += engine.scratchFiles(in: local).map { ($0.name, $0.inode) }
+            return entries
+        }
+
+        mutating func create(_ parent: LocalInode, _ name: String, mode: mode_t, flags: Int32,
+                             handle: FileHandle) throws(Errno) -> LocalInode {
+            try SettingsKeys.checkName(name)
+            let path = try keys.path(of: parent)
+            if container(name, in: parent, path: path) != nil {
+                throw flags & O_EXCL != 0 ? .fileExists : .isDirectory
+            }
+            return try engine.create(name, in: parent, mode: mode, exclusive: flags & O_EXCL != 0,
+                                     truncate: flags & O_TRUNC != 0, handle: handle, keys)
+        }
+
+        mutating func makeSymbolicLink(_ target: String, in parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
+            try SettingsKeys.checkName(name)
+            let path = try keys.path(of: parent)
+            if container(name, in: parent, path: path) != nil { throw .fileExists }
+            return try engine.makeSymbolicLink(target, named: name, in: parent, keys)
+        }
+
+        mutating func makeDirectory(_ parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
+            try SettingsKeys.checkName(name)
+            let path = try keys.path(of: parent)
+            let keyPath = path + [name]
+            guard engine.scratch(named: name, in: parent) == nil, keys.value(at: keyPath) == nil || engine.isHidden(keyPath) else {
+                throw .fileExists
+            }
+            // The readers refuse deeper files: never write one.
+            guard path.count + 2 < PropertyList.maximumDepth else { throw .invalidArgument }
+            if keys.isArray(path) {
+                guard case .array(let items)? = keys.value(at: path), PlistPath.arrayIndex(name) == items.count else {
+                    throw .invalidArgument
+                }
+            } else if EditorNames.isEditorFile(name) && !engine.isHidden(keyPath) {
+                throw .invalidArgument
+            }
+            try keys.update(keyPath, position: keys.tombstone(keyPath)?.position) { $0 = .dictionary(PlistDictionary()) }
+            keys.unbury(keyPath)
+            engine.keyGone(keyPath, keys)
+            let inode = keys.directory(at: keyPath)
+            keys.countLookup(inode)
+            return inode
+        }
+
+        mutating func removeDirectory(_ parent: LocalInode, _ name: String) throws(Errno) {
+            let path = try keys.path(of: parent) + [name]
+            guard let value = keys.value(at: path), !engine.isHidden(path) else {
+                if engine.scratch(named: name, in: parent) != nil { throw .notDirectory }
+                throw .noSuchFileOrDirectory
+            }
+            if engine.scratch(named: name, in: parent) != nil { throw .notDirectory }
+            switch value {
+            case .dictionary(let dictionary):
+                // Keys unlinked a moment ago are still in the plist, waiting to leave it.
+                if dictionary.keys.contains(where: { !engine.isLeaving(path + [$0]) }) { throw .directoryNotEmpty }
+            case .array(let items): if !items.isEmpty { throw .directoryNotEmpty }
+            default: throw .notDirectory
+            }
+            if let directory = keys.existingDirectory(at: path), !engine.scratchFiles(in: directory).isEmpty {
+                throw .directoryNotEmpty
+            }
+            try keys.remove(path)
+            engine.dropHidden { PlistPath.isWithin($0, path) }
+        }
+
+        mutating func unlink(_ parent: LocalInode, _ name: String) throws(Errno) {
+            let path = try keys.path(of: parent)
+            if container(name, in: parent, path: path) != nil { throw .isDirectory }
+            try engine.unlink(name, in: parent, &keys)
+        }
+
+        mutating func rename(_ parent: LocalInode, _ name: String, _ newParent: LocalInode, _ newName: String,
+                             flags: RenameFlags) throws(Errno) {
+            try SettingsKeys.checkName(newName)
+            let fromDirectory = try keys.path(of: parent)
+            let toDirectory = try keys.path(of: newParent)
+            if let source = container(name, in: parent, path: fromDirectory) {
+                // A dictionary or array moves with everything below it.
+                if flags.contains(.exchange) { throw .invalidArgument }
+                let from = fromDirectory + [name], to = toDirectory + [newName]
+                if engine.scratch(named: newName, in: newParent) != nil { throw .notDirectory }
+                let targetExists = keys.value(at: to) != nil && !engine.isHidden(to)
+                if flags.contains(.noReplace) && targetExists { throw .fileExists }
+                if from == to { return }
+                if keys.isArray(fromDirectory) || keys.isArray(toDirectory) { throw .invalidArgument }
+                if !targetExists && engine.isHidden(to) { throw .fileExists }
+                try keys.moveValue(source, from: from, to: to)
+                keys.moveDirectories(from: from, to: to)
+                engine.rebind { PlistPath.isWithin($0, from) ? to + $0.dropFirst(from.count) : nil }
+                return
+            }
+            if container(newName, in: newParent, path: toDirectory) != nil {
+                if engine.scratch(named: name, in: parent) == nil && keys.value(at: fromDirectory + [name]) == nil {
+                    throw .noSuchFileOrDirectory
+                }
+                throw .isDirectory
+            }
+            try engine.rename(name, in: parent, to: newName, in: newParent, flags: flags, &keys)
+        }
+
+        // MARK: Attributes
+
+        mutating func setAttributes(_ local: LocalInode, _ changes: AttributeChanges, handle: FileHandle?) throws(Errno) {
+            _ = try attributes(local, .settings)
+            if let uid = changes.uid, uid != keys.ownership.uid { throw .notPermitted }
+            if let gid = changes.gid, gid != keys.ownership.gid { throw .notPermitted }
+            guard local.isFile else {
+                if let mode = changes.mode { keys.setDirectoryMode(local, mode) }
+                if changes.size != nil { throw .isDirectory }
+                return
+            }
+            if let mode = changes.mode { engine.setMode(local, mode) }
+            if let modified = changes.modificationTime { engine.setModified(local, modified) }
+            if let size = changes.size {
+                // ftruncate by an editor between truncate and write is never committed alone;
+                // truncate(1) on a closed file is.
+                try engine.truncate(local, to: Int(clamping: size), owner: handle, deferred: handle != nil, &keys)
+            }
+        }
+
+        func type(of local: LocalInode) throws(Errno) -> PlistType? {
+            guard local.isFile else {
+                return keys.value(at: try keys.path(of: local))?.type
+            }
+            guard let file = engine.files[local] else { throw .noSuchFileOrDirectory }
+            if file.symlinkTarget != nil { return nil }
+            if let key = file.key { return keys.value(at: key)?.type }
+            if let key = file.intendedKey { return keys.knownType(of: key, note: file.note) }
+            return nil
+        }
+
+        /// Sets `user.plist.type`: a new key's type before its first value, or a key's type
+        /// where its current text fits the new one (an empty dict and array convert).
+        mutating func setType(_ local: LocalInode, _ type: PlistType) throws(Errno) {
+            let path: [String]
+            if local.isFile {
+                guard let file = engine.files[local] else { throw .noSuchFileOrDirectory }
+                guard let key = file.key else {
+                    guard file.isLinkedScratch, file.symlinkTarget == nil else { throw .noSuchFileOrDirectory }
+                    if type == .array || type == .dictionary { throw .invalidArgument }
+                    engine.setNote(local, type)
+                    return
+                }
+                path = key
+            } else {
+                path = try keys.path(of: local)
+                if path.isEmpty { throw .invalidArgument }
+            }
+            guard let current = keys.value(at: path) else { throw .noSuchFileOrDirectory }
+            if current.type == type { return }
+            let converted: PlistValue
+            switch (current, type) {
+            case (.dictionary(let d), .array) where d.count == 0: converted = .array([])
+            case (.array(let a), .dictionary) where a.isEmpty: converted = .dictionary(PlistDictionary())
+            default:
+                guard !current.isContainer, type != .array, type != .dictionary else { throw .invalidArgument }
+                let text = try engine.withContent(local, keys) { Array($0) }
+                guard let value = PlistText.parse(text, as: type) else { throw .invalidArgument }
+                converted = value
+            }
+            try keys.update(path) { $0 = converted }
+            engine.keyChanged(path)
+        }
+    }
+}
