@@ -36,6 +36,9 @@ struct EditedFile<Key: Hashable & Sendable, Buffer: EditBuffer, Note: Sendable> 
     var symlinkTarget: String?
     /// Data was written since it was made (a file meant for a key commits only then).
     var written = false
+    /// A file meant for a key had a write refused (EINVAL): closed with nothing written, it
+    /// goes, and the key it was to replace stays as it was.
+    var refused = false
     var note: Note?
     var mode: mode_t
     var modified: Timestamp

@@ -376,11 +376,18 @@ struct EditingEngine<Store: EditedStore> {
         if truncate { try resize(inode, to: 0, owner: handle, store) }
     }
 
-    /// The last close of a descriptor: commits what it wrote.
+    /// The last close of a descriptor: commits what it wrote. A file meant for a key whose
+    /// only writes were refused goes, and the key it was to replace stays (the tool was
+    /// told EINVAL; the last good value is kept).
     mutating func release(_ inode: LocalInode, handle: FileHandle, _ store: inout Store) throws(Errno) {
         guard files[inode] != nil else { return }
         defer {
             files[inode]!.opens -= 1
+            if let file = files[inode], file.opens == 0, file.refused, !file.written, let key = file.intendedKey,
+               file.isLinkedScratch {
+                hidden[key] = nil
+                unlinkScratch(inode)
+            }
             collect(inode)
         }
         try commit(inode, by: handle, finalClose: true, &store)
@@ -460,6 +467,7 @@ struct EditingEngine<Store: EditedStore> {
         guard start <= limit, data.count <= limit - start else { throw .fileTooLarge }
         if start == 0 && data.count >= file.content!.count, let key = file.intendedKey,
            !store.accepts(data, for: key, note: file.note) {
+            file.refused = true
             throw .invalidArgument
         }
         file.content!.write(data, at: start)

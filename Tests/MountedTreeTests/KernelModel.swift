@@ -1,0 +1,253 @@
+import FuseLowLevel
+@testable import MountedTree
+import Posix
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A small model of the kernel in front of one subtree, for replaying the system calls of
+/// editors and tools without a mount: it resolves paths with lookups, keeps descriptors
+/// (offset, flags, handle), turns `open(O_CREAT)` into lookup + create or open as the VFS
+/// does, and forgets every reference it holds once a call is over (the most forgetful
+/// kernel a file system can meet: nodes are freed and made again all the time).
+///
+/// Every call is written to `trace` as "call → result" with names relative to the
+/// directory given at init, so that two trees can be compared call by call.
+final class KernelModel {
+    let tree: Subtree
+    let directory: String
+    let context = RequestContext(uid: getuid(), gid: getgid(), pid: 1, umask: 0o022)
+    private var references: [InodeNumber: UInt64] = [:]
+    private struct Descriptor {
+        var inode: InodeNumber
+        var handle: UInt64
+        var flags: Int32
+        var offset: UInt64 = 0
+    }
+    private var descriptors: [Int32: Descriptor] = [:]
+    private var nextDescriptor: Int32 = 3
+    private(set) var trace: [String] = []
+
+    /// `directory`: where the replayed tool works, below the subtree's top ("" for the top).
+    init(_ tree: Subtree, directory: String) {
+        self.tree = tree
+        self.directory = directory
+    }
+
+    private func path(_ name: String) -> [String] {
+        (directory.isEmpty ? [] : directory.split(separator: "/").map(String.init)) + [name]
+    }
+
+    private func note(_ call: String, _ result: Int32) -> Int32 {
+        trace.append("\(call) → \(result < 0 ? Self.name(of: -result) : "ok")")
+        settle()
+        return result
+    }
+
+    static func name(of errno: Int32) -> String {
+        switch errno {
+        case ENOENT: "ENOENT"
+        case EEXIST: "EEXIST"
+        case EINVAL: "EINVAL"
+        case EACCES: "EACCES"
+        case EISDIR: "EISDIR"
+        case ENOTDIR: "ENOTDIR"
+        case EPERM: "EPERM"
+        case EFBIG: "EFBIG"
+        case ENOSPC: "ENOSPC"
+        default: "errno \(errno)"
+        }
+    }
+
+    /// Drops every reference not held by an open descriptor.
+    private func settle() {
+        let open = Set(descriptors.values.map(\.inode))
+        for (inode, count) in references where !open.contains(inode) {
+            tree.forget(inode: inode, lookups: count)
+            references[inode] = nil
+        }
+    }
+
+    private func referenced(_ entry: Entry) -> InodeNumber {
+        references[entry.inode, default: 0] += 1
+        return entry.inode
+    }
+
+    private func lookup(_ components: [String]) throws(Errno) -> InodeNumber {
+        var inode = tree.space.root
+        for component in components {
+            inode = referenced(try tree.lookup(parent: inode, name: component, context: context))
+        }
+        return inode
+    }
+
+    private func parentAndName(_ name: String) throws(Errno) -> (InodeNumber, String) {
+        let components = path(name)
+        return (try lookup(Array(components.dropLast())), components.last!)
+    }
+
+    private func attempt(_ call: String, _ body: () throws(Errno) -> Int32) -> Int32 {
+        do {
+            return note(call, try body())
+        } catch {
+            return note(call, -error.rawValue)
+        }
+    }
+
+    // MARK: System calls (results: >= 0, or -errno)
+
+    @discardableResult
+    func open(_ name: String, _ flags: Int32, mode: mode_t = 0o644) -> Int32 {
+        attempt("open \(name) \(Self.describe(flags))") { () throws(Errno) -> Int32 in
+            let (parent, last) = try parentAndName(name)
+            var existing: InodeNumber?
+            do throws(Errno) {
+                existing = referenced(try tree.lookup(parent: parent, name: last, context: context))
+            } catch {
+                guard error == .noSuchFileOrDirectory else { throw error }
+                existing = nil
+            }
+            let opened: (InodeNumber, OpenedFile)
+            if let existing {
+                if flags & O_CREAT != 0 && flags & O_EXCL != 0 { throw .fileExists }
+                opened = (existing, try tree.open(existing, flags: flags & ~(O_CREAT | O_EXCL), context: context))
+            } else {
+                guard flags & O_CREAT != 0 else { throw .noSuchFileOrDirectory }
+                let (entry, file) = try tree.create(parent: parent, name: last, mode: mode, flags: flags, context: context)
+                opened = (referenced(entry), file)
+            }
+            let fd = nextDescriptor
+            nextDescriptor += 1
+            descriptors[fd] = Descriptor(inode: opened.0, handle: opened.1.handle, flags: flags)
+            return fd
+        }
+    }
+
+    @discardableResult
+    func write(_ fd: Int32, _ text: String) -> Int32 {
+        attempt("write \(text.count) bytes") { () throws(Errno) -> Int32 in
+            guard var descriptor = descriptors[fd] else { throw .badFileDescriptor }
+            var bytes = Array(text.utf8)
+            let written = try bytes.withUnsafeMutableBufferPointer { (buffer) throws(Errno) -> Int in
+                try tree.write(descriptor.inode, handle: descriptor.handle, offset: descriptor.offset,
+                               data: UnsafeRawBufferPointer(buffer), flags: descriptor.flags, context: context)
+            }
+            descriptor.offset += UInt64(written)
+            descriptors[fd] = descriptor
+            return Int32(written)
+        }
+    }
+
+    @discardableResult
+    func fsync(_ fd: Int32) -> Int32 {
+        attempt("fsync") { () throws(Errno) -> Int32 in
+            guard let descriptor = descriptors[fd] else { throw .badFileDescriptor }
+            try tree.synchronize(descriptor.inode, handle: descriptor.handle, dataOnly: false)
+            return 0
+        }
+    }
+
+    @discardableResult
+    func ftruncate(_ fd: Int32, _ size: UInt64) -> Int32 {
+        attempt("ftruncate \(size)") { () throws(Errno) -> Int32 in
+            guard let descriptor = descriptors[fd] else { throw .badFileDescriptor }
+            _ = try tree.setAttributes(of: descriptor.inode, AttributeChanges(size: size), handle: descriptor.handle,
+                                       context: context)
+            return 0
+        }
+    }
+
+    /// close(2): FLUSH (its error is close's), then RELEASE.
+    @discardableResult
+    func close(_ fd: Int32) -> Int32 {
+        attempt("close") { () throws(Errno) -> Int32 in
+            guard let descriptor = descriptors.removeValue(forKey: fd) else { throw .badFileDescriptor }
+            defer { tree.release(descriptor.inode, handle: descriptor.handle, flags: descriptor.flags) }
+            try tree.flush(descriptor.inode, handle: descriptor.handle, context: context)
+            return 0
+        }
+    }
+
+    /// Reads what the descriptor sees from its start.
+    func read(_ fd: Int32) -> String? {
+        guard let descriptor = descriptors[fd] else { return nil }
+        var bytes: [UInt8] = []
+        do {
+            try tree.read(descriptor.inode, handle: descriptor.handle, offset: 0, size: 1 << 20, context: context) {
+                bytes = Array($0)
+            }
+        } catch {
+            trace.append("read → \(Self.name(of: error.rawValue))")
+            return nil
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    @discardableResult
+    func rename(_ from: String, _ to: String) -> Int32 {
+        attempt("rename \(from) \(to)") { () throws(Errno) -> Int32 in
+            let (parent, name) = try parentAndName(from)
+            let (newParent, newName) = try parentAndName(to)
+            try tree.rename(parent: parent, name: name, newParent: newParent, newName: newName, flags: [], context: context)
+            return 0
+        }
+    }
+
+    @discardableResult
+    func unlink(_ name: String) -> Int32 {
+        attempt("unlink \(name)") { () throws(Errno) -> Int32 in
+            let (parent, last) = try parentAndName(name)
+            try tree.unlink(parent: parent, name: last, context: context)
+            return 0
+        }
+    }
+
+    @discardableResult
+    func symlink(_ target: String, _ name: String) -> Int32 {
+        attempt("symlink \(name)") { () throws(Errno) -> Int32 in
+            let (parent, last) = try parentAndName(name)
+            _ = referenced(try tree.makeSymbolicLink(target: target, parent: parent, name: last, context: context))
+            return 0
+        }
+    }
+
+    @discardableResult
+    func stat(_ name: String) -> Int32 {
+        attempt("stat \(name)") { () throws(Errno) -> Int32 in
+            _ = try lookup(path(name))
+            return 0
+        }
+    }
+
+    /// The whole content of a file, read through a fresh descriptor (nil: it cannot be read).
+    func contents(_ name: String) -> String? {
+        let fd = open(name, O_RDONLY)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        return read(fd)
+    }
+
+    /// Names in the working directory (the listing a `readdirplus` hands out, each entry one
+    /// reference, forgotten at once).
+    func list() -> [String] {
+        do {
+            let inode = try lookup(path("").dropLast())
+            let entries = try tree.listDirectory(inode, context: context)
+            for entry in entries { tree.countLookup(of: entry.entry.inode); references[entry.entry.inode, default: 0] += 1 }
+            settle()
+            return entries.map(\.name).sorted()
+        } catch {
+            settle()
+            return ["error \(error)"]
+        }
+    }
+
+    static func describe(_ flags: Int32) -> String {
+        var parts = [flags & O_ACCMODE == O_RDONLY ? "r" : flags & O_ACCMODE == O_WRONLY ? "w" : "rw"]
+        if flags & O_CREAT != 0 { parts.append("creat") }
+        if flags & O_EXCL != 0 { parts.append("excl") }
+        if flags & O_TRUNC != 0 { parts.append("trunc") }
+        if flags & O_APPEND != 0 { parts.append("append") }
+        return parts.joined(separator: "|")
+    }
+}
