@@ -4,7 +4,7 @@ import Glibc
 import Foundation
 import Posix
 
-/// A fresh temporary directory, /tmp/mtmfs-LABEL.XXXXXX, mode 0755 (so other users in the
+/// A fresh temporary directory, /tmp/mtmfs-LABEL.XXXXXX (or below another base), mode 0755 (so other users in the
 /// tests can reach what is mounted in it); `remove()` unmounts everything below it first.
 ///
 /// Thread-safety: `path` never changes; `remove()` is for its one owner, once. `keep` is
@@ -16,8 +16,9 @@ public final class Scratch {
     /// look after a failure.
     nonisolated(unsafe) public static var keep = false
 
-    public init(_ label: String = "test") {
-        path = temporaryDirectory("/tmp/mtmfs-\(label).XXXXXX")
+    /// `base`: the directory to make it in (default /tmp).
+    public init(_ label: String = "test", in base: String? = nil) {
+        path = temporaryDirectory("\(base ?? "/tmp")/mtmfs-\(label).XXXXXX")
         try? Syscall.chmod(path, mode: 0o755)
     }
 

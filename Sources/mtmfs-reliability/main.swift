@@ -12,8 +12,9 @@ import TestSupport
 let usage = """
 Usage: mtmfs-reliability [--short] [--seed N] [--keep] [--rounds N] [PART…]
 
-Parts: crash, full-disk, damage, concurrency, security (default: all of them).
-  --short    the CI form: 20 crashes, 8 processes × 6 s, fewer damage cases
+Parts: crash, full-disk, damage, concurrency, security, soak (default: all of them).
+  --short    the CI form: 20 crashes, 8 processes × 6 s, fewer damage cases, 5,000 saves
+  --saves N  soak: this many editor saves instead of 100,000 (5,000 with --short)
   --seed N   the random seed (printed at the start, to repeat a run)
   --rounds N crash: this many kills instead of 200 (20 with --short)
   --keep     keep the temporary directories (data, logs) for a look afterwards
@@ -35,6 +36,7 @@ var short = false
 var seed = UInt64(time(nil))
 var parts: [String] = []
 var crashRounds: Int?
+var soakSaves: Int?
 while let argument = arguments.first {
     arguments.removeFirst()
     switch argument {
@@ -44,16 +46,20 @@ while let argument = arguments.first {
         guard let value = arguments.first.flatMap({ Int($0) }), value > 0 else { complain(usage); exit(2) }
         crashRounds = value
         arguments.removeFirst()
+    case "--saves":
+        guard let value = arguments.first.flatMap({ Int($0) }), value > 0 else { complain(usage); exit(2) }
+        soakSaves = value
+        arguments.removeFirst()
     case "--seed":
         guard let value = arguments.first.flatMap({ UInt64($0) }) else { complain(usage); exit(2) }
         seed = value
         arguments.removeFirst()
     case "-h", "--help": say(usage); exit(0)
-    case "crash", "full-disk", "damage", "concurrency", "security": parts.append(argument)
+    case "crash", "full-disk", "damage", "concurrency", "security", "soak": parts.append(argument)
     default: complain("mtmfs-reliability: unknown argument \(argument)\n\(usage)"); exit(2)
     }
 }
-if parts.isEmpty { parts = ["damage", "full-disk", "security", "concurrency", "crash"] }
+if parts.isEmpty { parts = ["damage", "full-disk", "security", "concurrency", "crash", "soak"] }
 if let problem = FuseAvailability.problem {
     // Every part mounts: without FUSE there is nothing to try, which is not a failure.
     say("mtmfs-reliability: skipped, FUSE cannot be used here (\(problem))")
@@ -71,6 +77,7 @@ for part in parts {
     case "full-disk": partTallies = [FullDisk().run()]
     case "damage": partTallies = DamagedStores(short: short, seed: seed).run()
     case "concurrency": partTallies = [ConcurrencyRun(processes: 8, seconds: short ? 6 : 60, seed: seed).run()]
+    case "soak": partTallies = Soak(saves: soakSaves ?? (short ? 5_000 : 100_000), seed: seed).run()
     default: partTallies = SecurityChecks().run()
     }
     for tally in partTallies {
