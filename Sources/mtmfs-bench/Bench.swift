@@ -18,6 +18,7 @@ final class Bench {
     var daemonPID: pid_t = 0
     var passReady = false
     var manyAccountsMount = ""
+    var vaultStores: [(accounts: Int, mount: String, daemon: pid_t)] = []
     static let account = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
     static let passphrase = "bench passphrase"
 
@@ -86,7 +87,12 @@ final class Bench {
         try setUpGocryptfs()
         guard !options.engineOnly else { return }
         try setUpPass()
-        try setUpManyAccounts()
+        if options.vaultOnly {
+            try (Bench.passphrase + "\n").write(toFile: root + "/w3-pass", atomically: true, encoding: .utf8)
+        } else {
+            try setUpManyAccounts()
+        }
+        vaultStores = try setUpVaultScale()
     }
 
     /// gocryptfs: an encrypted directory (scrypt, default settings) mounted like the others.
@@ -210,6 +216,10 @@ final class Bench {
                 try engineRound(round, rotate: rotate)
                 continue
             }
+            if options.vaultOnly {
+                try vaultRound(vaultStores)
+                continue
+            }
             for (system, path) in rotate(paths("password")) {
                 let runs = processRuns
                 let total = seconds { for _ in 0..<runs { Shell.run("/bin/cat", [path]) } }
@@ -228,6 +238,7 @@ final class Bench {
                 let list = seconds { _ = Shell.run("ls", ["-l", directory]) }
                 record("W3 ls -l accounts/, \(manyAccounts) accounts, warm (ms)", system, list * 1000)
             }
+            try vaultRound(vaultStores)
             for (system, path) in rotate(paths("key")) {
                 let n = iterations / 10
                 record("W4 read a settings key (µs)", system, try openReadClose(path, times: n) * 1e6)

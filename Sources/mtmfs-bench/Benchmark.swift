@@ -30,6 +30,8 @@ enum Benchmark {
         var json: String?
         /// Only the cache-engine workloads (W10–W15), after the set-up they need.
         var engineOnly = false
+        /// Only the vault workload (W16), after the set-up it needs.
+        var vaultOnly = false
     }
 
     nonisolated(unsafe) static var mounts: [String] = []
@@ -44,9 +46,10 @@ enum Benchmark {
             case "--rounds": index += 1; options.rounds = Int(arguments[safe: index] ?? "") ?? 5
             case "--json": index += 1; options.json = arguments[safe: index]
             case "--engine": options.engineOnly = true
+            case "--vault": options.vaultOnly = true
             case "-h", "--help":
                 print("""
-                Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE] [--engine]
+                Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE] [--engine] [--vault]
 
                 Measures mtmfs against a native directory and its peers — a bindfs passthrough, a
                 gocryptfs mount and a `pass` store (installed by `mount-helpers/install-deps --bench`;
@@ -54,6 +57,8 @@ enum Benchmark {
                 --quick: few iterations, for a smoke run. --engine: only the cache-engine
                 workloads (W10–W15: 4 KiB writes, random writes + fsync, postmark with big files,
                 a big write and its log, a big delete under load, mounting with data stored).
+                --vault: only W16, the cost of one field change with 10, 1,000 and 10,000 fully
+                filled accounts (`pass insert -f` beside it).
                 """)
                 return 0
             default:

@@ -12,9 +12,14 @@ import Glibc
     /// A store, mounted and unlocked, with one account.
     func unlockedStore(options: [String] = []) throws -> MountedStore {
         let store = try MountedStore(options: options)
-        let unlock = Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n")
-        try #require(unlock.status == 0, "\(unlock)")
-        try #require(mkdir(store.path("accounts/\(Self.uuid)"), 0o700) == 0)
+        do {
+            let unlock = Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n")
+            try #require(unlock.status == 0, "\(unlock)")
+            try #require(mkdir(store.path("accounts/\(Self.uuid)"), 0o700) == 0)
+        } catch {
+            store.close()  // a failed set-up leaves no mount behind
+            throw error
+        }
         return store
     }
 

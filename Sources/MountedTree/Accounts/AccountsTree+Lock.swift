@@ -19,7 +19,7 @@ extension AccountsTree {
                     let seconds = self.state.withLock { $0.fields.session.autoLockSeconds }
                     self.lock(reason: "auto-lock after \(seconds) s without a secret access")
                 } else {
-                    let invalidations = self.state.withLock { s -> [LocalInode] in
+                    let invalidations = self.state.withLock { s -> [Invalidation] in
                         guard s.fields.session.isOpen else { return [] }
                         s.engine.commitDueRemovals(before: .now, &s.fields)
                         return s.takeInvalidations()
@@ -75,18 +75,18 @@ extension AccountsTree {
     /// Zeroes every key and plaintext, and tells the kernel to forget every field it holds.
     public func lock(reason: String) {
         defer { SecureBytes.burnStack() }
-        let files = state.withLock { s -> [LocalInode] in
+        let invalidations = state.withLock { s -> [Invalidation] in
             let wasUnlocked = s.fields.session.isUnlocked
             // Fields unlinked a moment ago leave now, while the vault can still seal.
             if s.fields.session.isOpen { s.engine.commitDueRemovals(before: nil, &s.fields) }
             s.settle()
             s.fields.session.lock()
-            let files = s.engine.wipeAll() + s.takeInvalidations()
+            let files = s.engine.wipeAll().map(Invalidation.inode) + s.takeInvalidations()
             if wasUnlocked { Log.info("accounts locked (\(reason))") }
             return files
         }
         pageCache.changed()
-        for local in files { notifier.invalidateInode(space.inode(local)) }
+        send(invalidations)
         notifier.drain()
     }
 

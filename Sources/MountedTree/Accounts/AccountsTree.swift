@@ -67,7 +67,7 @@ public final class AccountsTree: Subtree {
     }
 
     func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
-        let (result, invalidations) = try state.withLock { (s) throws(Errno) -> (T, [LocalInode]) in
+        let (result, invalidations) = try state.withLock { (s) throws(Errno) -> (T, [Invalidation]) in
             guard s.fields.vault != nil else { throw .ioError }
             let result = try body(&s)
             return (result, s.takeInvalidations())
@@ -76,9 +76,14 @@ public final class AccountsTree: Subtree {
         return result
     }
 
-    func send(_ invalidations: [LocalInode]) {
+    func send(_ invalidations: [Invalidation]) {
         if !invalidations.isEmpty { pageCache.changed() }
-        for local in invalidations { notifier.invalidateInode(space.inode(local)) }
+        for invalidation in invalidations {
+            switch invalidation {
+            case .inode(let local): notifier.invalidateInode(space.inode(local))
+            case .entry(let parent, let name): notifier.invalidateEntry(parent: space.inode(parent), name: name)
+            }
+        }
     }
 
     func symlinkAttributes(_ target: String) -> Attributes {
@@ -306,7 +311,7 @@ public final class AccountsTree: Subtree {
         try locked { (s) throws(Errno) in
             // Written before a lock: the lock discarded it, and the writer hears so here.
             guard s.fields.session.isCurrent(FileHandle(raw: handle)) else { throw .permissionDenied }
-            try s.engine.commit(space.local(of: inode), by: FileHandle(raw: handle), finalClose: false, &s.fields)
+            try s.engine.flush(space.local(of: inode), handle: FileHandle(raw: handle), &s.fields)
         }
     }
 

@@ -22,10 +22,14 @@ extension AccountsTree {
             for key in changed { engine.keyChanged(key) }
         }
 
-        mutating func takeInvalidations() -> [LocalInode] {
+        mutating func takeInvalidations() -> [Invalidation] {
             settle()
-            defer { engine.invalidations.removeAll() }
-            return engine.invalidations
+            defer {
+                engine.invalidations.removeAll()
+                engine.entryInvalidations.removeAll()
+            }
+            return engine.invalidations.map(Invalidation.inode)
+                + engine.entryInvalidations.map { Invalidation.entry(parent: $0.directory, name: $0.name) }
         }
 
         func attributes(_ local: LocalInode, _ space: InodeSpace) throws(Errno) -> Attributes {

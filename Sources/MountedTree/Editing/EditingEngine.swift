@@ -44,6 +44,9 @@ struct EditingEngine<Store: EditedStore> {
     let removalDelay: Duration
     /// Files whose kernel copies (attributes, pages) must be dropped.
     var invalidations: [LocalInode] = []
+    /// Names the kernel must forget: editor's files the engine unlinked itself (the kernel
+    /// would otherwise keep finding the old file under the name).
+    var entryInvalidations: [(directory: LocalInode, name: String)] = []
 
     init(since: Timestamp, removalDelay: Duration = .seconds(1)) {
         self.since = since
@@ -181,8 +184,9 @@ struct EditingEngine<Store: EditedStore> {
         }
     }
 
-    private mutating func unlinkScratch(_ inode: LocalInode) {
+    private mutating func unlinkScratch(_ inode: LocalInode, tellKernel: Bool = false) {
         guard case .scratch(let directory, let name) = files[inode]?.role else { return }
+        if tellKernel { entryInvalidations.append((directory, name)) }
         scratchIn[directory]?[name] = nil
         if scratchIn[directory]?.isEmpty == true { scratchIn[directory] = nil }
         files[inode]!.role = .unlinked
@@ -376,21 +380,32 @@ struct EditingEngine<Store: EditedStore> {
         if truncate { try resize(inode, to: 0, owner: handle, store) }
     }
 
-    /// The last close of a descriptor: commits what it wrote. A file meant for a key whose
-    /// only writes were refused goes, and the key it was to replace stays (the tool was
-    /// told EINVAL; the last good value is kept).
+    /// The last close of a descriptor: commits what it wrote.
     mutating func release(_ inode: LocalInode, handle: FileHandle, _ store: inout Store) throws(Errno) {
         guard files[inode] != nil else { return }
         defer {
             files[inode]!.opens -= 1
-            if let file = files[inode], file.opens == 0, file.refused, !file.written, let key = file.intendedKey,
-               file.isLinkedScratch {
-                hidden[key] = nil
-                unlinkScratch(inode)
-            }
+            dropIfRefused(inode, openElsewhere: 0)
             collect(inode)
         }
         try commit(inode, by: handle, finalClose: true, &store)
+    }
+
+    /// `close(2)` (FLUSH): commits what the descriptor wrote.
+    mutating func flush(_ inode: LocalInode, handle: FileHandle, _ store: inout Store) throws(Errno) {
+        // At the close of the only descriptor, not at its RELEASE (which the kernel sends
+        // after close has returned): the tool's next call already finds the old key.
+        dropIfRefused(inode, openElsewhere: 1)
+        try commit(inode, by: handle, finalClose: false, &store)
+    }
+
+    /// A file meant for a key whose only writes were refused goes, and the key it was to
+    /// replace stays (the tool was told EINVAL; the last good value is kept).
+    private mutating func dropIfRefused(_ inode: LocalInode, openElsewhere: Int) {
+        guard let file = files[inode], file.opens <= openElsewhere, file.refused, !file.written,
+              let key = file.intendedKey, file.isLinkedScratch else { return }
+        hidden[key] = nil
+        unlinkScratch(inode, tellKernel: true)
     }
 
     /// `truncate(2)`/`ftruncate(2)` (`deferred`: through a descriptor, committed later).
@@ -561,7 +576,10 @@ struct EditingEngine<Store: EditedStore> {
         let inodes = Array(files.keys)
         for inode in inodes {
             files[inode]!.wipe()
-            if files[inode]!.isLinkedScratch { files[inode]!.role = .unlinked }
+            if case .scratch(let directory, let name) = files[inode]!.role {
+                entryInvalidations.append((directory, name))
+                files[inode]!.role = .unlinked
+            }
             collect(inode)
         }
         scratchIn.removeAll()

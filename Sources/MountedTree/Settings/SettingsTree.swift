@@ -257,7 +257,7 @@ public final class SettingsTree: Subtree {
 
     public func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {
         try locked { (s) throws(Errno) in
-            try s.engine.commit(space.local(of: inode), by: FileHandle(raw: handle), finalClose: false, &s.keys)
+            try s.engine.flush(space.local(of: inode), handle: FileHandle(raw: handle), &s.keys)
         }
     }
 
@@ -305,10 +305,4 @@ public final class SettingsTree: Subtree {
                                         context: RequestContext) throws(Errno) {
         throw name == Self.typeAttribute ? .notPermitted : .noData
     }
-}
-
-/// Something the kernel must forget, sent once the lock is released.
-enum Invalidation: Sendable {
-    case inode(LocalInode)
-    case entry(parent: LocalInode, name: String)
 }

@@ -45,7 +45,9 @@ extension SettingsTree {
             settle()
             var result = engine.invalidations.map(Invalidation.inode)
             result += keys.entryInvalidations.map { Invalidation.entry(parent: $0.parent, name: $0.name) }
+            result += engine.entryInvalidations.map { Invalidation.entry(parent: $0.directory, name: $0.name) }
             engine.invalidations.removeAll()
+            engine.entryInvalidations.removeAll()
             keys.entryInvalidations.removeAll()
             return result
         }

@@ -1,0 +1,81 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+import Foundation
+import Posix
+
+/// W16: what one change to a field costs as the vault grows. Each size gets its own store
+/// of fully filled accounts (all eight fields set), built in one save, mounted unlocked; a
+/// change is `echo v > accounts/U/password` (open with O_TRUNC, write, close: the vault is
+/// re-sealed and rewritten atomically with two fsyncs). Beside it: `pass insert -f` of one
+/// entry (its cost does not depend on the store's size: one file per entry), and the
+/// daemon's memory once unlocked.
+extension Bench {
+    var vaultSizes: [Int] { options.quick ? [10, 100, 300] : [10, 1_000, 10_000] }
+
+    func setUpVaultScale() throws -> [(accounts: Int, mount: String, daemon: pid_t)] {
+        var stores: [(Int, String, pid_t)] = []
+        for count in vaultSizes {
+            let data = root + "/data-w16-\(count)", mount = root + "/mtmfs-w16-\(count)"
+            guard Shell.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
+                throw BenchError("mtmfs init (W16) failed")
+            }
+            do {
+                let vault = try Vault(path: data + "/vault")
+                try vault.unlock(passphrase: Array(Bench.passphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) })
+                let accounts = (0..<count).map { index -> (uuid: [UInt8], name: String, fields: [AccountField: SecureBytes]) in
+                    let name = String(format: "%08x-0000-4000-8000-%012x", index, index)
+                    let values: [AccountField: String] = [
+                        .label: "Account \(index)", .protocol: "https", .server: "host\(index).example.com", .port: "443",
+                        .path: "/login", .comment: "bench account number \(index)", .username: "user\(index)@example.com",
+                        .password: "pw-\(index)-correct-horse-battery-staple",
+                    ]
+                    return (AccountName.uuidBytes(name)!, name,
+                            values.mapValues { text in Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } })
+                }
+                try vault.addAccounts(accounts)
+                vault.lock()
+            } catch {
+                throw BenchError("W16 vault: \(error)")
+            }
+            mkdir(mount, 0o755)
+            guard Shell.run(mtmfs, ["mount", "--auto-lock", "0", "--unlock", "--passphrase-file", root + "/w3-pass",
+                                    "--data-dir", data, mount]) == 0 else { throw BenchError("mtmfs mount (W16) failed") }
+            Benchmark.mounts.append(mount)
+            let status = (try? String(contentsOfFile: mount + "/.mtmfs/status", encoding: .utf8)) ?? ""
+            let pid = status.split(separator: "\n").first { $0.hasPrefix("pid=") }.flatMap { pid_t($0.dropFirst(4)) } ?? 0
+            stores.append((count, mount, pid))
+            let vaultBytes = (try? FileManager.default.attributesOfItem(atPath: data + "/vault")[.size] as? Int) ?? 0
+            record("W16 vault file, \(count) full accounts (MB)", "mtmfs", Double(vaultBytes) / 1e6)
+            record("W16 daemon RSS unlocked, \(count) full accounts (MB)", "mtmfs", rss(of: pid))
+        }
+        return stores
+    }
+
+    /// One round: ms per field change at each vault size (and `pass insert -f`).
+    func vaultRound(_ stores: [(accounts: Int, mount: String, daemon: pid_t)]) throws {
+        let changes = options.quick ? 5 : 20
+        for store in stores {
+            let path = store.mount + "/accounts/" + String(format: "%08x-0000-4000-8000-%012x", 0, 0) + "/password"
+            let total = try seconds {
+                for change in 0..<changes {
+                    try "pw-\(change)-\(store.accounts)\n".write(toFile: path, atomically: false, encoding: .utf8)
+                }
+            }
+            record("W16 change a field, \(store.accounts) full accounts (ms)", "mtmfs", total / Double(changes) * 1000)
+        }
+        if passReady {
+            let total = seconds {
+                for change in 0..<changes { Shell.run("pass", ["insert", "-m", "-f", "bench/password"], input: "pw-\(change)\n") }
+            }
+            record("W16 change a field, \(vaultSizes.last!) full accounts (ms)", "pass", total / Double(changes) * 1000)
+        }
+    }
+
+    func rss(of pid: pid_t) -> Double {
+        guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+              let line = text.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }) else { return 0 }
+        return Double(line.split(separator: " ").dropFirst().first ?? "0").map { $0 / 1024 } ?? 0
+    }
+}
