@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <sys/syscall.h>
+#include <malloc.h>
 
 static inline int mtmfs_prctl_set_dumpable(int dumpable) {
     return prctl(PR_SET_DUMPABLE, (unsigned long)dumpable, 0UL, 0UL, 0UL);
@@ -39,6 +40,11 @@ static inline int mtmfs_fallocate(int fd, int mode, int64_t offset, int64_t leng
 static inline long mtmfs_copy_file_range(int in, int64_t *in_offset, int out, int64_t *out_offset, size_t length) {
     return syscall(SYS_copy_file_range, in, in_offset, out, out_offset, length, 0U);
 }
+/* Gives the heap's free pages back to the system (glibc keeps them otherwise). */
+static inline int mtmfs_malloc_trim(void) {
+    return malloc_trim(0);
+}
+
 #endif
 
 /* libFuzzer's driver, present only in binaries linked with -sanitize=fuzzer (mtmfs-fuzz

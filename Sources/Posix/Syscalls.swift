@@ -128,4 +128,10 @@ public enum Syscall {
         _ = try valueOrErrno { mtmfs_prctl_set_dumpable(0) }
         _ = try valueOrErrno { mtmfs_disable_core_files() }
     }
+
+    /// Gives the free pages of the heap back to the system (glibc's `malloc_trim`): after a
+    /// burst of allocations that will not come back soon (opening every record of a vault).
+    public static func trimHeap() {
+        _ = mtmfs_malloc_trim()
+    }
 }

@@ -24,7 +24,10 @@ extension Bench {
             do {
                 let vault = try Vault(path: data + "/vault")
                 try vault.unlock(passphrase: Array(Bench.passphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) })
-                let accounts = (0..<count).map { index -> (uuid: [UInt8], name: String, fields: [AccountField: SecureBytes]) in
+                // In batches of 1,000: every value is its own `sodium_malloc` region here (a few
+                // memory maps each), and 80,000 at once would pass vm.max_map_count.
+                for batch in stride(from: 0, to: count, by: 1_000) {
+                let accounts = (batch..<min(count, batch + 1_000)).map { index -> (uuid: [UInt8], name: String, fields: [AccountField: SecureBytes]) in
                     let name = String(format: "%08x-0000-4000-8000-%012x", index, index)
                     let values: [AccountField: String] = [
                         .label: "Account \(index)", .protocol: "https", .server: "host\(index).example.com", .port: "443",
@@ -35,6 +38,7 @@ extension Bench {
                             values.mapValues { text in Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } })
                 }
                 try vault.addAccounts(accounts)
+                }
                 vault.lock()
             } catch {
                 throw BenchError("W16 vault: \(error)")
@@ -49,6 +53,13 @@ extension Bench {
             let vaultBytes = (try? FileManager.default.attributesOfItem(atPath: data + "/vault")[.size] as? Int) ?? 0
             record("W16 vault file, \(count) full accounts (MB)", "mtmfs", Double(vaultBytes) / 1e6)
             record("W16 daemon RSS unlocked, \(count) full accounts (MB)", "mtmfs", rss(of: pid))
+            let maps = (try? String(contentsOfFile: "/proc/\(pid)/maps", encoding: .utf8))?.split(separator: "\n").count ?? 0
+            record("W16 daemon memory maps unlocked, \(count) full accounts", "mtmfs", Double(maps))
+            guard Shell.run(mtmfs, ["lock", mount]) == 0 else { throw BenchError("mtmfs lock (W16) failed") }
+            record("W16 daemon RSS locked again, \(count) full accounts (MB)", "mtmfs", rss(of: pid))
+            guard Shell.run(mtmfs, ["unlock", "--passphrase-file", root + "/w3-pass", mount]) == 0 else {
+                throw BenchError("mtmfs unlock (W16) failed")
+            }
         }
         return stores
     }

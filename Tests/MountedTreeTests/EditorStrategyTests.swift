@@ -20,6 +20,14 @@ import Glibc
         let save: @Sendable (KernelModel, String, String) -> Void
     }
 
+    /// Write a temporary file, rename it onto the key; remove it when the rename fails.
+    static func replaceThroughTemporary(_ k: KernelModel, _ temp: String, _ name: String, _ text: String) {
+        let fd = k.open(temp, O_RDWR | O_CREAT | O_EXCL, mode: 0o600)
+        k.write(fd, text + "\n")
+        k.close(fd)
+        if k.rename(temp, name) < 0 { k.unlink(temp) }
+    }
+
     static let strategies: [Strategy] = [
         Strategy(description: "vim") { k, name, text in
             let swap = k.open(".\(name).swp", O_RDWR | O_CREAT | O_EXCL, mode: 0o600)
@@ -84,20 +92,8 @@ import Glibc
             k.unlink(".#\(name)")
             k.unlink(name + "~")  // (emacs keeps it; deleted here to compare listings)
         },
-        Strategy(description: "sed -i") { k, name, text in
-            let temp = "sedA1b2C3"
-            let fd = k.open(temp, O_RDWR | O_CREAT | O_EXCL, mode: 0o600)
-            k.write(fd, text + "\n")
-            k.close(fd)
-            if k.rename(temp, name) < 0 { k.unlink(temp) }
-        },
-        Strategy(description: "perl -pi") { k, name, text in
-            let temp = "XXq7Rz2k"
-            let fd = k.open(temp, O_RDWR | O_CREAT | O_EXCL, mode: 0o600)
-            k.write(fd, text + "\n")
-            k.close(fd)
-            if k.rename(temp, name) < 0 { k.unlink(temp) }
-        },
+        Strategy(description: "sed -i") { k, name, text in replaceThroughTemporary(k, "sedA1b2C3", name, text) },
+        Strategy(description: "perl -pi") { k, name, text in replaceThroughTemporary(k, "XXq7Rz2k", name, text) },
         Strategy(description: "ed") { k, name, text in
             let fd = k.open(name, O_WRONLY | O_CREAT | O_TRUNC, mode: 0o666)
             k.write(fd, text + "\n")
@@ -127,13 +123,7 @@ import Glibc
             k.write(fd, text + "\n")
             k.close(fd)
         },
-        Strategy(description: "Python tempfile + os.replace") { k, name, text in
-            let temp = "tmpk3_x9q2z"
-            let fd = k.open(temp, O_RDWR | O_CREAT | O_EXCL, mode: 0o600)
-            k.write(fd, text + "\n")
-            k.close(fd)
-            if k.rename(temp, name) < 0 { k.unlink(temp) }
-        },
+        Strategy(description: "Python tempfile + os.replace") { k, name, text in replaceThroughTemporary(k, "tmpk3_x9q2z", name, text) },
         Strategy(description: "shell > (open, dup2, close, write)") { k, name, text in
             let fd = k.open(name, O_WRONLY | O_CREAT | O_TRUNC, mode: 0o666)
             let dup = k.open(name, O_WRONLY)  // the shell's first descriptor closes before the write

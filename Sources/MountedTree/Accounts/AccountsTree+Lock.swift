@@ -88,6 +88,8 @@ extension AccountsTree {
         pageCache.changed()
         send(invalidations)
         notifier.drain()
+        // What opening the records took from the heap goes back to the system too.
+        Syscall.trimHeap()
     }
 
     /// For `.mtmfs/status`.

@@ -117,6 +117,7 @@ public final class AccountsTree: Subtree {
     public func forget(inode: InodeNumber, lookups: UInt64) {
         let local = space.local(of: inode)
         guard local.isFile else { return }
+        pageCache.forget(inode)
         state.withLock { $0.engine.forget(local, count: lookups) }
     }
 

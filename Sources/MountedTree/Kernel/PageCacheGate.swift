@@ -25,6 +25,11 @@ final class PageCacheGate: Sendable {
         }
     }
 
+    /// The kernel forgot `inode` (and its pages with it): nothing to remember for it.
+    func forget(_ inode: InodeNumber) {
+        state.withLock { _ = $0.opened.removeValue(forKey: inode) }
+    }
+
     /// Called at an open that will let the kernel keep pages: when `inode` changed (or may
     /// have) since its last open, its pages and attributes are dropped now.
     func admit(_ inode: InodeNumber, notifier: KernelCacheNotifier) {

@@ -123,6 +123,7 @@ public final class SettingsTree: Subtree {
     }
 
     public func forget(inode: InodeNumber, lookups: UInt64) {
+        pageCache.forget(inode)
         state.withLock { s in
             let local = space.local(of: inode)
             if local.isFile { s.engine.forget(local, count: lookups) } else { s.keys.forget(local, count: lookups) }
