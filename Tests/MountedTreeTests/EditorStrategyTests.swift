@@ -245,4 +245,53 @@ import Glibc
         #expect(trees.settings.census.files == 0 && trees.settings.census.hidden == 0, "\(trees.settings.census)")
         #expect(trees.accounts.census.files == 0 && trees.accounts.census.hidden == 0, "\(trees.accounts.census)")
     }
+
+    @Test func aDescriptorFromBeforeALockChangesNothingAfterTheNextUnlock() throws {
+        let trees = try Trees()
+        let k = trees.accountsModel()
+        let fd = k.open("password", O_WRONLY)
+        k.write(fd, "typed before the lock\n")
+        trees.accounts.lock(reason: "test")
+        try trees.accounts.unlock(passphrase: Array("correct horse".utf8).withUnsafeBytes { SecureBytes(copying: $0) })
+        #expect(k.ftruncate(fd, 0) == -EACCES)
+        #expect(k.close(fd) == -EACCES)
+        #expect(k.contents("password") == "\n")
+        #expect(k.contents("username") == "old\n")
+    }
+
+    @Test func aRenameOntoAKeyRemovedAMomentAgoTakesTheSourcesType() throws {
+        let trees = try Trees()
+        let k = trees.settingsModel()
+        k.unlink("port")  // an integer, leaving in a second
+        #expect(k.rename("username", "port") == 0)
+        #expect(k.contents("port") == "old\n")
+        #expect(k.contents("username") == nil)
+    }
+
+    @Test func anOutsideChangeBelowADictionaryShows() throws {
+        let trees = try Trees()
+        let context = RequestContext(uid: getuid(), gid: getgid(), pid: 1, umask: 0o022)
+        let prefs = try trees.settings.makeDirectory(parent: trees.settings.space.root, name: "Prefs", mode: 0o755, context: context)
+        trees.settings.forget(inode: prefs.inode, lookups: 1)
+        let k = KernelModel(trees.settings, directory: "Prefs")
+        let fd = k.open("Level", O_WRONLY | O_CREAT | O_TRUNC)
+        k.write(fd, "1\n")
+        k.close(fd)
+        #expect(k.contents("Level") == "1\n")
+        // Keep the file known to the daemon, as a kernel holding it would.
+        let held = k.open("Level", O_RDONLY)
+        func rewrite(_ body: String) throws {
+            try """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+            <plist version="1.0"><dict>\(body)</dict></plist>
+            """.write(toFile: trees.scratch + "/Settings.plist.new", atomically: false, encoding: .utf8)
+            rename(trees.scratch + "/Settings.plist.new", trees.scratch + "/Settings.plist")
+            usleep(600_000)  // the watcher looks every 0.2 s
+        }
+        try rewrite("<key>username</key><string>old</string>")
+        try rewrite("<key>Prefs</key><dict><key>Level</key><integer>2</integer></dict>")
+        #expect(k.contents("Level") == "2\n")
+        k.close(held)
+    }
 }

@@ -78,7 +78,10 @@ extension AccountsTree {
         let invalidations = state.withLock { s -> [Invalidation] in
             let wasUnlocked = s.fields.session.isUnlocked
             // Fields unlinked a moment ago leave now, while the vault can still seal.
-            if s.fields.session.isOpen { s.engine.commitDueRemovals(before: nil, &s.fields) }
+            if s.fields.session.isOpen {
+                s.engine.keepKeysBeingRecreated(s.fields)
+                s.engine.commitDueRemovals(before: nil, &s.fields)
+            }
             s.settle()
             s.fields.session.lock()
             let files = s.engine.wipeAll().map(Invalidation.inode) + s.takeInvalidations()

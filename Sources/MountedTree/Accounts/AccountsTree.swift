@@ -67,13 +67,16 @@ public final class AccountsTree: Subtree {
     }
 
     func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
-        let (result, invalidations) = try state.withLock { (s) throws(Errno) -> (T, [Invalidation]) in
-            guard s.fields.vault != nil else { throw .ioError }
-            let result = try body(&s)
+        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation]) in
+            let result = Result { () throws(Errno) -> T in
+                guard s.fields.vault != nil else { throw .ioError }
+                return try body(&s)
+            }
+            // Sent whether or not the request succeeded: what changed before a failure changed.
             return (result, s.takeInvalidations())
         }
-        send(invalidations)
-        return result
+        send(outcome.1)
+        return try outcome.0.get()
     }
 
     func send(_ invalidations: [Invalidation]) {
@@ -149,6 +152,8 @@ public final class AccountsTree: Subtree {
         return try locked { (s) throws(Errno) in
             let local = space.local(of: inode)
             _ = try s.attributes(local, space)
+            // Through a descriptor from before a lock: refused, like its reads and writes.
+            if let handle, !s.fields.session.isCurrent(FileHandle(raw: handle)) { throw .permissionDenied }
             if let uid = changes.uid, uid != s.ownership.uid { throw .notPermitted }
             if let gid = changes.gid, gid != s.ownership.gid { throw .notPermitted }
             if let size = changes.size {
@@ -318,9 +323,14 @@ public final class AccountsTree: Subtree {
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
         defer { SecureBytes.burnStack() }
-        _ = try? locked { (s) throws(Errno) in
-            try s.engine.release(space.local(of: inode), handle: FileHandle(raw: handle), &s.fields)
+        // Not through `locked`: the open is let go even when the vault cannot be used; a
+        // handle from before a lock commits nothing.
+        let invalidations = state.withLock { s in
+            let owner = FileHandle(raw: handle)
+            try? s.engine.release(space.local(of: inode), handle: owner, commit: s.fields.session.isCurrent(owner), &s.fields)
+            return s.takeInvalidations()
         }
+        send(invalidations)
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {

@@ -142,8 +142,8 @@ struct EditingEngine<Store: EditedStore> {
             inode = newFile(file)
             scratchIn[directory, default: [:]][name] = inode
         }
-        files[inode]!.lookups += 1
         try open(inode, handle: handle, truncate: truncate, store)
+        files[inode]!.lookups += 1
         return inode
     }
 
@@ -167,9 +167,12 @@ struct EditingEngine<Store: EditedStore> {
     /// key is hidden and leaves later (see `HiddenKey.unlinked`).
     mutating func unlink(_ name: String, in directory: LocalInode, _ store: inout Store) throws(Errno) {
         if let inode = scratch(named: name, in: directory) {
-            let detachedFrom = files[inode]!.detachedFrom
+            let detachedFrom = files[inode]!.detachedFrom, intendedKey = files[inode]!.intendedKey
             unlinkScratch(inode)
-            if let key = detachedFrom, hidden[key] == .renamedAway, !isBeingRecreated(key, store) {
+            // The old text of a hidden key deleted with no new file on its way, or the new
+            // file deleted with no old text left: the key is gone.
+            if let key = detachedFrom ?? intendedKey, hidden[key] == .renamedAway, !isBeingRecreated(key, store),
+               !holdsOldText(key, store) {
                 hidden[key] = nil
                 try store.remove(key)
             }
@@ -192,6 +195,12 @@ struct EditingEngine<Store: EditedStore> {
         files[inode]!.role = .unlinked
         files[inode]!.changed = .now()
         collect(inode)
+    }
+
+    /// An editor's file still holds the key's old text (vim's `K~`).
+    func holdsOldText(_ key: Key, _ store: Store) -> Bool {
+        guard let directory = store.directory(of: key) else { return false }
+        return (scratchIn[directory] ?? [:]).values.contains { files[$0]?.detachedFrom == key }
     }
 
     /// A new file at the key's name will become the key (an editor's new copy).
@@ -234,7 +243,8 @@ struct EditingEngine<Store: EditedStore> {
                 if let targetScratch, targetScratch != source { unlinkScratch(targetScratch) }
                 return
             }
-            try store.admitsScratch(in: newDirectory, count: scratchIn[newDirectory]?.count ?? 0, moved: true)
+            let count = (scratchIn[newDirectory]?.count ?? 0) - (directory == newDirectory ? 1 : 0)
+            try store.admitsScratch(in: newDirectory, count: count, moved: true)
             if let targetScratch { unlinkScratch(targetScratch) }
             scratchIn[directory]?[name] = nil
             if scratchIn[directory]?.isEmpty == true { scratchIn[directory] = nil }
@@ -264,12 +274,19 @@ struct EditingEngine<Store: EditedStore> {
             scratchIn[newDirectory, default: [:]][newName] = inode
             return
         }
+        if case .unlinked? = hidden[targetKey], store.hasValue(targetKey) {
+            // Unlinked a moment ago: gone for this rename (it takes the source's type).
+            try store.remove(targetKey)
+            hidden[targetKey] = nil
+        }
         try store.move(key, onto: targetKey)
         if let replaced = byKey[targetKey] { detach(replaced, store) }
         hidden[targetKey] = nil
         if let targetScratch { unlinkScratch(targetScratch) }
         if let inode = byKey.removeValue(forKey: key) {
             files[inode]!.role = .key(targetKey)
+            files[inode]!.shown?.wipe()
+            files[inode]!.shown = nil  // the target may render the value another way
             files[inode]!.changed = .now()
             byKey[targetKey] = inode
             invalidations.append(inode)
@@ -328,6 +345,17 @@ struct EditingEngine<Store: EditedStore> {
         }
     }
 
+    /// Unlinked keys that a new file is about to replace stay (a lock ends that save: the
+    /// old value is kept rather than neither).
+    mutating func keepKeysBeingRecreated(_ store: Store) {
+        for (key, state) in hidden where state != .renamedAway && isBeingRecreated(key, store) { hidden[key] = nil }
+    }
+
+    /// The directory went: its editor's files go with it (open ones keep their bytes).
+    mutating func dropScratchFiles(in directory: LocalInode) {
+        for (_, inode) in scratchIn[directory] ?? [:] { unlinkScratch(inode) }
+    }
+
     /// Whether the key was unlinked and waits to leave (it counts as gone for rmdir).
     func isLeaving(_ key: Key) -> Bool {
         if case .unlinked? = hidden[key] { true } else { false }
@@ -376,19 +404,28 @@ struct EditingEngine<Store: EditedStore> {
     /// An open of the file (`truncate`: with O_TRUNC, for writing).
     mutating func open(_ inode: LocalInode, handle: FileHandle, truncate: Bool, _ store: Store) throws(Errno) {
         guard files[inode] != nil else { throw .noSuchFileOrDirectory }
-        files[inode]!.opens += 1
+        // Counted only once it succeeded: the kernel sends no RELEASE for a failed open.
         if truncate { try resize(inode, to: 0, owner: handle, store) }
+        files[inode]!.opens += 1
     }
 
-    /// The last close of a descriptor: commits what it wrote.
-    mutating func release(_ inode: LocalInode, handle: FileHandle, _ store: inout Store) throws(Errno) {
+    /// The last close of a descriptor: commits what it wrote (`commit` false: a handle
+    /// from before a lock, whose writes count no more). The open is let go whatever happens.
+    mutating func release(_ inode: LocalInode, handle: FileHandle, commit: Bool = true,
+                          _ store: inout Store) throws(Errno) {
         guard files[inode] != nil else { return }
         defer {
             files[inode]!.opens -= 1
             dropIfRefused(inode, openElsewhere: 0)
             collect(inode)
         }
-        try commit(inode, by: handle, finalClose: true, &store)
+        if commit {
+            try self.commit(inode, by: handle, finalClose: true, &store)
+        } else if let pending = files[inode]!.pending, pending.owner == handle {
+            files[inode]!.pending = nil
+            var text = pending.text
+            text.wipe()
+        }
     }
 
     /// `close(2)` (FLUSH): commits what the descriptor wrote.
@@ -416,28 +453,33 @@ struct EditingEngine<Store: EditedStore> {
     }
 
     private mutating func resize(_ inode: LocalInode, to size: Int, owner: FileHandle?, _ store: Store) throws(Errno) {
-        guard var file = files[inode] else { throw .noSuchFileOrDirectory }
+        guard let file = files[inode] else { throw .noSuchFileOrDirectory }
         guard size <= limit(of: file, store) else { throw .fileTooLarge }
+        // In place: a copy of the file would copy its buffer (arrays are copied on write).
         if let key = file.key {
-            var pending = try pendingEdit(of: file, key, store)
-            pending.text.resize(to: size)
-            pending.written = false
-            pending.rejected = false
-            pending.owner = owner
-            file.pending = pending
+            try beginPending(inode, key, store)
+            files[inode]!.pending!.text.resize(to: size)
+            files[inode]!.pending!.written = false
+            files[inode]!.pending!.rejected = false
+            files[inode]!.pending!.owner = owner
         } else {
-            if file.content == nil { file.content = Buffer() }
-            file.content!.resize(to: size)
+            if file.content == nil { files[inode]!.content = Buffer() }
+            files[inode]!.content!.resize(to: size)
         }
-        file.modified = .now()
-        file.changed = file.modified
-        files[inode] = file
+        touch(inode)
     }
 
-    /// The key's pending content, begun from its current text.
-    private func pendingEdit(of file: File, _ key: Key, _ store: Store) throws(Errno) -> PendingEdit<Buffer> {
-        if let pending = file.pending { return pending }
-        return PendingEdit(text: try currentText(file, key, store))
+    private mutating func touch(_ inode: LocalInode) {
+        let now = Timestamp.now()
+        files[inode]!.modified = now
+        files[inode]!.changed = now
+    }
+
+    /// Gives the key's file pending content (its current text) if it has none.
+    private mutating func beginPending(_ inode: LocalInode, _ key: Key, _ store: Store) throws(Errno) {
+        guard files[inode]!.pending == nil else { return }
+        let text = try currentText(files[inode]!, key, store)
+        files[inode]!.pending = PendingEdit(text: text)
     }
 
     /// `write(2)`: into the key's pending content, or the editor's file. A write that is
@@ -445,48 +487,43 @@ struct EditingEngine<Store: EditedStore> {
     /// is never committed.
     mutating func write(_ inode: LocalInode, at offset: UInt64, _ data: UnsafeRawBufferPointer, append: Bool,
                         owner: FileHandle, _ store: Store) throws(Errno) {
-        guard var file = files[inode] else { throw .noSuchFileOrDirectory }
+        guard let file = files[inode] else { throw .noSuchFileOrDirectory }
         if file.symlinkTarget != nil { throw .invalidArgument }
         let limit = limit(of: file, store)
-        defer {
-            file.modified = .now()
-            file.changed = file.modified
-            files[inode] = file
-        }
+        // In place throughout: a copy of the file would copy its buffer at every write.
+        defer { touch(inode) }
         if let key = file.key {
-            var pending = try pendingEdit(of: file, key, store)
-            pending.owner = owner
-            var start = append ? pending.text.count : Int(clamping: offset)
+            try beginPending(inode, key, store)
+            files[inode]!.pending!.owner = owner
+            let text = files[inode]!.pending!.text
+            var start = append ? text.count : Int(clamping: offset)
             // An empty value reads as "\n": appending to it starts from nothing.
-            if pending.text.isSingle(0x0A) && (append || start == 1) {
-                pending.text.resize(to: 0)
+            if text.isSingle(0x0A) && (append || start == 1) {
+                files[inode]!.pending!.text.resize(to: 0)
                 start = 0
             }
             guard start <= limit, data.count <= limit - start else {
-                pending.rejected = true
-                file.pending = pending
+                files[inode]!.pending!.rejected = true
                 throw .fileTooLarge
             }
-            if start == 0 && data.count >= pending.text.count && !store.accepts(data, for: key, note: nil) {
-                pending.rejected = true
-                file.pending = pending
+            if start == 0 && data.count >= files[inode]!.pending!.text.count && !store.accepts(data, for: key, note: nil) {
+                files[inode]!.pending!.rejected = true
                 throw .invalidArgument
             }
-            pending.text.write(data, at: start)
-            pending.written = true
-            file.pending = pending
+            files[inode]!.pending!.text.write(data, at: start)
+            files[inode]!.pending!.written = true
             return
         }
-        if file.content == nil { file.content = Buffer() }
-        let start = append ? file.content!.count : Int(clamping: offset)
+        if file.content == nil { files[inode]!.content = Buffer() }
+        let count = files[inode]!.content!.count
+        let start = append ? count : Int(clamping: offset)
         guard start <= limit, data.count <= limit - start else { throw .fileTooLarge }
-        if start == 0 && data.count >= file.content!.count, let key = file.intendedKey,
-           !store.accepts(data, for: key, note: file.note) {
-            file.refused = true
+        if start == 0 && data.count >= count, let key = file.intendedKey, !store.accepts(data, for: key, note: file.note) {
+            files[inode]!.refused = true
             throw .invalidArgument
         }
-        file.content!.write(data, at: start)
-        file.written = true
+        files[inode]!.content!.write(data, at: start)
+        files[inode]!.written = true
     }
 
     /// Makes written content the key's value, or does nothing (see `PendingEdit`); an
@@ -511,7 +548,17 @@ struct EditingEngine<Store: EditedStore> {
             changedWith(saved, inode)
         case .scratch:
             guard let key = file.intendedKey, file.written else { return }
-            try adopt(inode, as: key, &store)
+            do {
+                try adopt(inode, as: key, &store)
+            } catch {
+                // Refused at close: like a refused write, the file goes at its last close
+                // and the key keeps its last good value.
+                if error == .invalidArgument || error == .fileTooLarge {
+                    files[inode]?.refused = true
+                    files[inode]?.written = false
+                }
+                throw error
+            }
         case .unlinked:
             return
         }
@@ -580,7 +627,9 @@ struct EditingEngine<Store: EditedStore> {
                 entryInvalidations.append((directory, name))
                 files[inode]!.role = .unlinked
             }
-            collect(inode)
+            // Key files stay until the kernel forgets them: a listing taken before the lock
+            // may still hand them out.
+            if files[inode]!.key == nil { collect(inode) }
         }
         scratchIn.removeAll()
         hidden.removeAll()

@@ -43,6 +43,8 @@ struct SettingsKeys: EditedStore {
     /// the tree into `EditingEngine.keyGone`), and names the kernel must forget.
     var gone: [[String]] = []
     var changedKeys: [[String]] = []
+    /// Directories whose values left (their editor's files go too).
+    var removedDirectories: [LocalInode] = []
     var entryInvalidations: [(parent: LocalInode, name: String)] = []
 
     static let maximumValueSize = 1 << 20
@@ -183,10 +185,11 @@ struct SettingsKeys: EditedStore {
 
     mutating func countLookup(_ inode: LocalInode) { directories[inode]?.lookups += 1 }
 
-    mutating func forget(_ inode: LocalInode, count: UInt64) {
+    /// `keep`: editor's files still live in it (their table is keyed by its inode).
+    mutating func forget(_ inode: LocalInode, count: UInt64, keep: Bool) {
         guard inode != .top, var node = directories[inode] else { return }
         node.lookups -= min(count, node.lookups)
-        guard node.lookups == 0 else { directories[inode] = node; return }
+        guard node.lookups == 0, !keep || node.removed else { directories[inode] = node; return }
         directories[inode] = nil
         if directoryFor[node.path] == inode { directoryFor[node.path] = nil }
     }
@@ -197,6 +200,7 @@ struct SettingsKeys: EditedStore {
     mutating func removeDirectories(below path: [String]) {
         for (inode, node) in directories where inode != .top && !node.removed && PlistPath.isWithin(node.path, path) {
             directories[inode]!.removed = true
+            removedDirectories.append(inode)
             directoryFor[node.path] = nil
             if let parent = directoryFor[Array(node.path.dropLast())] {
                 entryInvalidations.append((parent, node.path.last!))

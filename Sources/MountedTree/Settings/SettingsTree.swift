@@ -75,14 +75,16 @@ public final class SettingsTree: Subtree {
 
     /// Runs `body` under the lock, then sends the invalidations it queued.
     private func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
-        let (result, invalidations) = try state.withLock { (s) throws(Errno) -> (T, [Invalidation]) in
-            try s.keys.ensureLoaded()
-            defer { s.settle() }
-            let result = try body(&s)
+        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation]) in
+            let result = Result { () throws(Errno) -> T in
+                try s.keys.ensureLoaded()
+                return try body(&s)
+            }
+            // Sent whether or not the request succeeded: what changed before a failure changed.
             return (result, s.takeInvalidations())
         }
-        send(invalidations)
-        return result
+        send(outcome.1)
+        return try outcome.0.get()
     }
 
     private func entry(_ s: State, _ local: LocalInode) throws(Errno) -> Entry {
@@ -126,7 +128,7 @@ public final class SettingsTree: Subtree {
         pageCache.forget(inode)
         state.withLock { s in
             let local = space.local(of: inode)
-            if local.isFile { s.engine.forget(local, count: lookups) } else { s.keys.forget(local, count: lookups) }
+            if local.isFile { s.engine.forget(local, count: lookups) } else { s.forgetDirectory(local, count: lookups) }
         }
     }
 
@@ -263,9 +265,12 @@ public final class SettingsTree: Subtree {
     }
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
-        _ = try? locked { (s) throws(Errno) in
-            try s.engine.release(space.local(of: inode), handle: FileHandle(raw: handle), &s.keys)
+        // Not through `locked`: the open is let go even while the plist cannot be read.
+        let invalidations = state.withLock { s in
+            try? s.engine.release(space.local(of: inode), handle: FileHandle(raw: handle), &s.keys)
+            return s.takeInvalidations()
         }
+        send(invalidations)
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {

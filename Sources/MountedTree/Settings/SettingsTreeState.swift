@@ -30,14 +30,24 @@ extension SettingsTree {
             for key in changed {
                 if keys.hasValue(key) {
                     engine.keyChanged(key)
-                } else {
-                    if let parent = keys.directory(of: key), engine.boundKeys.contains(key) {
-                        keys.entryInvalidations.append((parent, key.last!))
-                    }
-                    engine.keyGone(key, keys)
+                    continue
+                }
+                // Gone, or now a container (or a container gone or retyped): every key file
+                // at or below it stops being its key.
+                for bound in Array(engine.boundKeys) where PlistPath.isWithin(bound, key) {
+                    if let parent = keys.directory(of: bound) { keys.entryInvalidations.append((parent, bound.last!)) }
+                    engine.keyGone(bound, keys)
                 }
             }
             engine.dropHidden { keys.value(at: $0) == nil }
+            let removed = keys.removedDirectories
+            keys.removedDirectories.removeAll()
+            for directory in removed { engine.dropScratchFiles(in: directory) }
+        }
+
+        /// The kernel forgot a directory: it goes unless editor's files still live in it.
+        mutating func forgetDirectory(_ inode: LocalInode, count: UInt64) {
+            keys.forget(inode, count: count, keep: !engine.scratchFiles(in: inode).isEmpty)
         }
 
         /// The invalidations queued so far (emptied).
@@ -182,7 +192,13 @@ extension SettingsTree {
                 if flags.contains(.noReplace) && targetExists { throw .fileExists }
                 if from == to { return }
                 if keys.isArray(fromDirectory) || keys.isArray(toDirectory) { throw .invalidArgument }
-                if !targetExists && engine.isHidden(to) { throw .fileExists }
+                if !targetExists && engine.isLeaving(to) {
+                    // Unlinked a moment ago: gone for this rename.
+                    try keys.remove(to)
+                    engine.keyGone(to, keys)
+                } else if !targetExists && engine.isHidden(to) {
+                    throw .fileExists
+                }
                 try keys.moveValue(source, from: from, to: to)
                 keys.moveDirectories(from: from, to: to)
                 engine.rebind { PlistPath.isWithin($0, from) ? to + $0.dropFirst(from.count) : nil }
