@@ -173,11 +173,7 @@ final class Bench {
         return text.split(separator: "\n").first { $0.hasPrefix(key + "=") }.map { String($0.dropFirst(key.count + 1)) }
     }
 
-    func rss() -> Double {
-        guard let text = try? String(contentsOfFile: "/proc/\(daemonPID)/status", encoding: .utf8),
-              let line = text.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }) else { return 0 }
-        return Double(line.split(separator: " ").dropFirst().first ?? "0").map { $0 / 1024 } ?? 0
-    }
+    func rss() -> Double { rss(of: daemonPID) }
 
     /// The file or directory a workload uses on each system.
     func paths(_ kind: String) -> [(String, String)] {

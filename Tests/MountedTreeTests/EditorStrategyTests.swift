@@ -28,6 +28,14 @@ import Glibc
         if k.rename(temp, name) < 0 { k.unlink(temp) }
     }
 
+    /// Unlink the key, create it again with O_EXCL, write, close.
+    static func unlinkThenCreate(_ k: KernelModel, _ name: String, _ text: String, mode: mode_t) {
+        k.unlink(name)
+        let fd = k.open(name, O_WRONLY | O_CREAT | O_EXCL, mode: mode)
+        k.write(fd, text + "\n")
+        k.close(fd)
+    }
+
     static let strategies: [Strategy] = [
         Strategy(description: "vim") { k, name, text in
             let swap = k.open(".\(name).swp", O_RDWR | O_CREAT | O_EXCL, mode: 0o600)
@@ -99,30 +107,17 @@ import Glibc
             k.write(fd, text + "\n")
             k.close(fd)
         },
-        Strategy(description: "install") { k, name, text in
-            k.unlink(name)
-            let fd = k.open(name, O_WRONLY | O_CREAT | O_EXCL, mode: 0o600)
-            k.write(fd, text + "\n")
-            k.close(fd)
-        },
+        Strategy(description: "install") { k, name, text in unlinkThenCreate(k, name, text, mode: 0o600) },
         Strategy(description: "mv from another file system") { k, name, text in
             k.stat(name)
-            k.unlink(name)
-            let fd = k.open(name, O_WRONLY | O_CREAT | O_EXCL, mode: 0o644)
-            k.write(fd, text + "\n")
-            k.close(fd)
+            unlinkThenCreate(k, name, text, mode: 0o644)
         },
         Strategy(description: "cp") { k, name, text in
             let fd = k.open(name, O_WRONLY | O_TRUNC)
             k.write(fd, text + "\n")
             k.close(fd)
         },
-        Strategy(description: "git checkout") { k, name, text in
-            k.unlink(name)
-            let fd = k.open(name, O_WRONLY | O_CREAT | O_EXCL, mode: 0o644)
-            k.write(fd, text + "\n")
-            k.close(fd)
-        },
+        Strategy(description: "git checkout") { k, name, text in unlinkThenCreate(k, name, text, mode: 0o644) },
         Strategy(description: "Python tempfile + os.replace") { k, name, text in replaceThroughTemporary(k, "tmpk3_x9q2z", name, text) },
         Strategy(description: "shell > (open, dup2, close, write)") { k, name, text in
             let fd = k.open(name, O_WRONLY | O_CREAT | O_TRUNC, mode: 0o666)
