@@ -26,7 +26,7 @@ import Glibc
         (">>", ": > S && echo 6 >> S && cat S > N"),
         ("tee", "echo 6 | tee N > /dev/null"),
         ("cp", "echo 6 > /tmp/mtmfs-cp-$$ && cp /tmp/mtmfs-cp-$$ N; r=$?; rm -f /tmp/mtmfs-cp-$$; exit $r"),
-        ("mv from another file system", "echo 6 > /tmp/mtmfs-mv-$$ && mv /tmp/mtmfs-mv-$$ N"),
+        ("mv from another file system", "echo 6 > /tmp/mtmfs-mv-$$ && mv /tmp/mtmfs-mv-$$ N; r=$?; rm -f /tmp/mtmfs-mv-$$; exit $r"),
         ("install", "echo 6 > /tmp/mtmfs-in-$$ && install -m 600 /tmp/mtmfs-in-$$ N; r=$?; rm -f /tmp/mtmfs-in-$$; exit $r"),
         ("git checkout", """
             python3 -c "import os; os.unlink('N'); fd = os.open('N', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644); os.write(fd, b'6\\\\n'); os.close(fd)"

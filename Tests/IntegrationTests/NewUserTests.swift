@@ -64,7 +64,12 @@ import Glibc
         defer { scratch.remove() }
         let mnt = scratch.sub("m")
         let demo = Run.mtmfs("demo", mnt)
-        defer { Run.mtmfs("unmount", mnt) }
+        // The demo leaves its data directory in /tmp for the user: the test takes it away.
+        let demoData = (try? MountStatus.read(mnt))?["data_dir"]
+        defer {
+            Run.mtmfs("unmount", mnt)
+            if let demoData, demoData.hasPrefix("/tmp/mtmfs-demo-data.") { try? FileManager.default.removeItem(atPath: demoData) }
+        }
         #expect(demo.status == 0, "\(demo)")
         let lines = demo.stdout.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
         let tryIndex = try #require(lines.firstIndex { $0.hasPrefix("Try these yourself") })
