@@ -289,4 +289,13 @@ import Glibc
         #expect(k.contents("Level") == "2\n")
         k.close(held)
     }
+
+    @Test func aKeySetAgainAfterItsUnlinkStays() throws {
+        let trees = try Trees()
+        let k = trees.settingsModel()
+        k.unlink("username")
+        try trees.settings.setString("again", forKey: "username")  // as `ln -sfn` on accounts/active does
+        usleep(1_500_000)  // past the unlinked key's delay
+        #expect(k.contents("username") == "again\n")
+    }
 }

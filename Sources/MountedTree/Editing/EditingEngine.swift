@@ -609,6 +609,20 @@ struct EditingEngine<Store: EditedStore> {
             byKey[moved] = inode
             files[inode]!.role = .key(moved)
         }
+        for (key, state) in hidden {
+            guard let moved = transform(key), moved != key else { continue }
+            hidden[key] = nil
+            hidden[moved] = state
+        }
+        for inode in Array(files.keys) {
+            if let key = files[inode]!.intendedKey, let moved = transform(key) { files[inode]!.intendedKey = moved }
+            if let key = files[inode]!.detachedFrom, let moved = transform(key) { files[inode]!.detachedFrom = moved }
+        }
+    }
+
+    /// The key was given a value again (not through a file): it no longer waits to leave.
+    mutating func unhide(_ key: Key) {
+        if case .unlinked? = hidden[key] { hidden[key] = nil }
     }
 
     /// Forgets hidden keys that are gone from the store.

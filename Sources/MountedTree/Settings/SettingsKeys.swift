@@ -327,40 +327,42 @@ struct SettingsKeys: EditedStore {
     }
 
     mutating func move(_ key: [String], onto target: [String]) throws(Errno) {
-        guard let source = value(at: key) else { throw .noSuchFileOrDirectory }
+        guard value(at: key) != nil else { throw .noSuchFileOrDirectory }
         if isArray(Array(key.dropLast())) || isArray(Array(target.dropLast())) { throw .invalidArgument }
-        try moveValue(source, from: key, to: target)
+        try moveValue(from: key, to: target)
     }
 
     /// `rename` of a key or container onto `to` (absent, or of the same kind): the target
-    /// keeps its type (the source's text must fit it) and the source goes.
-    mutating func moveValue(_ source: PlistValue, from: [String], to: [String]) throws(Errno) {
-        if let target = value(at: to) {
-            if source.isContainer != target.isContainer { throw source.isContainer ? .notDirectory : .isDirectory }
-            if source.isContainer {
-                if case .dictionary(let d) = target, d.count > 0 { throw .directoryNotEmpty }
-                if case .array(let a) = target, !a.isEmpty { throw .directoryNotEmpty }
-            }
-            let replacement: PlistValue
-            if source.isContainer || source.type == target.type {
-                replacement = source
-            } else {
-                guard let converted = PlistText.parse(PlistText.render(source), as: target.type) else { throw .invalidArgument }
-                replacement = converted
-            }
-            try updateRoot { (root) throws(Errno) in
+    /// keeps its type (the source's text must fit it) and the source goes. Both are read
+    /// from the file as it is at the save (another program's change made meanwhile counts).
+    mutating func moveValue(from: [String], to: [String]) throws(Errno) {
+        var replacedContainer = false
+        try updateRoot { (root) throws(Errno) in
+            guard let source = root.value(at: from[...]) else { throw .noSuchFileOrDirectory }
+            if let target = root.value(at: to[...]) {
+                if source.isContainer != target.isContainer { throw source.isContainer ? .notDirectory : .isDirectory }
+                if source.isContainer {
+                    if case .dictionary(let d) = target, d.count > 0 { throw .directoryNotEmpty }
+                    if case .array(let a) = target, !a.isEmpty { throw .directoryNotEmpty }
+                }
+                let replacement: PlistValue
+                if source.isContainer || source.type == target.type {
+                    replacement = source
+                } else {
+                    guard let converted = PlistText.parse(PlistText.render(source), as: target.type) else { throw .invalidArgument }
+                    replacement = converted
+                }
                 try root.modify(at: to[...], position: nil) { $0 = replacement }
                 try root.modify(at: from[...], position: nil) { $0 = nil }
-            }
-            if target.isContainer { removeDirectories(below: to) }
-        } else {
-            guard !PlistPath.isWithin(to, from) else { throw .invalidArgument }
-            let position = from.dropLast() == to.dropLast() ? root.position(of: from) : nil
-            try updateRoot { (root) throws(Errno) in
+                replacedContainer = target.isContainer
+            } else {
+                guard !PlistPath.isWithin(to, from) else { throw .invalidArgument }
+                let position = from.dropLast() == to.dropLast() ? root.position(of: from) : nil
                 try root.modify(at: from[...], position: nil) { $0 = nil }
                 try root.modify(at: to[...], position: position) { $0 = source }
             }
         }
+        if replacedContainer { removeDirectories(below: to) }
         unbury(to)
     }
 

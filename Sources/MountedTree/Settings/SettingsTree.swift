@@ -104,6 +104,7 @@ public final class SettingsTree: Subtree {
         try locked { (s) throws(Errno) in
             try s.keys.update([key]) { $0 = .string(value) }
             s.engine.keyChanged([key])
+            s.engine.unhide([key])  // set again after an unlink: it stays
         }
     }
 

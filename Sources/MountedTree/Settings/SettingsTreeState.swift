@@ -183,7 +183,7 @@ extension SettingsTree {
             try SettingsKeys.checkName(newName)
             let fromDirectory = try keys.path(of: parent)
             let toDirectory = try keys.path(of: newParent)
-            if let source = container(name, in: parent, path: fromDirectory) {
+            if container(name, in: parent, path: fromDirectory) != nil {
                 // A dictionary or array moves with everything below it.
                 if flags.contains(.exchange) { throw .invalidArgument }
                 let from = fromDirectory + [name], to = toDirectory + [newName]
@@ -199,7 +199,7 @@ extension SettingsTree {
                 } else if !targetExists && engine.isHidden(to) {
                     throw .fileExists
                 }
-                try keys.moveValue(source, from: from, to: to)
+                try keys.moveValue(from: from, to: to)
                 keys.moveDirectories(from: from, to: to)
                 engine.rebind { PlistPath.isWithin($0, from) ? to + $0.dropFirst(from.count) : nil }
                 return
