@@ -20,6 +20,8 @@ final class DamagedStores {
     let short: Bool
     var random: SplitMix
     let scratch = Scratch("reliability-damage")
+    /// The directories of the stores `makeStore` made, removed with the part's own.
+    var storeScratches: [Scratch] = []
     var base: Store!
     let uuidA = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
     let uuidB = "3f2504e0-4f89-41d3-9a0c-0305e82c3302"
@@ -30,7 +32,10 @@ final class DamagedStores {
     }
 
     func run() -> [Tally] {
-        defer { scratch.remove() }
+        defer {
+            scratch.remove()
+            for store in storeScratches { store.remove() }
+        }
         let setUp = Tally("damage: set-up")
         do {
             base = try makeStore(name: "base", fields: ["password": "alpha", "username": "ann"])
@@ -44,6 +49,7 @@ final class DamagedStores {
     /// A store with two accounts and a few cache files, unmounted.
     func makeStore(name: String, fields: [String: String]) throws -> Store {
         let sub = Scratch("reliability-damage-\(name)")
+        storeScratches.append(sub)
         let store = try Store(in: sub)
         try store.mount()
         defer { store.unmount() }
