@@ -104,6 +104,9 @@ public final class Vault: @unchecked Sendable {
     /// The accounts as (16-byte UUID, name as given), in file order. Works while locked.
     public var accounts: [(uuid: [UInt8], name: String)] { records.map { ($0.uuid, $0.name) } }
 
+    /// Bytes of locked memory the unlocked plaintext takes (the arena's slabs; 0 locked).
+    public var secureMemoryBytes: Int { arena.slabCount * SecureArena.slabSize }
+
     /// How many accounts there are (no copy of the list).
     public var accountCount: Int { records.count }
 

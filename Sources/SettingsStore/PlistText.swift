@@ -84,7 +84,8 @@ public enum PlistText {
         return String(scalars[first...last])
     }
 
-    static func stripOneNewline(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
+    /// The bytes without one trailing `\n` or `\r\n`.
+    public static func stripOneNewline(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
         var end = bytes.count
         if end > 0 && bytes[end - 1] == 0x0A {
             end -= 1

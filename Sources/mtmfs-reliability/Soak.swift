@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CredentialVault
 import Foundation
 import Posix
 import TestSupport
@@ -20,6 +21,7 @@ final class Soak {
     let memory = Tally("soak (RSS after many editor saves ≤ RSS after the first 1,000 + 2 MB)")
     let values = Tally("soak (every save leaves its value, no stray name)")
     let stall = Tally("unlock stall (stat/ls of accounts/ during a SENSITIVE unlock wait < 100 ms)")
+    let scale = Tally("vault scale (10,000 full accounts: unlocked ≤ 64 MB and < 1,000 memory maps, less once locked)")
 
     static let account = Workload.account
     static let keys = (0..<8).map { "settings/SoakKey\($0)" }
@@ -37,10 +39,11 @@ final class Soak {
         do {
             try soak()
             try unlockStall()
+            try vaultScale()
         } catch {
             memory.record("set-up", ["\(error)"])
         }
-        return [values, memory, stall]
+        return [values, memory, stall, scale]
     }
 
     // MARK: Saves
@@ -142,6 +145,11 @@ final class Soak {
                       final <= baseline + 2048 ? [] : ["grew \(final - baseline) KiB"])
     }
 
+    /// The daemon's memory maps.
+    func mapCount(_ pid: pid_t) -> Int {
+        (try? String(contentsOfFile: "/proc/\(pid)/maps", encoding: .utf8))?.split(separator: "\n").count ?? 0
+    }
+
     /// The daemon's resident memory once its delayed work (removals, checkpoints) is done.
     func settledResidentKiB(_ pid: pid_t) -> Int {
         usleep(1_500_000)
@@ -166,14 +174,14 @@ final class Soak {
         // `mtmfs unlock` in a child process: this one keeps asking meanwhile.
         let started = Date()
         let unlocking = Run.start(Run.mtmfs, ["unlock", "--passphrase-file", store.passphraseFile, store.mountPoint])
-        let done = ManagedAtomicFlag()
+        let done = Locked(false)
         Threads.detach {
             _ = Run.wait(unlocking, timeout: 120)
-            done.set()
+            done.withLock { $0 = true }
         }
         var longest = 0.0, requests = 0
         var stat_ = stat()
-        while !done.isSet && Date().timeIntervalSince(started) < 60 {
+        while !done.withLock({ $0 }) && Date().timeIntervalSince(started) < 60 {
             let before = Date()
             _ = listing(store.path("accounts"))
             _ = listing(account)
@@ -190,12 +198,52 @@ final class Soak {
         if readText(account + "/username") != "someone\n" { problems.append("the field does not read after the unlock") }
         stall.record("stat/ls during a SENSITIVE unlock", problems)
     }
-}
 
-/// A flag set by one thread and read by another.
-final class ManagedAtomicFlag: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = false
-    func set() { lock.lock(); value = true; lock.unlock() }
-    var isSet: Bool { lock.lock(); defer { lock.unlock() }; return value }
+    // MARK: Vault scale
+
+    /// SPEC §2: 10,000 fully filled accounts unlock, serve and lock like a small vault. The
+    /// vault gets them in saves of 1,000 through `Vault.addAccounts` (10,000 mkdirs would
+    /// rewrite it 10,000 times), then is mounted unlocked.
+    func vaultScale() throws {
+        let scaleScratch = Scratch("reliability-vault-scale", in: access("/dev/shm", W_OK) == 0 ? "/dev/shm" : nil)
+        defer { scaleScratch.remove() }
+        let store = try Store(in: scaleScratch)
+        let count = 10_000
+        let name = { (index: Int) in String(format: "%08x-0000-4000-8000-%012x", index, index) }
+        do {
+            let vault = try Vault(path: store.dataDirectory + "/vault")
+            try vault.unlock(passphrase: Array(suitePassphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) })
+            for batch in stride(from: 0, to: count, by: 1_000) {
+                let accounts = (batch..<min(count, batch + 1_000)).map { index in
+                    let values: [AccountField: String] = [
+                        .label: "Account \(index)", .protocol: "https", .server: "host\(index).example.com", .port: "443",
+                        .path: "/login", .comment: "account number \(index)", .username: "user\(index)@example.com",
+                        .password: "pw-\(index)-correct-horse-battery-staple",
+                    ]
+                    return (uuid: AccountName.uuidBytes(name(index))!, name: name(index),
+                            fields: values.mapValues { text in Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } })
+                }
+                try vault.addAccounts(accounts)
+            }
+            vault.lock()
+        } catch {
+            throw SuiteError("building a vault of \(count) accounts: \(error)")
+        }
+        defer { store.unmount() }
+        try store.mount(unlocked: true)
+        let last = store.path("accounts/\(name(count - 1))")
+        var problems: [String] = []
+        if readText(last + "/password") != "pw-\(count - 1)-correct-horse-battery-staple\n" { problems.append("a field does not read") }
+        if readText(last + "/url") != "https://host\(count - 1).example.com:443/login\n" { problems.append("url does not read") }
+        let unlocked = settledResidentKiB(store.daemon), maps = mapCount(store.daemon)
+        guard store.lock() else { throw SuiteError("lock failed") }
+        let locked = settledResidentKiB(store.daemon)
+        if readFile(last + "/password").error != EACCES { problems.append("a field reads after the lock") }
+        say(String(format: "  vault scale: %d full accounts: %.1f MB unlocked, %d memory maps, %.1f MB locked again",
+                   count, Double(unlocked) / 1024, maps, Double(locked) / 1024))
+        if unlocked > 64 * 1024 { problems.append("\(unlocked / 1024) MB unlocked") }
+        if maps >= 1_000 { problems.append("\(maps) memory maps") }
+        if locked >= unlocked { problems.append("the lock gave nothing back (\(locked / 1024) MB)") }
+        scale.record("\(count) full accounts", problems)
+    }
 }

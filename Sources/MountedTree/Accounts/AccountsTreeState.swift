@@ -103,7 +103,7 @@ extension AccountsTree {
                 throw .noSuchFileOrDirectory
             }
             let id = fields.id(of: account.uuid)
-            if !engine.scratchFiles(in: id.directory).isEmpty { throw .directoryNotEmpty }
+            if engine.hasScratchFiles(in: id.directory) { throw .directoryNotEmpty }
             // Fields always exist: an account with any value is not empty (`rm -r` unlinks
             // each field first — they wait to leave — then removes the directory).
             for (index, field) in AccountField.allCases.enumerated() {

@@ -64,13 +64,13 @@ struct VaultSession {
     }
 
     /// Made under the current lock generation.
-    func isCurrent(_ handle: FileHandle) -> Bool { handle.generation == FileHandle(generation: generation, serial: 0).generation }
+    func isCurrent(_ handle: FileHandle) -> Bool { handle.generation == generation }
 
     /// Zeroes the keys and starts a new generation: every earlier handle is refused.
     mutating func lock() {
         vault?.lock()
         revealing = false
-        generation += 1
+        generation = FileHandle.nextGeneration(after: generation)
     }
 
     mutating func damage(_ message: String) {

@@ -67,6 +67,9 @@ struct EditingEngine<Store: EditedStore> {
 
     func scratch(named name: String, in directory: LocalInode) -> LocalInode? { scratchIn[directory]?[name] }
 
+    /// Whether editor's files live in the directory.
+    func hasScratchFiles(in directory: LocalInode) -> Bool { scratchIn[directory]?.isEmpty == false }
+
     /// The editor's files of a directory, by name.
     func scratchFiles(in directory: LocalInode) -> [(name: String, inode: LocalInode)] {
         (scratchIn[directory] ?? [:]).sorted { $0.key < $1.key }.map { ($0.key, $0.value) }

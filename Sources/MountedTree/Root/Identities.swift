@@ -76,9 +76,14 @@ struct FileHandle: Hashable, Sendable {
 
     init(raw: UInt64) { self.raw = raw }
 
+    /// Generations count modulo 2^24 (`nextGeneration`).
     init(generation: UInt64, serial: UInt64) {
-        raw = (generation & ((1 << 24) - 1)) << 40 | (serial & ((1 << 40) - 1))
+        raw = (generation & Self.generationMask) << 40 | (serial & ((1 << 40) - 1))
     }
+
+    static let generationMask: UInt64 = (1 << 24) - 1
+
+    static func nextGeneration(after generation: UInt64) -> UInt64 { (generation + 1) & generationMask }
 
     var generation: UInt64 { raw >> 40 }
 }

@@ -298,7 +298,7 @@ struct SettingsKeys: EditedStore {
         let existing = value(at: key)
         if existing?.isContainer == true { throw .isDirectory }
         let type = existing?.type ?? tombstones[key]?.type ?? note ?? PlistText.inferType(of: text.bytes)
-        guard PlistTextNewline.strip(text.bytes).count <= Self.maximumValueSize else { throw .fileTooLarge }
+        guard PlistText.stripOneNewline(text.bytes).count <= Self.maximumValueSize else { throw .fileTooLarge }
         guard let value = PlistText.parse(text.bytes, as: type) else { throw .invalidArgument }
         let position = existing == nil ? tombstones[key]?.position : nil
         try update(key, position: position) { $0 = value }
@@ -377,12 +377,4 @@ struct SettingsKeys: EditedStore {
     }
 
     func removesAtOnce(_ key: [String]) -> Bool { isArray(Array(key.dropLast())) }
-}
-
-enum PlistTextNewline {
-    static func strip(_ bytes: [UInt8]) -> [UInt8] {
-        var end = bytes.count
-        if end > 0 && bytes[end - 1] == 0x0A { end -= 1; if end > 0 && bytes[end - 1] == 0x0D { end -= 1 } }
-        return Array(bytes[0..<end])
-    }
 }

@@ -290,7 +290,7 @@ public final class SettingsTree: Subtree {
     public func setExtendedAttribute(_ inode: InodeNumber, name: String, value: [UInt8], flags: Int32,
                                      context: RequestContext) throws(Errno) {
         guard name == Self.typeAttribute else { throw .notSupported }
-        guard let text = String(validating: PlistTextNewline.strip(value), as: UTF8.self),
+        guard let text = String(validating: PlistText.stripOneNewline(value), as: UTF8.self),
               let type = PlistType(rawValue: text) else { throw .invalidArgument }
         try locked { (s) throws(Errno) in try s.setType(space.local(of: inode), type) }
     }

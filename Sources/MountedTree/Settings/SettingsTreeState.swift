@@ -47,7 +47,7 @@ extension SettingsTree {
 
         /// The kernel forgot a directory: it goes unless editor's files still live in it.
         mutating func forgetDirectory(_ inode: LocalInode, count: UInt64) {
-            keys.forget(inode, count: count, keep: !engine.scratchFiles(in: inode).isEmpty)
+            keys.forget(inode, count: count, keep: engine.hasScratchFiles(in: inode))
         }
 
         /// The invalidations queued so far (emptied).
@@ -165,7 +165,7 @@ extension SettingsTree {
             case .array(let items): if !items.isEmpty { throw .directoryNotEmpty }
             default: throw .notDirectory
             }
-            if let directory = keys.existingDirectory(at: path), !engine.scratchFiles(in: directory).isEmpty {
+            if let directory = keys.existingDirectory(at: path), engine.hasScratchFiles(in: directory) {
                 throw .directoryNotEmpty
             }
             try keys.remove(path)
