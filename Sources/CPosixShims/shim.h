@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <sys/syscall.h>
 #include <malloc.h>
+#include <sys/file.h>
 
 static inline int mtmfs_prctl_set_dumpable(int dumpable) {
     return prctl(PR_SET_DUMPABLE, (unsigned long)dumpable, 0UL, 0UL, 0UL);
@@ -22,6 +23,11 @@ static inline void mtmfs_syslog(int priority, const char *message) {
 static inline int mtmfs_disable_core_files(void) {
     struct rlimit limit = { 0, 0 };
     return setrlimit(RLIMIT_CORE, &limit);
+}
+
+/* flock(2): Swift sees `flock` as the struct of fcntl's record locks, not the function. */
+static inline int mtmfs_flock(int fd, int operation) {
+    return flock(fd, operation);
 }
 
 static inline int mtmfs_open(const char *path, int flags, unsigned int mode) {

@@ -19,13 +19,24 @@ public enum Spawn {
     }
 
     /// Starts `program` (looked up in PATH) with `arguments`; the child's pid.
-    /// `environment` replaces ours when given ("NAME=value" strings).
+    /// `environment` replaces ours when given ("NAME=value" strings). With
+    /// `ownProcessGroup` the child leads a new process group, so that `wait`'s timeout
+    /// ends it with everything it started (a shell's editor); not for a child that must
+    /// read the terminal.
     public static func start(_ program: String, _ arguments: [String], stdin: Stream = .null,
                              stdout: Stream = .null, stderr: Stream = .null,
-                             closing: [Int32] = [], environment: [String]? = nil) throws(Errno) -> pid_t {
+                             closing: [Int32] = [], environment: [String]? = nil,
+                             ownProcessGroup: Bool = false) throws(Errno) -> pid_t {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        if ownProcessGroup {
+            posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP))
+            posix_spawnattr_setpgroup(&attributes, 0)
+        }
         for (fd, stream) in [(Int32(0), stdin), (1, stdout), (2, stderr)] {
             switch stream {
             case .file(let path, let append):
@@ -43,16 +54,17 @@ public enum Spawn {
         var pid: pid_t = 0
         let rc: Int32
         if cEnvironment != nil {
-            rc = posix_spawnp(&pid, program, &actions, nil, &cArguments, &cEnvironment!)
+            rc = posix_spawnp(&pid, program, &actions, &attributes, &cArguments, &cEnvironment!)
         } else {
-            rc = posix_spawnp(&pid, program, &actions, nil, &cArguments, environ)
+            rc = posix_spawnp(&pid, program, &actions, &attributes, &cArguments, environ)
         }
         guard rc == 0 else { throw Errno(rc) }
         return pid
     }
 
     /// Reaps `pid`: its exit status, or 128 + the signal that ended it. With a `timeout`
-    /// (seconds) the child is killed with SIGKILL once it has run that long.
+    /// (seconds) the child is killed with SIGKILL once it has run that long: with its whole
+    /// process group when it leads one (`ownProcessGroup`).
     @discardableResult
     public static func wait(_ pid: pid_t, timeout: Double? = nil) -> Int32 {
         var status: Int32 = 0
@@ -63,7 +75,7 @@ public enum Spawn {
                 if reaped == pid { break }
                 if reaped == -1 && errno != EINTR { return -1 }
                 if started.secondsElapsed > timeout {
-                    kill(pid, SIGKILL)
+                    kill(getpgid(pid) == pid ? -pid : pid, SIGKILL)
                     while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
                     break
                 }

@@ -68,6 +68,17 @@ public enum Syscall {
         _ = try valueOrErrno { Glibc.fsync(fd) }
     }
 
+    /// Takes an exclusive `flock` on `fd` without waiting: `.tryAgain` when another open
+    /// file description holds it. The lock goes with the last descriptor of that description
+    /// (so with the process, however it ends).
+    public static func lockExclusively(_ fd: Int32) throws(Errno) {
+        _ = try valueOrErrno { mtmfs_flock(fd, LOCK_EX | LOCK_NB) }
+    }
+
+    public static func truncate(_ fd: Int32, to length: Int64) throws(Errno) {
+        _ = try valueOrErrno { Glibc.ftruncate(fd, off_t(length)) }
+    }
+
     public static func rename(_ from: String, _ to: String) throws(Errno) {
         _ = try valueOrErrno { Glibc.rename(from, to) }
     }

@@ -58,11 +58,12 @@ public enum Run {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let inPath = directory + "/in", outPath = directory + "/out", errPath = directory + "/err"
         _ = FileManager.default.createFile(atPath: inPath, contents: Data((input ?? "").utf8))
-        let env = environment.map { $0.map { "\($0.key)=\($0.value)" } }
+        let env = environment.map { $0.filter { $0.key != Leftovers.variable }.map { "\($0.key)=\($0.value)" } + [Leftovers.marker] }
+        Leftovers.arm()
         let pid: pid_t
         do {
             pid = try Spawn.start(path, arguments, stdin: .file(inPath), stdout: .file(outPath), stderr: .file(errPath),
-                                  environment: env)
+                                  environment: env, ownProcessGroup: true)
         } catch {
             return CommandResult(status: 127, stdout: "", stderr: "cannot run \(path): \(error)")
         }
@@ -72,7 +73,7 @@ public enum Run {
                              stderr: (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? "")
     }
 
-    /// One line of `sh -c`.
+    /// One line of `sh -c`; a timeout kills the shell with everything it started.
     @discardableResult
     public static func shell(_ line: String, input: String? = nil, timeout: Double = 120) -> CommandResult {
         program("/bin/sh", ["-c", line], input: input, timeout: timeout)
@@ -82,8 +83,9 @@ public enum Run {
     /// cannot start. Reap it with `wait`.
     public static func start(_ program: String, _ arguments: [String], stdin: String = "/dev/null",
                              stdout: String = "/dev/null", stderr: String = "/dev/null") -> pid_t {
-        (try? Spawn.start(program, arguments, stdin: .file(stdin), stdout: .file(stdout, append: true),
-                          stderr: .file(stderr, append: true))) ?? 0
+        Leftovers.arm()
+        return (try? Spawn.start(program, arguments, stdin: .file(stdin), stdout: .file(stdout, append: true),
+                                 stderr: .file(stderr, append: true), ownProcessGroup: true)) ?? 0
     }
 
     /// Reaps `pid`, SIGKILL after `timeout` seconds: the exit status, or 128 + signal.

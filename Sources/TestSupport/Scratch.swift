@@ -20,6 +20,7 @@ public final class Scratch {
     public init(_ label: String = "test", in base: String? = nil) {
         path = temporaryDirectory("\(base ?? "/tmp")/mtmfs-\(label).XXXXXX")
         try? Syscall.chmod(path, mode: 0o755)
+        Leftovers.remember(scratch: path)
     }
 
     /// The path of `name` in here.

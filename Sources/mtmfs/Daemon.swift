@@ -114,7 +114,8 @@ enum Daemon {
                                    options: options, autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit,
                                    progress: note)
         } catch {
-            Log.error(error.description)
+            // In the foreground the command's own failure line says it (one line, not two).
+            if readyFD != nil { Log.error(error.description) }
             report("error: \(error.description)")
             throw CommandFailure(error.description)
         }

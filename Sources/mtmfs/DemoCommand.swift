@@ -73,6 +73,16 @@ struct DemoCommand: Command {
         symlink("avatars/alice.svg", cache + "/me.svg")
     }
 
+    /// `mtmfs` as the user can type it here: the tour's commands run as printed.
+    static let command = Paths.commandName()
+
+    /// Said when `mtmfs` alone would not find this build.
+    static var pathHint: String {
+        guard command != "mtmfs" else { return "" }
+        let directory = command.split(separator: "/").dropLast().joined(separator: "/")
+        return "\n\n`mtmfs` alone is not this build; to type it so: export PATH=\"/\(directory):$PATH\""
+    }
+
     /// The demo vault's passphrase (printed: this store is for show only).
     static let passphrase = "demo passphrase"
     static let sampleAccounts: [(String, [AccountField: String])] = [
@@ -111,7 +121,7 @@ struct DemoCommand: Command {
 
         The accounts are locked at first. This demo's passphrase is "\(Self.passphrase)":
 
-        $ mtmfs unlock \(shown)          # asks for it (no echo); done for you here
+        $ \(Self.command) unlock \(shown)          # asks for it (no echo); done for you here
         $ ls \(shown)/accounts/\(account)
         \(((try? Syscall.listDirectory(mountPoint + "/accounts/" + account)) ?? []).joined(separator: "  "))
         $ cat \(shown)/accounts/\(account)/url \(shown)/accounts/\(account)/username
@@ -122,7 +132,7 @@ struct DemoCommand: Command {
 
         The accounts stay unlocked for you to look around. To lock them again (keys and
         plaintext zeroed; also after 900 s without a secret read, or on SIGUSR1):
-          mtmfs lock \(shown)
+          \(Self.command) lock \(shown)
         """
     }
 
@@ -189,8 +199,8 @@ struct DemoCommand: Command {
           \(shown)/cache/      a file tree stored in SQLite
           \(shown)/.mtmfs/     status and control files
 
-        Look around with ls and cat; `mtmfs status` summarizes every mount.
-        When done: mtmfs unmount \(shown)
+        Look around with ls and cat; `\(Self.command) status` summarizes every mount.
+        When done: \(Self.command) unmount \(shown)\(Self.pathHint)
         """
     }
 

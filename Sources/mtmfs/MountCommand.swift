@@ -87,6 +87,8 @@ struct MountCommand: Command {
         }
         do {
             try DataDirectory(path: dataDirectory).check()
+            // Said before a passphrase is asked for; the daemon takes the claim itself.
+            try DataDirectoryClaim.checkFree(DataDirectory(path: dataDirectory))
         } catch {
             throw CommandFailure(error.description)
         }

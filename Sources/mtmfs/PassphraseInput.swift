@@ -82,7 +82,10 @@ enum PassphraseInput {
         }
         switch result {
         case nil: return
-        case .permissionDenied?: throw CommandFailure("wrong passphrase; the accounts stay locked")
+        case .permissionDenied?:
+            // Another unlock may have come first meanwhile: say what the accounts are now.
+            let state = StatusFile.read(mountPoint: mountPoint)["state"] == "unlocked" ? "unlocked" : "locked"
+            throw CommandFailure("wrong passphrase; the accounts stay \(state)")
         case .ioError?: throw CommandFailure("the vault is damaged: see `mtmfs status \(mountPoint)` and the log")
         case let error?: throw CommandFailure("unlock failed: \(error)")
         }

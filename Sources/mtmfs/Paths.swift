@@ -31,6 +31,20 @@ enum Paths {
         return String(cString: pointer)
     }
 
+    /// How a user types this program: `mtmfs` when PATH finds this very executable that
+    /// way, else its full path (a build that is not installed), so that printed commands run
+    /// as printed.
+    static func commandName() -> String {
+        let me = executable()
+        let path = getenv("PATH").map { String(cString: $0) } ?? ""
+        for directory in path.split(separator: ":") where !directory.isEmpty {
+            let candidate = String(directory) + "/mtmfs"
+            guard (try? Syscall.access(candidate, X_OK)) != nil else { continue }
+            return resolved(candidate) == (resolved(me) ?? me) ? "mtmfs" : me
+        }
+        return me
+    }
+
     /// This executable, to start the daemon with.
     static func executable() -> String {
         var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)

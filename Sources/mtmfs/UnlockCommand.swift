@@ -1,4 +1,5 @@
 import CredentialVault
+import MountedTree
 import Posix
 import Synchronization
 #if canImport(Glibc)
@@ -29,6 +30,11 @@ struct UnlockCommand: Command {
     }
 
     func run() throws(CommandFailure) {
+        // No passphrase asked for, no key derived: there is nothing to unlock.
+        if StatusFile.read(mountPoint: mountPoint)["state"] == "unlocked" {
+            print("The accounts of \(mountPoint) are already unlocked.")
+            return
+        }
         let passphrase = try PassphraseInput.read(prompt: "Passphrase for \(mountPoint): ", file: passphraseFile)
         defer { passphrase.wipe() }
         let result = Progress.whileWorking("deriving the key from the passphrase") {
@@ -103,9 +109,17 @@ struct PasswdCommand: Command {
     }
 
     func run() throws(CommandFailure) {
-        if MountTable.mtmfsMounts().contains(where: { $0.source == dataDirectory }) {
-            throw CommandFailure("\(dataDirectory) is mounted: unmount it first (mtmfs unmount MOUNT)")
+        // Held until the new wrapping is written: no mount may start on the old file meanwhile.
+        let claim: DataDirectoryClaim
+        do {
+            claim = try DataDirectoryClaim(DataDirectory(path: dataDirectory), holder: .command("mtmfs passwd"))
+        } catch {
+            if case .unreadable(_, .noSuchFileOrDirectory) = error {
+                throw CommandFailure("no vault in \(dataDirectory): run `mtmfs init --data-dir \(dataDirectory)`")
+            }
+            throw CommandFailure(error.description)
         }
+        defer { withExtendedLifetime(claim) {} }
         let vault: Vault
         do {
             vault = try Vault(path: dataDirectory + "/vault")

@@ -312,8 +312,13 @@ import Glibc
         let fromFile = Run.mtmfs("unlock", "--passphrase-file", store.scratch.sub("pass"), store.mountPoint)
         #expect(fromFile.status == 0, "\(fromFile)")
         #expect(try store.status()["state"] == "unlocked")
-        // A wrong passphrase while unlocked changes nothing.
-        #expect(Run.mtmfs("unlock", store.mountPoint, input: "not it\n").status == 1)
+        // While unlocked, `mtmfs unlock` asks for nothing, and a wrong passphrase written to
+        // the control file is refused and changes nothing.
+        let again = Run.mtmfs("unlock", store.mountPoint, input: "not it\n")
+        #expect(again.status == 0 && again.stdout.contains("already unlocked"), "\(again)")
+        let unlockedControl = open(store.path(".mtmfs/unlock"), O_WRONLY | O_CLOEXEC)
+        #expect(errnoOf { Int32(Glibc.write(unlockedControl, "not it\n", 7)) } == EACCES)
+        close(unlockedControl)
         #expect(try store.status()["state"] == "unlocked")
         // mount --unlock asks at once.
         let unmounted = Run.mtmfs("unmount", store.mountPoint)

@@ -63,7 +63,10 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let mnt = scratch.sub("m")
-        let demo = Run.mtmfs("demo", mnt)
+        // A new user's shell after README's "Try it": no mtmfs on PATH.
+        var environment = ProcessInfo.processInfo.environment
+        environment["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+        let demo = Run.program(Run.mtmfs, ["demo", mnt], environment: environment)
         // The demo leaves its data directory in /tmp for the user: the test takes it away.
         let demoData = (try? MountStatus.read(mnt))?["data_dir"]
         defer {
@@ -76,6 +79,16 @@ import Glibc
         #expect(!lines[tryIndex...].contains { $0.hasPrefix("$ ") }, "no prompt after the heading")
         #expect(lines[tryIndex...].contains { $0.contains("sqlite3 ") && $0.contains("cache.sqlite") })
         #expect(!lines[..<tryIndex].contains { $0.contains("sqlite3 ") }, "sqlite3 is not shown as run")
+        // The commands it suggests run as printed, in that same shell.
+        let done = try #require(lines.first { $0.hasPrefix("When done: ") })
+        #expect(done.hasSuffix(" unmount \(mnt)"), "\(done)")
+        let lock = try #require(lines.first { $0.hasSuffix(" lock \(mnt)") })
+        let locked = Run.program("/bin/sh", ["-c", lock], environment: environment)
+        #expect(locked.status == 0, "\(lock): \(locked)")
+        #expect((try? MountStatus.read(mnt))?["state"] == "locked")
+        let unmounted = Run.program("/bin/sh", ["-c", String(done.dropFirst("When done: ".count))], environment: environment)
+        #expect(unmounted.status == 0, "\(done): \(unmounted)")
+        #expect(!MountTable.isMounted(mnt))
         // Every command shown as run is followed by its output or by the next command.
         for (index, line) in lines.enumerated() where line.hasPrefix("$ ls") || line.hasPrefix("$ cat") {
             #expect(index + 1 < lines.count && !lines[index + 1].isEmpty && !lines[index + 1].hasPrefix("$ "), "\(line)")

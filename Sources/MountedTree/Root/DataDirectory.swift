@@ -14,6 +14,9 @@ public enum DataDirectoryError: Error, CustomStringConvertible, Sendable {
     case notInitialized(String)
     case alreadyInitialized(String)
     case cannotCreate(String, String)
+    /// Another process holds the directory's claim (`DataDirectoryClaim`): its pid and what
+    /// it does, when its lock file says.
+    case inUse(String, (pid: pid_t, holder: DataDirectoryClaim.Holder)?)
 
     public var description: String {
         switch self {
@@ -29,6 +32,15 @@ public enum DataDirectoryError: Error, CustomStringConvertible, Sendable {
             return "\(path) already holds an mtmfs store: mount it, or choose another --data-dir"
         case .cannotCreate(let path, let reason):
             return "cannot create the store in \(path): \(reason)"
+        case .inUse(let path, let named):
+            switch named?.holder {
+            case .mount(let mountPoint):
+                return "\(path) is in use by the mtmfs mount on \(mountPoint) (pid \(named!.pid)): unmount it first (mtmfs unmount \(mountPoint))"
+            case .command(let name):
+                return "\(path) is in use by `\(name)` (pid \(named!.pid)): wait for it to finish"
+            case nil:
+                return "\(path) is in use by another mtmfs process: unmount it first"
+            }
         }
     }
 }
@@ -57,15 +69,13 @@ public struct DataDirectory: Hashable, Sendable {
     public var cachePath: String { path + "/cache.sqlite" }
     public var vaultPath: String { path + "/vault" }
 
-    /// Creates the directory and the stores. An existing empty directory is used (and set
-    /// to 0700); one that already holds a store is refused.
+    /// Creates the directory and the stores, holding the directory's claim meanwhile. An
+    /// existing empty directory is used (and set to 0700); one that already holds a store,
+    /// or that another process holds (a mount), is refused.
     public func initialize(passphrase: SecureBytes, kdf: KDFParameters) throws(DataDirectoryError) {
         do {
             let st = try Syscall.stat(path)
             guard st.st_mode & S_IFMT == S_IFDIR else { throw DataDirectoryError.notADirectory(path) }
-            if FileExistence.exists(settingsPath) || FileExistence.exists(cachePath) || FileExistence.exists(vaultPath) {
-                throw DataDirectoryError.alreadyInitialized(path)
-            }
         } catch let error as DataDirectoryError {
             throw error
         } catch {
@@ -74,6 +84,11 @@ public struct DataDirectory: Hashable, Sendable {
             } catch {
                 throw .cannotCreate(path, error.description)
             }
+        }
+        let claim = try DataDirectoryClaim(self, holder: .command("mtmfs init"))
+        defer { withExtendedLifetime(claim) {} }
+        if FileExistence.exists(settingsPath) || FileExistence.exists(cachePath) || FileExistence.exists(vaultPath) {
+            throw DataDirectoryError.alreadyInitialized(path)
         }
         do {
             try Syscall.chmod(path, mode: 0o700)

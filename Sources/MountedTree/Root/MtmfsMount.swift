@@ -15,6 +15,8 @@ public final class MtmfsMount: Sendable {
     let fuse: FuseMount
     let notifier: KernelCacheNotifier
     let startedAt: Timestamp
+    /// Held for the daemon's whole life.
+    let claim: DataDirectoryClaim
 
     /// Checks the data directory and mounts. `options` are extra FUSE `-o` options;
     /// `progress` hears about steps that take long (a full check of the cache).
@@ -23,6 +25,13 @@ public final class MtmfsMount: Sendable {
                 progress: @escaping (String) -> Void = { _ in }) throws(MountError) {
         do {
             try dataDirectory.check()
+        } catch {
+            throw MountError(error.description)
+        }
+        // Before any store opens: a second daemon would lose the first one's vault changes
+        // and read its open cache as an unclean shutdown.
+        do {
+            self.claim = try DataDirectoryClaim(dataDirectory, holder: .mount(mountPoint))
         } catch {
             throw MountError(error.description)
         }
