@@ -88,6 +88,8 @@ public final class Vault: @unchecked Sendable {
 
     private var masterKey: SecureBytes?
     private var fields: [[UInt8]: [AccountField: SecureBytes]] = [:]
+    /// Accounts by label, server and username (digests only), while unlocked.
+    private var index: AccountIndex?
     /// Where the decrypted fields live while unlocked (a few large secure regions).
     private let arena = SecureArena()
 
@@ -118,6 +120,59 @@ public final class Vault: @unchecked Sendable {
     /// Whether an account has that UUID (by index).
     public func hasAccount(uuid: [UInt8]) -> Bool { lookupIndex().byUUID[uuid] != nil }
 
+    /// The name (as given) of the account with that UUID (by index).
+    public func name(of uuid: [UInt8]) -> String? { lookupIndex().byUUID[uuid].map { records[$0].name } }
+
+    // MARK: Finding accounts (by index, while unlocked)
+
+    /// The accounts whose `attribute` is exactly `value`, in file order.
+    public func accounts(with attribute: IndexedAttribute, equalTo value: UnsafeRawBufferPointer) throws(VaultError) -> [[UInt8]] {
+        let index = try requireIndex()
+        return index.accounts(in: .attribute(attribute, index.digest(value)))
+    }
+
+    /// The accounts with exactly this server and username, in file order.
+    public func accounts(server: UnsafeRawBufferPointer, username: UnsafeRawBufferPointer) throws(VaultError) -> [[UInt8]] {
+        let index = try requireIndex()
+        return index.accounts(in: .serverAndUsername(index.digest(server: server, username: username)))
+    }
+
+    /// The accounts whose UUID begins with these 32 bits, in file order.
+    public func accounts(uuidPrefix: UInt32) throws(VaultError) -> [[UInt8]] {
+        try requireIndex().accounts(withPrefix: uuidPrefix)
+    }
+
+    /// The digest of an account's value of `attribute`: the identity of what it shares
+    /// with the accounts of the same value (a by-server directory) while unlocked.
+    public func digest(of attribute: IndexedAttribute, of uuid: [UInt8]) throws(VaultError) -> IndexDigest {
+        guard let digest = try requireIndex().digest(of: uuid, attribute) else { throw .noSuchAccount }
+        return digest
+    }
+
+    /// The accounts whose value of `attribute` has that digest, in file order.
+    public func accounts(with attribute: IndexedAttribute, digest: IndexDigest) throws(VaultError) -> [[UInt8]] {
+        try requireIndex().accounts(in: .attribute(attribute, digest))
+    }
+
+    /// Every distinct server value: its digest and its accounts (file order), in no order.
+    public func servers() throws(VaultError) -> [(digest: IndexDigest, accounts: [[UInt8]])] {
+        try requireIndex().servers.map { ($0.0, $0.1) }
+    }
+
+    private func requireIndex() throws(VaultError) -> AccountIndex {
+        guard let index else { throw .locked }
+        return index
+    }
+
+    private func position(_ uuid: [UInt8]) -> Int { lookupIndex().byUUID[uuid] ?? Int.max }
+
+    /// Files `uuid` under its current values (after removing its old entries).
+    private func reindex(_ uuid: [UInt8]) {
+        index?.remove(uuid)
+        guard let values = fields[uuid] else { return }
+        index?.insert(uuid, values: values, position: position)
+    }
+
     private func lookupIndex() -> (byName: [String: Int], byUUID: [[UInt8]: Int]) {
         if let recordIndex { return recordIndex }
         var byName: [String: Int] = [:], byUUID: [[UInt8]: Int] = [:]
@@ -144,6 +199,7 @@ public final class Vault: @unchecked Sendable {
         let vault = Vault(path: path, random: random, parameters: parameters,
                           salt: random.bytes(VaultFormat.saltSize), storeID: random.bytes(VaultFormat.storeIDSize))
         vault.masterKey = masterKey
+        vault.index = AccountIndex()
         try vault.wrap(with: passphrase)
         try vault.sealManifest()
         try vault.save(exclusive: true)
@@ -272,6 +328,8 @@ public final class Vault: @unchecked Sendable {
             for record in records {
                 fields[record.uuid] = try open(record)
             }
+            index = AccountIndex()
+            for record in records { reindex(record.uuid) }
         } catch {
             lock()
             throw error
@@ -282,6 +340,8 @@ public final class Vault: @unchecked Sendable {
     public func lock() {
         masterKey?.wipe()
         masterKey = nil
+        index?.wipe()
+        index = nil
         for (_, values) in fields { for (_, value) in values { value.wipe() } }
         fields.removeAll()
         arena.releaseAll()
@@ -339,6 +399,7 @@ public final class Vault: @unchecked Sendable {
             fields[uuid] = nil
             throw error
         }
+        reindex(uuid)
     }
 
     /// Adds many empty accounts with one save (all or nothing): one rewrite of the file
@@ -377,6 +438,7 @@ public final class Vault: @unchecked Sendable {
             try? sealManifest()
             throw error
         }
+        for account in accounts { reindex(account.uuid) }
     }
 
     public func removeAccount(uuid: [UInt8]) throws(VaultError) {
@@ -392,6 +454,7 @@ public final class Vault: @unchecked Sendable {
             fields[uuid] = removedFields
             throw error
         }
+        self.index?.remove(uuid)
         removedFields?.values.forEach { $0.wipe() }
     }
 
@@ -420,6 +483,7 @@ public final class Vault: @unchecked Sendable {
             try? sealManifest()
             throw error
         }
+        if changes.keys.contains(where: { $0 != .password }) { reindex(uuid) }  // every other field is indexed
         for (field, _) in changes { old[field]?.wipe() }
     }
 

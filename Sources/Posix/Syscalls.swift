@@ -87,6 +87,10 @@ public enum Syscall {
         _ = try valueOrErrno { Glibc.unlink(path) }
     }
 
+    public static func removeDirectory(_ path: String) throws(Errno) {
+        _ = try valueOrErrno { Glibc.rmdir(path) }
+    }
+
     public static func mkdir(_ path: String, mode: mode_t) throws(Errno) {
         _ = try valueOrErrno { Glibc.mkdir(path, mode) }
     }

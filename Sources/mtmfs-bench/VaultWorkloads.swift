@@ -82,6 +82,35 @@ extension Bench {
             }
             record("W16 change a field, \(vaultSizes.last!) full accounts (ms)", "pass", total / Double(changes) * 1000)
         }
+        try findRound(stores)
+    }
+
+    /// W17: finding an account by what it is for, at each vault size: `cat` of a password
+    /// through `accounts/by-server/H/U/` and `mtmfs find --server H --username U --print
+    /// password` (whole processes), for the last account made (a scan would meet it last);
+    /// `pass show` of one entry beside them.
+    func findRound(_ stores: [(accounts: Int, mount: String, daemon: pid_t)]) throws {
+        let runs = options.quick ? 5 : 20
+        for store in stores {
+            let last = store.accounts - 1
+            let server = "host\(last).example.com", username = "user\(last)@example.com"
+            let path = store.mount + "/accounts/by-server/\(server)/\(username)/password"
+            guard Shell.output("/bin/cat", [path]) == "pw-\(last)-correct-horse-battery-staple\n" else {
+                throw BenchError("W17: \(path) does not read the account's password")
+            }
+            let cat = seconds { for _ in 0..<runs { Shell.run("/bin/cat", [path]) } }
+            record("W17 cat by-server/H/U/password, \(store.accounts) full accounts (ms)", "mtmfs", cat / Double(runs) * 1000)
+            let arguments = ["find", store.mount, "--server", server, "--username", username, "--print", "password"]
+            guard Shell.output(mtmfs, arguments) == "pw-\(last)-correct-horse-battery-staple\n" else {
+                throw BenchError("W17: mtmfs find does not print the account's password")
+            }
+            let find = seconds { for _ in 0..<runs { Shell.run(mtmfs, arguments) } }
+            record("W17 mtmfs find --print password, \(store.accounts) full accounts (ms)", "mtmfs", find / Double(runs) * 1000)
+        }
+        if passReady {
+            let show = seconds { for _ in 0..<runs { Shell.run("pass", ["show", "bench/password"]) } }
+            record("W17 pass show (ms)", "pass", show / Double(runs) * 1000)
+        }
     }
 
     func rss(of pid: pid_t) -> Double {

@@ -179,7 +179,8 @@ final class CrashDriver {
         files = [:]
         nodes = []
         attemptedFiles = []
-        let expectedData: Set<String> = ["vault", "Settings.plist", "cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm"]
+        let expectedData: Set<String> = ["vault", "Settings.plist", "cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm",
+                                         "mtmfs.lock"]
         let data = Set(listing(store.dataDirectory) ?? [])
         if !data.isSubset(of: expectedData) {
             problems.append("data directory holds \(data.subtracting(expectedData).sorted())")

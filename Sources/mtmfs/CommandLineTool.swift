@@ -22,7 +22,8 @@ protocol Command {
 enum CommandLineTool {
     static var commands: [any Command.Type] { [
         InitCommand.self, MountCommand.self, UnmountCommand.self, UnlockCommand.self, LockCommand.self,
-        StatusCommand.self, PasswdCommand.self, CheckCommand.self, DemoCommand.self,
+        StatusCommand.self, PasswdCommand.self, CheckCommand.self, DemoCommand.self, FindCommand.self,
+        CredentialCommand.self,
     ] }
 
     static var overview: String {

@@ -3,4 +3,8 @@
 import Glibc
 #endif
 
-exit(CommandLineTool.main(Array(CommandLine.arguments.dropFirst())))
+// Run as `git-credential-mtmfs` (a link to mtmfs: git's name for the helper `mtmfs`), it
+// is `mtmfs credential`.
+let invokedAs = CommandLine.arguments.first.map { $0.split(separator: "/").last.map(String.init) ?? $0 } ?? ""
+let arguments = Array(CommandLine.arguments.dropFirst())
+exit(CommandLineTool.main(invokedAs == "git-credential-mtmfs" ? ["credential"] + arguments : arguments))

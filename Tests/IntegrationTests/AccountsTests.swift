@@ -219,9 +219,9 @@ import Glibc
         #expect(errnoOf { mkdir(accounts + "/" + Self.uuid.uppercased(), 0o700) } == EEXIST)
         let upper = "F47AC10B-58CC-4372-A567-0E02B2C3D479"
         #expect(mkdir(accounts + "/" + upper, 0o700) == 0)
-        #expect(Run.shell("ls \(accounts)").stdout == "\(Self.uuid)\n\(upper)\n")
+        #expect(Run.shell("ls \(accounts)").stdout == "\(Self.uuid)\n\(upper)\nby-label\nby-server\n")
         #expect(errnoOf { open(accounts + "/file", O_CREAT | O_WRONLY, 0o600) } == EACCES)
-        #expect(Run.shell("rm -r \(accounts)/\(upper) && ls \(accounts)").stdout == "\(Self.uuid)\n")
+        #expect(Run.shell("rm -r \(accounts)/\(upper) && ls \(accounts)").stdout == "\(Self.uuid)\nby-label\nby-server\n")
     }
 
     @Test func lockedAccountsListButNothingElse() throws {
@@ -234,7 +234,7 @@ import Glibc
         #expect(Run.mtmfs("lock", store.mountPoint).status == 0)
         #expect(try store.status()["state"] == "locked")
         // Listing works; sizes are 0; every read, write, mkdir and rmdir is EACCES.
-        #expect(Run.shell("ls \(store.path("accounts"))").stdout == "\(Self.uuid)\n")
+        #expect(Run.shell("ls \(store.path("accounts"))").stdout == "\(Self.uuid)\nby-label\nby-server\n")
         #expect(Run.shell("stat -c %s \(a)/password \(a)/username").stdout == "0\n0\n")
         var buffer = [UInt8](repeating: 0, count: 64)
         #expect(errnoOf { Int32(Glibc.read(held, &buffer, 64)) } == EACCES, "a descriptor opened before lock")
@@ -281,7 +281,7 @@ import Glibc
         var buffer = [UInt8](repeating: 0, count: 16)
         #expect(errnoOf { Int32(Glibc.read(reader, &buffer, 16)) } == EACCES, "a descriptor from before a lock")
         close(reader)
-        #expect(Run.shell("rm -r \(a) && ls \(store.path("accounts"))").stdout == "")
+        #expect(Run.shell("rm -r \(a) && ls \(store.path("accounts"))").stdout == "by-label\nby-server\n")
     }
 
     /// On a terminal a step over half a second says it is working (moderate KDF: ~0.5 s).

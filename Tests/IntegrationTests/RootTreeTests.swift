@@ -20,10 +20,9 @@ import Glibc
         for name in ["accounts", "settings", "cache", ".mtmfs"] {
             #expect(stat(store.path(name), &st) == 0 && st.st_mode & S_IFMT == S_IFDIR, "\(name)")
         }
-        // Until their stores land, accounts and cache are empty directories.
-        for name in ["accounts", "cache"] {
-            #expect(try FileManager.default.contentsOfDirectory(atPath: store.path(name)) == [])
-        }
+        // A new store: no account (only the two views), an empty cache.
+        #expect(try FileManager.default.contentsOfDirectory(atPath: store.path("accounts")).sorted() == ["by-label", "by-server"])
+        #expect(try FileManager.default.contentsOfDirectory(atPath: store.path("cache")) == [])
         #expect(try FileManager.default.contentsOfDirectory(atPath: store.path("settings")).sorted()
                 == ["ActiveServiceAccountUUID", "IsFirstRun"])
     }

@@ -83,8 +83,10 @@ extension AccountsTree {
                 s.engine.commitDueRemovals(before: nil, &s.fields)
             }
             s.settle()
+            // Names in the views are made of fields: the kernel forgets those it was given.
+            let viewNames = s.viewNamesToForget()
             s.fields.session.lock()
-            let files = s.engine.wipeAll().map(Invalidation.inode) + s.takeInvalidations()
+            let files = s.engine.wipeAll().map(Invalidation.inode) + s.takeInvalidations() + viewNames
             if wasUnlocked { Log.info("accounts locked (\(reason))") }
             return files
         }

@@ -151,6 +151,7 @@ public final class AccountsTree: Subtree {
         defer { SecureBytes.burnStack() }
         return try locked { (s) throws(Errno) in
             let local = space.local(of: inode)
+            if ViewNode(local) != nil { throw .permissionDenied }  // the views are read-only
             _ = try s.attributes(local, space)
             // Through a descriptor from before a lock: refused, like its reads and writes.
             if let handle, !s.fields.session.isCurrent(FileHandle(raw: handle)) { throw .permissionDenied }
@@ -174,6 +175,7 @@ public final class AccountsTree: Subtree {
             return target
         }
         return try locked { (s) throws(Errno) in
+            if let view = ViewNode(local) { return try s.viewLinkTarget(view) }
             guard let target = s.engine.files[local]?.symlinkTarget else { throw .invalidArgument }
             return target
         }
@@ -181,7 +183,7 @@ public final class AccountsTree: Subtree {
 
     public func makeDirectory(parent: InodeNumber, name: String, mode: mode_t,
                               context: RequestContext) throws(Errno) -> Entry {
-        guard space.local(of: parent) == .top else { throw .permissionDenied }
+        guard space.local(of: parent) == .top else { throw .permissionDenied }  // accounts hold no directory
         return try locked { (s) throws(Errno) in
             let made = try s.makeAccount(name)
             return try entry(s, made)
@@ -189,7 +191,9 @@ public final class AccountsTree: Subtree {
     }
 
     public func removeDirectory(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
-        guard space.local(of: parent) == .top else { throw .notDirectory }
+        let parentLocal = space.local(of: parent)
+        if ViewNode(parentLocal) != nil { throw .permissionDenied }
+        guard parentLocal == .top else { throw .notDirectory }
         try locked { (s) throws(Errno) in try s.removeAccount(name) }
     }
 

@@ -14,6 +14,8 @@ extension AccountsTree {
         let ownership: Ownership
         var fields: AccountFields
         var engine: EditingEngine<AccountFields>
+        /// The server directories of `by-server/` handed out since the unlock.
+        var views = ServerDirectories()
 
         /// Hands fields changed by the store (a removal, a URL's parts) to the engine.
         mutating func settle() {
@@ -33,6 +35,7 @@ extension AccountsTree {
         }
 
         func attributes(_ local: LocalInode, _ space: InodeSpace) throws(Errno) -> Attributes {
+            if let view = ViewNode(local) { return try viewAttributes(view, space) }
             if local.isFile {
                 return try engine.attributes(of: local, as: space.inode(local), ownership: ownership, fields)
             }
@@ -41,6 +44,7 @@ extension AccountsTree {
         }
 
         func cache(for local: LocalInode) -> CachePolicy {
+            if let view = ViewNode(local) { return view == .byServer || view == .byLabel ? AccountsTree.directoryCache : AccountsTree.viewCache }
             guard local.isFile else { return AccountsTree.directoryCache }
             return fields.session.isOpen ? AccountsTree.fieldCache : AccountsTree.lockedFieldCache
         }
@@ -55,6 +59,8 @@ extension AccountsTree {
         // MARK: Names
 
         mutating func lookup(_ parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
+            if let view = ViewNode(parent) { return try viewLookup(view, name).local }
+            if parent == .top, let view = ViewNode.names[name] { return view.local }
             guard parent == .top else {
                 _ = try account(at: parent)
                 return try engine.lookup(name, in: parent, fields)
@@ -65,8 +71,10 @@ extension AccountsTree {
         }
 
         mutating func list(_ local: LocalInode) throws(Errno) -> [(String, LocalInode)] {
+            if let view = ViewNode(local) { return try viewList(view).map { ($0.0, $0.1.local) } }
             var entries: [(String, LocalInode)] = []
             if local == .top {
+                entries = [("by-label", ViewNode.byLabel.local), ("by-server", ViewNode.byServer.local)]
                 for account in fields.vault?.accounts ?? [] {
                     entries.append((account.name, fields.id(of: account.uuid).directory))
                 }
@@ -83,6 +91,7 @@ extension AccountsTree {
         }
 
         mutating func makeAccount(_ name: String) throws(Errno) -> LocalInode {
+            if ViewNode.names[name] != nil { throw .fileExists }
             try fields.session.requireOpen()
             guard let uuid = AccountName.uuidBytes(name) else { throw .invalidArgument }
             guard let vault = fields.vault else { throw .ioError }
@@ -97,6 +106,7 @@ extension AccountsTree {
         }
 
         mutating func removeAccount(_ name: String) throws(Errno) {
+            if ViewNode.names[name] != nil { throw .permissionDenied }
             try fields.session.requireOpen()
             guard let account = fields.account(named: name), let vault = fields.vault else {
                 if engine.scratch(named: name, in: .top) != nil { throw .notDirectory }
@@ -125,6 +135,8 @@ extension AccountsTree {
 
         mutating func create(_ parent: LocalInode, _ name: String, mode: mode_t, flags: Int32,
                              handle: FileHandle) throws(Errno) -> LocalInode {
+            if ViewNode(parent) != nil { throw .permissionDenied }
+            if parent == .top && ViewNode.names[name] != nil { throw .fileExists }
             try fields.session.requireOpen()
             guard parent != .top else { throw .permissionDenied }
             _ = try account(at: parent)
@@ -134,6 +146,8 @@ extension AccountsTree {
         }
 
         mutating func makeSymbolicLink(_ target: String, in parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
+            if ViewNode(parent) != nil { throw .permissionDenied }
+            if parent == .top && ViewNode.names[name] != nil { throw .fileExists }
             if parent == .top {
                 if fields.account(named: name) != nil { throw .fileExists }
             } else {
@@ -144,6 +158,8 @@ extension AccountsTree {
         }
 
         mutating func unlink(_ parent: LocalInode, _ name: String) throws(Errno) {
+            if ViewNode(parent) != nil { throw .permissionDenied }
+            if parent == .top && ViewNode.names[name] != nil { throw .isDirectory }
             if parent == .top {
                 if engine.scratch(named: name, in: .top) != nil { return try engine.unlink(name, in: .top, &fields) }
                 if fields.account(named: name) != nil { throw .isDirectory }
@@ -156,6 +172,10 @@ extension AccountsTree {
 
         mutating func rename(_ from: LocalInode, _ name: String, _ to: LocalInode, _ newName: String,
                              flags: RenameFlags) throws(Errno) {
+            if ViewNode(from) != nil || ViewNode(to) != nil { throw .permissionDenied }
+            if (from == .top && ViewNode.names[name] != nil) || (to == .top && ViewNode.names[newName] != nil) {
+                throw .permissionDenied
+            }
             try fields.session.requireOpen()
             guard from != .top, to != .top else { throw .notPermitted }
             guard try account(at: from) == account(at: to) else { throw .crossDevice }

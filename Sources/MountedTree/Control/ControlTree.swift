@@ -5,7 +5,8 @@ import FuseLowLevel
 import Posix
 
 /// The `.mtmfs/` directory: small control files whose contents are computed on open
-/// (`status`) or whose writes are commands (`unlock`, `lock`).
+/// (`status`), whose writes are commands (`unlock`, `lock`), or whose write is a question
+/// that the same descriptor then reads the answer of (`find`, as Plan 9's factotum `rpc`).
 ///
 /// Reads see a snapshot taken at open, so a reader paging through `status` never sees two
 /// versions mixed. Nothing here is cached by the kernel (direct I/O, zero timeouts).
@@ -20,13 +21,18 @@ public final class ControlTree: Subtree {
         /// Receives each write (the bytes as written, in libfuse's buffer: a passphrase
         /// must be copied only into secure memory); throws to refuse it.
         public var command: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> Void)?
+        /// Answers each write (the whole question in one write); the answer replaces what
+        /// the descriptor reads, from offset 0.
+        public var query: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> String)?
 
         public init(name: String, mode: mode_t, contents: (@Sendable () -> String)? = nil,
-                    command: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> Void)? = nil) {
+                    command: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> Void)? = nil,
+                    query: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> String)? = nil) {
             self.name = name
             self.mode = mode
             self.contents = contents
             self.command = command
+            self.query = query
         }
     }
 
@@ -79,9 +85,13 @@ public final class ControlTree: Subtree {
         let accessMode = flags & O_ACCMODE
         let wantsRead = accessMode == O_RDONLY || accessMode == O_RDWR
         let wantsWrite = accessMode == O_WRONLY || accessMode == O_RDWR
-        if wantsRead && file.contents == nil { throw .permissionDenied }
-        if wantsWrite && file.command == nil { throw .permissionDenied }
-        let snapshot = wantsRead ? Array(file.contents!().utf8) : []
+        if file.query != nil {
+            guard accessMode == O_RDWR else { throw .permissionDenied }  // ask and read on one descriptor
+        } else {
+            if wantsRead && file.contents == nil { throw .permissionDenied }
+            if wantsWrite && file.command == nil { throw .permissionDenied }
+        }
+        let snapshot = wantsRead ? Array((file.contents?() ?? "").utf8) : []
         let handle = handles.withLock { state in
             let handle = state.next
             state.next += 1
@@ -104,6 +114,14 @@ public final class ControlTree: Subtree {
     public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
                       flags: Int32, context: RequestContext) throws(Errno) -> Int {
         let file = try file(inode)
+        if let query = file.query {
+            let answer = Array(try query(data).utf8)
+            try handles.withLock { (state) throws(Errno) in
+                guard state.open[handle] != nil else { throw .badFileDescriptor }
+                state.open[handle] = answer
+            }
+            return data.count
+        }
         guard let command = file.command else { throw .badFileDescriptor }
         try command(data)
         return data.count

@@ -7,8 +7,12 @@ import FuseLowLevel
 ///
 ///     1                    the subtree's top directory
 ///     2                    accounts/active (the symbolic link)
-///     3 ..< 2^48           a directory the tree made (an account, a dictionary, an array):
+///     3 ..< 2^47           a directory the tree made (an account, a dictionary, an array):
 ///                          `Directory(serial)` is 3 + serial
+///     2^47 ..< 2^48        accounts/ only: the views (`ViewNode`): by-server and by-label
+///                          (2^47, 2^47 + 1), a server's directory (2^47 + 2^40 + serial),
+///                          an account's link in by-label (2^47 + 2^44 + account serial)
+///                          and in by-server (2^47 + 2^45 + account serial)
 ///     2^48 ..< 2^56        a file of the editing engine (key, field or editor's file):
 ///                          2^48 + serial
 ///
@@ -23,11 +27,12 @@ struct LocalInode: Hashable, Sendable, CustomStringConvertible {
     static let activeLink = LocalInode(2)
 
     private static let firstDirectory: UInt64 = 3
+    static let viewBit: UInt64 = 1 << 47
     private static let fileBit: UInt64 = 1 << 48
 
     /// The inode of the tree's `serial`-th directory.
     static func directory(_ serial: UInt64) -> LocalInode {
-        precondition(serial < fileBit - firstDirectory)
+        precondition(serial < viewBit - firstDirectory)
         return LocalInode(firstDirectory + serial)
     }
 
@@ -39,7 +44,7 @@ struct LocalInode: Hashable, Sendable, CustomStringConvertible {
 
     /// The directory serial, or nil for any other inode.
     var directorySerial: UInt64? {
-        raw >= Self.firstDirectory && raw < Self.fileBit ? raw - Self.firstDirectory : nil
+        raw >= Self.firstDirectory && raw < Self.viewBit ? raw - Self.firstDirectory : nil
     }
 
     /// Whether this is a file of the editing engine.

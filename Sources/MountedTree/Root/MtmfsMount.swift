@@ -65,6 +65,7 @@ public final class MtmfsMount: Sendable {
                 try accounts.unlock(passphrase: passphrase)
             }),
             ControlTree.File(name: "lock", mode: 0o200, command: { _ in accounts.lock(reason: "lock requested") }),
+            ControlTree.File(name: "find", mode: 0o600, query: { (bytes) throws(Errno) in try accounts.find(bytes) }),
         ], ownership: ownership)
         DaemonSignals.catchLockRequests()
         let root = RootTree(subtrees: [
