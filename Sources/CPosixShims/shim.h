@@ -11,6 +11,9 @@
 #include <sys/syscall.h>
 #include <malloc.h>
 #include <sys/file.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <poll.h>
 
 static inline int mtmfs_prctl_set_dumpable(int dumpable) {
     return prctl(PR_SET_DUMPABLE, (unsigned long)dumpable, 0UL, 0UL, 0UL);
@@ -46,6 +49,23 @@ static inline int mtmfs_fallocate(int fd, int mode, int64_t offset, int64_t leng
 static inline long mtmfs_copy_file_range(int in, int64_t *in_offset, int out, int64_t *out_offset, size_t length) {
     return syscall(SYS_copy_file_range, in, in_offset, out, out_offset, length, 0U);
 }
+/* eventfd(2) and inotify(7), with their flags (macros Swift does not import). */
+static inline int mtmfs_eventfd(void) {
+    return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+}
+
+static inline int mtmfs_inotify_init(void) {
+    return inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+}
+
+/* Every event after which a file of this name holds something else: written and closed,
+   renamed or moved in or out, removed (not a creation: the file is empty until its writer
+   closes it), and the directory itself gone. */
+static inline int mtmfs_inotify_watch_directory(int fd, const char *path) {
+    return inotify_add_watch(fd, path, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE |
+                                       IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR);
+}
+
 /* Gives the heap's free pages back to the system (glibc keeps them otherwise). */
 static inline int mtmfs_malloc_trim(void) {
     return malloc_trim(0);

@@ -5,6 +5,8 @@ import CSQLite
 import Posix
 
 /// One inode row of the cache (see `docs/cache-schema.md`).
+///
+/// Thread-safety: a value; `Sendable`.
 public struct CacheInode: Hashable, Sendable {
     public var ino: Int64
     public var mode: UInt32
@@ -27,6 +29,8 @@ public struct CacheInode: Hashable, Sendable {
 }
 
 /// What a `setattr` changes; nil leaves a field.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct CacheAttributeChanges: Sendable {
     public var mode: UInt32?
     public var uid: UInt32?
@@ -63,7 +67,7 @@ public final class CacheStore: @unchecked Sendable {
     public static let chunkSize = 64 * 1024
     public static let maximumNameLength = 255
     public static let rootInode: Int64 = 1
-    static let schemaVersion: Int64 = 2
+    static let schemaVersion: Int64 = 3
 
     let path: String
     let database: SQLiteDatabase
@@ -86,6 +90,11 @@ public final class CacheStore: @unchecked Sendable {
     var batchChanges = 0
     /// Bytes of file data the open group wrote (see `groupBytes`).
     var batchBytes = 0
+    /// The connection's count of changed rows when the group opened: a group that changed
+    /// nothing (a maintenance pass that found nothing to do) leaves no log to checkpoint.
+    var batchTotalChanges: Int64 = 0
+    /// The open group changed pages without changing rows (incremental vacuum).
+    var batchMovedPages = false
     /// Data to delete in slices: the chunks under `key`, then (when set) the inode row of
     /// `inode` (a file without names or references).
     var reclaimQueue: [(key: Int64, inode: Int64?)] = []
@@ -106,12 +115,20 @@ public final class CacheStore: @unchecked Sendable {
     var dirtyBackoff = 0.0
     /// Posted when a group opens, for the thread that commits it when due.
     let batchOpened = Semaphore()
+    /// Called (with the lock held: it must only wake a thread) when there is work for the
+    /// thread that runs `maintain` and `reclaimStep`: a group committed (the size limit may
+    /// be passed), data queued for deletion, an expiry time set.
+    public var onBackgroundWork: (@Sendable () -> Void)? {
+        get { lock.withLock { backgroundWork } }
+        set { lock.withLock { backgroundWork = newValue } }
+    }
+    var backgroundWork: (@Sendable () -> Void)?
 
     /// Changes are committed in groups: the first change after a commit opens one SQLite
     /// transaction, which is committed on fsync, once it holds `groupCommitSize` changes,
     /// or `groupCommitDelay` after it began (by whoever calls `commitWhenDue`). Many
     /// files' creates and writes then cost one WAL append and one round of locks instead of
-    /// one each (a close does not commit: it cost more than it saved). Readers of the database file see a
+    /// one each (a close does not commit: that would cost more than it saves). Readers of the database file see a
     /// change within `groupCommitDelay`; a kill -9 of the daemon loses at most the changes
     /// of that last interval that were not fsynced; the database is consistent either way.
     public static let groupCommitDelay = 0.005
@@ -153,8 +170,8 @@ public final class CacheStore: @unchecked Sendable {
         let needed = Self.reservedBytes + UInt64(bytes)
         if free >= needed { return }
         // Deleted files leave their pages on SQLite's free list, where new data goes first:
-        // those count as room too (found by mtmfs-reliability: after `rm` on a full disk,
-        // writes kept failing because the database file does not shrink).
+        // those count as room too (the database file does not shrink, so without them every
+        // write after an `rm` on a full disk would still fail).
         let pages = (try? database.scalarText("PRAGMA freelist_count")).flatMap { $0.flatMap { UInt64($0) } } ?? 0
         let pageSize = (try? database.scalarText("PRAGMA page_size")).flatMap { $0.flatMap { UInt64($0) } } ?? 0
         // The write-ahead log still needs real disk for the new pages (plus 1 MiB of margin).
@@ -210,6 +227,10 @@ public final class CacheStore: @unchecked Sendable {
             } else if version == 1 {
                 clean = false  // no mark yet: the first open under version 2 checks
                 try migrateFromVersion1(progress: progress)
+                try migrateFromVersion2(progress: progress)
+            } else if version == 2 {
+                try migrateFromVersion2(progress: progress)
+                clean = try database.scalarText("SELECT value FROM state WHERE name = 'clean'") == "1"
             } else if version != Self.schemaVersion {
                 throw CacheStoreError.damaged("\(path) has schema version \(version), this mtmfs knows \(Self.schemaVersion)")
             } else {
@@ -256,6 +277,9 @@ public final class CacheStore: @unchecked Sendable {
                 throw CacheStoreError.damaged("\(path) has schema version \(version), this mtmfs knows \(schemaVersion)")
             }
             try integrityCheck(database, path: path, reason: "on demand", progress: progress)
+            if version >= 3, let problem = try totalsProblem(database) {
+                throw CacheStoreError.damaged("\(path): \(problem)")
+            }
         } catch let error as CacheStoreError {
             throw error
         } catch {
@@ -266,6 +290,12 @@ public final class CacheStore: @unchecked Sendable {
     /// `PRAGMA integrity_check`, saying every second that it is still working.
     func fullCheck(progress: @escaping (String) -> Void, reason: String) throws {
         try Self.integrityCheck(database, path: path, reason: reason, progress: progress)
+        // Triggers keep the totals in every transaction; a count that differs means the file
+        // was changed by hand: the totals are counted again (the data itself is intact).
+        if let problem = try Self.totalsProblem(database) {
+            Log.error("cache: \(problem); counted again")
+            try database.execute("DELETE FROM totals; INSERT INTO totals(id, files, bytes, linked_bytes) SELECT 1, * FROM (\(Self.countedTotals));")
+        }
         checkedAtOpen = true
     }
 
@@ -313,9 +343,60 @@ public final class CacheStore: @unchecked Sendable {
             INSERT INTO inodes(ino, mode, uid, gid, links, atime, mtime, ctime)
                 VALUES(1, \(S_IFDIR | 0o755), \(owner.uid), \(owner.gid), 2, \(now), \(now), \(now));
             CREATE TABLE state(name TEXT PRIMARY KEY, value INTEGER NOT NULL) STRICT, WITHOUT ROWID;
+            \(Self.totalsTable)
+            INSERT INTO totals(id, files, bytes, linked_bytes) VALUES(1, 0, 0, 0);
             PRAGMA user_version=\(Self.schemaVersion);
             COMMIT;
             """)
+    }
+
+    /// Version 3 keeps the totals of regular files and their stored bytes in a row of their
+    /// own, kept by triggers in the transaction of every change (so a crash cannot leave
+    /// them wrong): `.mtmfs/status` and the size limit read one row instead of summing
+    /// every inode. `mtmfs check` compares them with a count.
+    static let totalsTable = """
+        CREATE TABLE totals(
+            id INTEGER PRIMARY KEY CHECK (id = 1), files INTEGER NOT NULL, bytes INTEGER NOT NULL,
+            linked_bytes INTEGER NOT NULL) STRICT;
+        CREATE TRIGGER totals_insert AFTER INSERT ON inodes WHEN new.mode & \(S_IFMT) = \(S_IFREG) BEGIN
+            UPDATE totals SET files = files + 1, bytes = bytes + new.stored,
+                linked_bytes = linked_bytes + iif(new.links > 0, new.stored, 0);
+        END;
+        CREATE TRIGGER totals_delete AFTER DELETE ON inodes WHEN old.mode & \(S_IFMT) = \(S_IFREG) BEGIN
+            UPDATE totals SET files = files - 1, bytes = bytes - old.stored,
+                linked_bytes = linked_bytes - iif(old.links > 0, old.stored, 0);
+        END;
+        CREATE TRIGGER totals_update AFTER UPDATE OF stored, links ON inodes
+            WHEN new.mode & \(S_IFMT) = \(S_IFREG) AND (old.stored != new.stored OR (old.links > 0) != (new.links > 0)) BEGIN
+            UPDATE totals SET bytes = bytes - old.stored + new.stored,
+                linked_bytes = linked_bytes - iif(old.links > 0, old.stored, 0) + iif(new.links > 0, new.stored, 0);
+        END;
+        """
+
+    /// What the totals must be, counted from the inodes (one pass over the table).
+    static let countedTotals = """
+        SELECT count(*), coalesce(sum(stored), 0), coalesce(sum(iif(links > 0, stored, 0)), 0)
+            FROM inodes WHERE mode & \(S_IFMT) = \(S_IFREG)
+        """
+
+    /// Version 3 adds the totals (counted once here).
+    func migrateFromVersion2(progress: (String) -> Void) throws(SQLiteError) {
+        progress("upgrading the cache database to schema version 3 (once)…")
+        try database.execute("""
+            BEGIN IMMEDIATE;
+            \(Self.totalsTable)
+            INSERT INTO totals(id, files, bytes, linked_bytes) SELECT 1, * FROM (\(Self.countedTotals));
+            PRAGMA user_version=3;
+            COMMIT;
+            """)
+    }
+
+    /// Whether the kept totals equal a count (nil: equal; else what differs).
+    static func totalsProblem(_ database: SQLiteDatabase) throws(SQLiteError) -> String? {
+        let kept = try database.integerRow("SELECT files, bytes, linked_bytes FROM totals WHERE id = 1")
+        let counted = try database.integerRow(countedTotals)
+        guard kept != counted else { return nil }
+        return "kept totals (files, bytes, linked bytes) \(kept) differ from the count \(counted)"
     }
 
     /// Chunks are a rowid table (with a unique index on the position) so that a write into
@@ -547,10 +628,11 @@ public final class CacheStore: @unchecked Sendable {
 
     deinit { try? commitBatch() }
 
-    /// Files and bytes stored (holes not counted, preallocated bytes counted).
+    /// Files and bytes stored (holes not counted, preallocated bytes counted): the kept
+    /// totals, one row, whatever the store holds.
     public func usage() -> (files: Int64, bytes: Int64) {
         (try? withLock { () throws(Errno) -> (files: Int64, bytes: Int64) in
-            let statement = try statement("SELECT count(*), coalesce(sum(stored), 0) FROM inodes WHERE mode & \(S_IFMT) = \(S_IFREG)")
+            let statement = try statement("SELECT files, bytes FROM totals WHERE id = 1")
             defer { statement.done() }
             guard try row(statement) else { return (0, 0) }
             return (statement.int(0), statement.int(1))
@@ -559,6 +641,8 @@ public final class CacheStore: @unchecked Sendable {
 }
 
 /// Why the cache cannot be opened.
+///
+/// Thread-safety: a value; `Sendable`.
 public enum CacheStoreError: Error, CustomStringConvertible, Sendable {
     case damaged(String)
     public var description: String {

@@ -17,6 +17,8 @@ import Posix
 struct DirtyChunks {
     /// One chunk being written: the bytes written (at their offsets in the chunk; what lies
     /// between them is unknown until merged with the stored row) and which ranges they are.
+    ///
+    /// Thread-safety: a value inside `DirtyChunks`, behind `CacheStore`'s lock.
     struct Chunk {
         var bytes: [UInt8] = []
         /// Sorted, disjoint, not touching.
@@ -52,6 +54,9 @@ struct DirtyChunks {
         }
     }
 
+    /// One inode's buffered chunks, with the size and modification time they give it.
+    ///
+    /// Thread-safety: a value inside `DirtyChunks`, behind `CacheStore`'s lock.
     struct File {
         var chunks: [Int64: Chunk] = [:]
         var size: Int64

@@ -20,7 +20,19 @@ extension CacheStore {
     /// used closed files while the stored bytes exceed `limit` (nil: no limit). Returns the
     /// names removed, for the kernel to forget.
     public func maintain(limit: Int64?) -> [(parent: Int64, name: String)] {
-        (try? transaction { () throws(Errno) -> [(parent: Int64, name: String)] in
+        // Looked at first without a transaction: a pass with nothing to do writes nothing.
+        let work = (try? withLock { () throws(Errno) -> Bool in
+            let due = try statement("SELECT 1 FROM inodes WHERE expires IS NOT NULL AND expires <= ? AND links > 0 LIMIT 1")
+            due.bind(Self.now())
+            defer { due.done() }
+            if try row(due) { return true }
+            guard let limit else { return false }
+            let total = try statement("SELECT linked_bytes FROM totals WHERE id = 1")
+            defer { total.done() }
+            return try row(total) && total.int(0) > limit
+        }) ?? true
+        guard work else { return [] }
+        return (try? transaction { () throws(Errno) -> [(parent: Int64, name: String)] in
             var removed: [(parent: Int64, name: String)] = []
             let expired = try statement("SELECT ino FROM inodes WHERE expires IS NOT NULL AND expires <= ? AND links > 0")
             expired.bind(Self.now())
@@ -32,7 +44,7 @@ extension CacheStore {
                 expirations += 1
             }
             guard let limit else { return removed }
-            let total = try statement("SELECT coalesce(sum(stored), 0) FROM inodes WHERE links > 0 AND mode & \(S_IFMT) = \(S_IFREG)")
+            let total = try statement("SELECT linked_bytes FROM totals WHERE id = 1")
             var used: Int64 = 0
             if try row(total) { used = total.int(0) }
             total.done()
@@ -53,6 +65,29 @@ extension CacheStore {
             }
             return removed
         }) ?? []
+    }
+
+    /// How long until the next file expires (its `user.cache.expires`, found through the
+    /// expiry index; zero when one is due); nil when none will.
+    public var nextExpiry: Duration? {
+        (try? withLock { () throws(Errno) -> Duration? in
+            let next = try statement("SELECT min(expires) FROM inodes WHERE expires IS NOT NULL AND links > 0")
+            defer { next.done() }
+            next.bind()
+            guard try row(next), !next.isNull(0) else { return nil }
+            return .nanoseconds(max(0, next.int(0) - Self.now()))
+        }) ?? nil
+    }
+
+    /// Stored bytes of the regular files that have a name (what `--cache-limit` bounds): the
+    /// kept total, one row.
+    public var linkedBytes: Int64 {
+        (try? withLock { () throws(Errno) -> Int64 in
+            let total = try statement("SELECT linked_bytes FROM totals WHERE id = 1")
+            defer { total.done() }
+            total.bind()
+            return try row(total) ? total.int(0) : 0
+        }) ?? 0
     }
 
     func removeAllNames(_ ino: Int64) throws(Errno) -> [(parent: Int64, name: String)] {

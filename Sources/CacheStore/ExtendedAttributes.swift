@@ -26,7 +26,10 @@ extension CacheStore {
             if flags & 1 != 0 && exists { throw .fileExists }
             if flags & 2 != 0 && !exists { throw .noData }
             try run("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES(?,?,?)", ino, name, value)
-            if let expiry { try run("UPDATE inodes SET expires = ? WHERE ino = ?", expiry, ino) }
+            if let expiry {
+                try run("UPDATE inodes SET expires = ? WHERE ino = ?", expiry, ino)
+                backgroundWork?()  // perhaps sooner than the next expiry the maintenance thread waits for
+            }
             try touch(ino, modified: false)
         }
     }

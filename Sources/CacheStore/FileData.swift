@@ -12,6 +12,8 @@ import Posix
 /// need a scan of the chunks.
 extension CacheStore {
     /// `fallocate(2)` flags that the store understands.
+    ///
+    /// Thread-safety: constants only.
     public enum AllocationMode {
         public static let keepSize: Int32 = 0x01
         public static let punchHole: Int32 = 0x02
@@ -298,6 +300,7 @@ extension CacheStore {
         try run("UPDATE inodes SET data = ? WHERE ino = ?", new, ino)
         dataKeys[ino] = new
         reclaimQueue.append((old, nil))
+        backgroundWork?()
     }
 
     // MARK: fallocate, SEEK_DATA/SEEK_HOLE, copy_file_range

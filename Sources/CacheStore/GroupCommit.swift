@@ -60,6 +60,8 @@ extension CacheStore {
         batchStart = .now
         batchChanges = 0
         batchBytes = 0
+        batchTotalChanges = database.totalChanges
+        batchMovedPages = false
         batchOpened.post()
     }
 
@@ -70,9 +72,13 @@ extension CacheStore {
         guard batchStart != nil else { return }
         batchStart = nil
         do throws(Errno) {
+            let changedRows = database.totalChanges != batchTotalChanges || batchMovedPages
             try run("COMMIT")
+            // A group that changed nothing wrote nothing to the log: no checkpoint, no work.
+            guard changedRows else { return }
             uncheckpointed = true
             lastCommit = .now
+            backgroundWork?()  // the size limit may be passed now
             // Short of disk, the log is emptied at once: its pages are what fills the disk,
             // and a delete frees nothing until they are in the database file.
             if !hasRoomForGroups(free: freeDiskBytes()) {
@@ -87,7 +93,7 @@ extension CacheStore {
 
     /// Groups only with plenty of free disk: SQLite answers a full disk by rolling back the
     /// whole transaction, which must then hold this one change only, not others already
-    /// acknowledged (found by the full-disk test: a group that held an `rm` lost it).
+    /// acknowledged (an `rm` in the same group would be lost with it).
     func hasRoomForGroups(free: UInt64?) -> Bool {
         guard let free else { return false }
         return free >= Self.reservedBytes + Self.groupRoom

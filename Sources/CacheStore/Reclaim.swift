@@ -36,6 +36,19 @@ extension CacheStore {
             dataKeys[ino] = nil
         } else if !reclaimQueue.contains(where: { $0.inode == ino }) {
             reclaimQueue.append((key(ino), ino))
+            backgroundWork?()
+        }
+    }
+
+    /// When `reclaimStep` has work next: now while deleted data waits; for free pages to
+    /// give back, once the store is quiet (or its patience runs out); nil: nothing to do.
+    public var reclaimDue: ContinuousClock.Instant? {
+        lock.withLock { () -> ContinuousClock.Instant? in
+            if closed { return nil }
+            if !reclaimQueue.isEmpty { return .now }
+            guard vacuums, (database.freePages ?? 0) >= Self.vacuumThreshold else { return nil }
+            return min(lastChange.advanced(by: .seconds(Self.vacuumQuiet)),
+                       (vacuumWanted ?? .now).advanced(by: .seconds(Self.vacuumPatience)))
         }
     }
 
@@ -86,6 +99,7 @@ extension CacheStore {
             }
             guard (database.freePages ?? 0) >= Self.vacuumThreshold else { return false }
             try exec("PRAGMA incremental_vacuum(\(Self.vacuumStep))")
+            batchMovedPages = true
             return true
         }) ?? false
     }

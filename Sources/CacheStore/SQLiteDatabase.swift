@@ -2,6 +2,8 @@ import CSQLite
 import Posix
 
 /// An SQLite failure: the result code, SQLite's message and the statement that failed.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct SQLiteError: Error, CustomStringConvertible, Sendable {
     public let code: Int32
     public let message: String
@@ -102,6 +104,18 @@ public final class SQLiteDatabase {
         }
     }
 
+    /// Every column of the first row of a query, as integers (empty: no row).
+    public func integerRow(_ sql: String) throws(SQLiteError) -> [Int64] {
+        var statement: OpaquePointer?
+        var rc = sqlite3_prepare_v2(handle, sql, -1, &statement, nil)
+        guard rc == SQLITE_OK else { throw error(rc, sql) }
+        defer { sqlite3_finalize(statement) }
+        rc = sqlite3_step(statement)
+        if rc == SQLITE_DONE { return [] }
+        guard rc == SQLITE_ROW else { throw error(rc, sql) }
+        return (0..<sqlite3_column_count(statement)).map { sqlite3_column_int64(statement, $0) }
+    }
+
     /// Runs `body` with `tick` called every `steps` virtual-machine steps of SQLite (for
     /// saying that a long statement is still working).
     public func withProgress<T>(every steps: Int32, _ tick: @escaping () -> Void,
@@ -134,6 +148,8 @@ public final class SQLiteDatabase {
 }
 
 /// The cache store's database file (`cache.sqlite`).
+///
+/// Thread-safety: stateless; `createEmpty` works on its own connection.
 public enum CacheDatabase {
     /// SQLite `application_id` of an mtmfs cache ("MTMC").
     public static let applicationID: Int32 = 0x4D54_4D43
@@ -155,6 +171,8 @@ public enum CacheDatabase {
 }
 
 /// A prepared statement, reused: `reset` between uses, finalized on deinit.
+///
+/// Thread-safety: none; used under the lock of its connection's owner.
 final class Statement {
     let handle: OpaquePointer
     let sql: String
@@ -215,12 +233,16 @@ final class Statement {
 
 extension SQLiteDatabase {
     var changes: Int { Int(sqlite3_changes(handle)) }
+    /// Rows changed by every statement since the connection opened (triggers' included).
+    var totalChanges: Int64 { sqlite3_total_changes64(handle) }
     var lastInsertedRow: Int64 { sqlite3_last_insert_rowid(handle) }
 }
 
 /// A Swift value that binds to a statement parameter as the SQLite type it is: integers as
 /// INTEGER, strings as TEXT, bytes as BLOB (an empty one as a zero-length BLOB, not NULL),
 /// nil as NULL. Nothing else can be bound, so no value silently becomes NULL.
+///
+/// Thread-safety: conformers are values; `bind` touches only the statement it is given.
 protocol SQLiteBindable {
     func bind(to statement: OpaquePointer, at index: Int32)
 }
@@ -264,6 +286,9 @@ extension Optional: SQLiteBindable where Wrapped: SQLiteBindable {
     }
 }
 
+/// Constants for binding: SQLite's `SQLITE_TRANSIENT` and a pointer for empty blobs.
+///
+/// Thread-safety: constants only.
 enum SQLiteBinding {
     /// `SQLITE_TRANSIENT` (a macro): SQLite copies the bytes before the call returns.
     static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
@@ -271,6 +296,8 @@ enum SQLiteBinding {
 }
 
 /// The closure a progress handler calls, kept alive while the handler is set.
+///
+/// Thread-safety: immutable; `tick` runs on the thread of the statement being stepped.
 final class ProgressBox {
     let tick: () -> Void
     init(_ tick: @escaping () -> Void) { self.tick = tick }

@@ -1,5 +1,7 @@
 /// What each account field may hold, and the `url` field that is derived from four of them.
 /// Everything works on bytes (values are secrets; no `String` copies are made).
+///
+/// Thread-safety: pure functions.
 public enum AccountFieldSyntax {
     /// Largest value of one field (EFBIG beyond).
     public static let maximumSize = 64 << 10

@@ -5,11 +5,11 @@ import Posix
 /// free) that many small secrets share: the decrypted fields of an unlocked vault.
 ///
 /// Each `sodium_malloc` is a page-aligned region between guard pages (about four memory
-/// mappings and 8 KiB); one per field made 10,000 accounts cost 61,000 mappings and
-/// 184 MB, and `vm.max_map_count` stopped an unlock at about 26,000 fields. Here a field
-/// takes a slot of the next power of two (16 B to 16 KiB) in a 1 MiB slab; a freed slot is
-/// zeroed and reused; `releaseAll` zeroes and frees every slab (a lock gives the memory
-/// back). Larger values get their own `sodium_malloc`.
+/// mappings and 8 KiB); one per field would make a large vault cost tens of thousands of
+/// mappings, and `vm.max_map_count` would stop its unlock. Here a field takes a slot of the
+/// next power of two (16 B to 16 KiB) in a 1 MiB slab; a freed slot is zeroed and reused;
+/// `releaseAll` zeroes and frees every slab (a lock gives the memory back). Larger values
+/// get their own `sodium_malloc`.
 ///
 /// Thread-safety: its own lock (slots are freed from `SecureBytes.deinit` on any thread).
 public final class SecureArena: @unchecked Sendable {

@@ -135,6 +135,9 @@ public final class SecureBytes: @unchecked Sendable {
 }
 
 /// libsodium set-up, once per process.
+///
+/// Thread-safety: `initialized` is a lazily set static (Swift runs its initializer once);
+/// `sodium_init` and `randombytes_buf` are thread-safe.
 enum Sodium {
     static let initialized: Bool = sodium_init() >= 0
     static func initialize() { precondition(initialized, "sodium_init failed") }

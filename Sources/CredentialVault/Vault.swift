@@ -222,15 +222,22 @@ public final class Vault: @unchecked Sendable {
     /// Opens (locked) the vault at `path`, checking its structure and checksum.
     public convenience init(path: String, random: RandomSource = SystemRandom()) throws(VaultError) {
         let bytes: [UInt8]
+        let identity: FileIdentity?
         do throws(Errno) {
             let fd = try Syscall.open(path, O_RDONLY)
             defer { Syscall.close(fd) }
+            identity = FileIdentity(of: fd)
             bytes = try Syscall.readAll(fd)
         } catch {
             throw .io(error)
         }
         try self.init(path: path, bytes: bytes, random: random)
+        fileIdentity = identity
     }
+
+    /// The vault file as this vault last read or wrote it: when the file at `path` is no
+    /// longer this one, another program replaced or changed it.
+    public private(set) var fileIdentity: FileIdentity?
 
     /// Opens (locked) a vault from its bytes, as if read from `path` (tests and fuzzing).
     public convenience init(path: String, bytes: [UInt8], random: RandomSource) throws(VaultError) {
@@ -659,6 +666,37 @@ public final class Vault: @unchecked Sendable {
         } catch {
             throw .io(error)
         }
+        fileIdentity = FileIdentity(of: path)
+    }
+}
+
+/// Which file a path holds, and which version of it: device, inode, size and times. Two
+/// saves of the same size within a clock tick share a modification time, but not an
+/// inode: every save renames a new file into place.
+///
+/// Thread-safety: a value.
+public struct FileIdentity: Equatable, Sendable {
+    let device: UInt64, inode: UInt64, size: Int64
+    let modified: Int64, changed: Int64
+
+    init(_ st: stat) {
+        device = UInt64(st.st_dev)
+        inode = UInt64(st.st_ino)
+        size = Int64(st.st_size)
+        modified = Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec)
+        changed = Int64(st.st_ctim.tv_sec) * 1_000_000_000 + Int64(st.st_ctim.tv_nsec)
+    }
+
+    /// The file at `path` now; nil when there is none.
+    public init?(of path: String) {
+        guard let st = try? Syscall.stat(path) else { return nil }
+        self.init(st)
+    }
+
+    init?(of fd: Int32) {
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { return nil }
+        self.init(st)
     }
 }
 

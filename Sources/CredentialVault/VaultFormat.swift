@@ -2,6 +2,8 @@ import CSodium
 
 /// Key-derivation parameters, stored in the vault header. The algorithm is always named
 /// explicitly (Argon2id v1.3), never libsodium's `ALG_DEFAULT`.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct KDFParameters: Hashable, Sendable {
     public var operations: UInt64
     public var memoryBytes: UInt64
@@ -49,6 +51,8 @@ public struct KDFParameters: Hashable, Sendable {
 /// to the header, each record to (store id, version, uuid), the manifest to the store id and
 /// the list of (uuid, nonce) pairs, so that a dropped, swapped, moved or replayed record is
 /// detected.
+///
+/// Thread-safety: constants and pure functions.
 enum VaultFormat {
     static let magic = Array("MTMVAULT".utf8)
     static let version: UInt16 = 1
@@ -78,6 +82,8 @@ enum VaultFormat {
     }
 
     /// Reads big-endian integers and byte runs, failing on a short input.
+    ///
+    /// Thread-safety: a value local to one read.
     struct Reader {
         let bytes: [UInt8]
         var position = 0

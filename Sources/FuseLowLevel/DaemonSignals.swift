@@ -8,8 +8,7 @@ import Synchronization
 ///
 /// - SIGINT, SIGTERM and SIGHUP end the loop. libfuse's own handlers are not used: they skip
 ///   a signal inherited as ignored, which is what a daemon started with `&` from a script has.
-/// - SIGUSR1 asks for a lock of the vault: its handler only sets a flag (async-signal-safe),
-///   which the accounts tree's watcher takes (`takeLockRequest`).
+/// - SIGUSR1 (a lock of the vault) is the accounts tree's own (`LockSignal` in MountedTree).
 /// - SIGPIPE is ignored while serving.
 ///
 /// Thread-safety: the handlers touch only atomics, `fuse_session_exit` and `sem_post`.
@@ -20,17 +19,6 @@ public enum DaemonSignals {
 
     /// The handler ends the session and posts `stop` (both async-signal-safe), on whatever
     /// thread the signal lands.
-    private static let lockRequested = Atomic<Bool>(false)
-
-    /// Catches SIGUSR1 from now on (call before serving: its default action kills).
-    public static func catchLockRequests() {
-        _ = lockRequested.load(ordering: .relaxed)  // initialized before the handler can run
-        Glibc.signal(SIGUSR1) { _ in DaemonSignals.lockRequested.store(true, ordering: .relaxed) }
-    }
-
-    /// Whether SIGUSR1 arrived since the last call.
-    public static func takeLockRequest() -> Bool { lockRequested.exchange(false, ordering: .relaxed) }
-
     static func install(session: OpaquePointer, stop: UnsafeMutablePointer<sem_t>) {
         Self.session = session
         Self.stop = stop

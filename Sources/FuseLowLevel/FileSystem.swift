@@ -7,6 +7,8 @@ import Posix
 public typealias InodeNumber = UInt64
 
 /// A point in time with nanoseconds, as stored in `struct stat`.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct Timestamp: Hashable, Sendable, Comparable {
     public var seconds: Int64
     public var nanoseconds: Int64
@@ -31,6 +33,8 @@ public struct Timestamp: Hashable, Sendable, Comparable {
 }
 
 /// What `stat` shows for one inode. `mode` includes the file-type bits (`S_IFDIR`, …).
+///
+/// Thread-safety: a value; `Sendable`.
 public struct Attributes: Hashable, Sendable {
     public var inode: InodeNumber
     public var mode: mode_t
@@ -62,13 +66,14 @@ public struct Attributes: Hashable, Sendable {
     }
 
     public var isDirectory: Bool { mode & S_IFMT == S_IFDIR }
-    public var isRegularFile: Bool { mode & S_IFMT == S_IFREG }
 }
 
 /// How long the kernel may trust what it was told about a name and its attributes.
 ///
 /// This is the per-subtree caching switch: secrets use `.none` (or long timeouts with
 /// explicit invalidation), a store that invalidates on every change may use `.long`.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct CachePolicy: Hashable, Sendable {
     /// Seconds the kernel may keep a name → inode answer (and a negative answer).
     public var entryTimeout: Double
@@ -89,6 +94,8 @@ public struct CachePolicy: Hashable, Sendable {
 }
 
 /// The answer to a lookup: an inode the kernel now holds one more reference to.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct Entry: Hashable, Sendable {
     public var attributes: Attributes
     public var cache: CachePolicy
@@ -104,6 +111,8 @@ public struct Entry: Hashable, Sendable {
 }
 
 /// Who made a request (`fuse_req_ctx`).
+///
+/// Thread-safety: a value; `Sendable`.
 public struct RequestContext: Hashable, Sendable {
     public var uid: uid_t
     public var gid: gid_t
@@ -123,6 +132,8 @@ public struct RequestContext: Hashable, Sendable {
 }
 
 /// What an `open`, `create` or `opendir` hands back to the kernel.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct OpenedFile: Hashable, Sendable {
     /// The file system's own handle; passed back on read, write, flush, release.
     public var handle: UInt64
@@ -130,24 +141,22 @@ public struct OpenedFile: Hashable, Sendable {
     public var directIO: Bool
     /// Keep the page cache from an earlier open (the file system invalidates it on change).
     public var keepCache: Bool
-    /// The file has no meaningful offset (pipes, control files).
-    public var nonSeekable: Bool
     /// Closing a descriptor sends no FLUSH (FOPEN_NOFLUSH): for descriptors whose close has
     /// nothing to commit or report. Saves a synchronous round trip per close; RELEASE still
     /// comes, after close returned.
     public var noFlush: Bool
 
-    public init(handle: UInt64 = 0, directIO: Bool = false, keepCache: Bool = false,
-                nonSeekable: Bool = false, noFlush: Bool = false) {
+    public init(handle: UInt64 = 0, directIO: Bool = false, keepCache: Bool = false, noFlush: Bool = false) {
         self.handle = handle
         self.directIO = directIO
         self.keepCache = keepCache
-        self.nonSeekable = nonSeekable
         self.noFlush = noFlush
     }
 }
 
 /// One name in a directory listing, with the entry `readdirplus` hands to the kernel.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct DirectoryEntry: Hashable, Sendable {
     public var name: String
     public var entry: Entry
@@ -159,6 +168,8 @@ public struct DirectoryEntry: Hashable, Sendable {
 }
 
 /// The attribute changes of one `setattr` call; `nil` leaves a field as it is.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct AttributeChanges: Hashable, Sendable {
     public var mode: mode_t?
     public var uid: uid_t?
@@ -179,6 +190,8 @@ public struct AttributeChanges: Hashable, Sendable {
 }
 
 /// File system statistics (`statvfs`).
+///
+/// Thread-safety: a value; `Sendable`.
 public struct FileSystemStatistics: Hashable, Sendable {
     public var blockSize: UInt64 = 4096
     public var blocks: UInt64 = 0
@@ -192,6 +205,8 @@ public struct FileSystemStatistics: Hashable, Sendable {
 }
 
 /// The `lseek(2)` whences that reach a FUSE file system (Glibc hides them behind _GNU_SOURCE).
+///
+/// Thread-safety: constants only.
 public enum SeekWhence {
     /// `SEEK_DATA`: the next offset at or after the given one that holds data.
     public static let data: Int32 = 3
@@ -200,6 +215,8 @@ public enum SeekWhence {
 }
 
 /// Flags of `rename(2)` / `renameat2(2)`.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct RenameFlags: OptionSet, Hashable, Sendable {
     public let rawValue: UInt32
     public init(rawValue: UInt32) { self.rawValue = rawValue }
@@ -219,6 +236,9 @@ public struct RenameFlags: OptionSet, Hashable, Sendable {
 /// Reference counting: every `Entry` returned by `lookup`, `mkdir`, `mknod`, `symlink`,
 /// `link` and `create`, and every non-dot entry handed out by a `readdirplus`
 /// (`countLookup(of:)`), is one reference that the kernel later drops with `forget`.
+///
+/// Thread-safety: every method may be called from several threads at once; conformers
+/// guard their own state with locks.
 public protocol FileSystem: AnyObject, Sendable {
     func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry
     func forget(inode: InodeNumber, lookups: UInt64)

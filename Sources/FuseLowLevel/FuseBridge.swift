@@ -9,6 +9,9 @@ import Posix
 ///
 /// Callbacks are C function pointers: they find the bridge through the session's user
 /// data and never capture anything. Every request gets exactly one reply.
+///
+/// Thread-safety: immutable after init; callbacks run on every worker thread at once, and
+/// `fileSystem` guards its own state.
 final class FuseBridge: Sendable {
     let fileSystem: any FileSystem
     let kernel: KernelOptions
@@ -318,9 +321,6 @@ final class FuseBridge: Sendable {
             want |= UInt32(FUSE_CAP_EXPLICIT_INVAL_DATA)
             want &= ~UInt32(FUSE_CAP_AUTO_INVAL_DATA)
         }
-        if kernel.writebackCache && capable & UInt32(FUSE_CAP_WRITEBACK_CACHE) != 0 {
-            want |= UInt32(FUSE_CAP_WRITEBACK_CACHE)
-        }
         conn.pointee.want = want
         conn.pointee.time_gran = 1
     }
@@ -408,7 +408,6 @@ final class FuseBridge: Sendable {
         fi.pointee.fh = opened.handle
         fi.pointee.direct_io = opened.directIO ? 1 : 0
         fi.pointee.keep_cache = opened.keepCache ? 1 : 0
-        fi.pointee.nonseekable = opened.nonSeekable ? 1 : 0
         fi.pointee.noflush = opened.noFlush ? 1 : 0
     }
 

@@ -6,12 +6,16 @@ import Posix
 import Synchronization
 
 /// Why a mount could not be made.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct MountError: Error, CustomStringConvertible, Sendable {
     public var description: String
     public init(_ description: String) { self.description = description }
 }
 
 /// Whether this user can mount with FUSE at all, said the way that tells what to do.
+///
+/// Thread-safety: stateless; `problem()` only reads the device, `PATH` and `errno`.
 public enum FuseDevice {
     public static let path = "/dev/fuse"
 
@@ -39,9 +43,9 @@ public enum FuseDevice {
 }
 
 /// Kernel-side switches chosen at mount time (sent in FUSE's INIT reply).
+///
+/// Thread-safety: a value; `Sendable`.
 public struct KernelOptions: Sendable {
-    /// Let the kernel buffer writes and send them in large batches.
-    public var writebackCache = false
     /// Always use READDIRPLUS (names and attributes in one round trip).
     public var readDirectoryPlus = true
     /// Keep file pages until the file system invalidates them (FUSE_CAP_EXPLICIT_INVAL_DATA)
@@ -53,7 +57,7 @@ public struct KernelOptions: Sendable {
     /// Read-ahead of the mount (KiB). FUSE cannot ask for more than the kernel's default
     /// 128 KiB in INIT; the mount's backing device in sysfs can be raised after mounting,
     /// by root only (others keep 128 KiB). 1 MiB read-ahead makes the kernel send 1 MiB
-    /// READs: a cold sequential read of cache/ went from 505 to 683 MB/s here.
+    /// READs: a cold sequential read takes fewer, larger round trips.
     public var readAheadKiB = 1024
 
     public init() {}
@@ -64,7 +68,9 @@ public struct KernelOptions: Sendable {
 /// Create it (which mounts), then call `run`, which serves requests on a pool of worker
 /// threads until the file system is unmounted or a termination signal arrives, and then
 /// unmounts.
-/// `invalidate…` may be called from any thread while the loop runs.
+///
+/// Thread-safety: `run` is called once, from one thread; `exit` and `invalidate…` may be
+/// called from any thread while the loop runs.
 public final class FuseMount: @unchecked Sendable {
     // @unchecked: `session` is set once in init and only read afterwards; libfuse's
     // notify and exit calls are thread-safe.
@@ -116,7 +122,7 @@ public final class FuseMount: @unchecked Sendable {
     ///
     /// The workers are our own threads, not libfuse's `fuse_session_loop_mt`: that loop ends
     /// by `pthread_cancel`ing its workers inside a blocked read, which ThreadSanitizer cannot
-    /// follow (the daemon died at every exit under `-sanitize=thread`) and which leaves no
+    /// follow (a daemon built with `-sanitize=thread` dies at exit) and which leaves no
     /// say over how a worker stops. Here a worker stops between requests: at the end it is
     /// woken from its read by SIGUSR2 (see `WorkerWakeUp`), and only then is the mount
     /// unmounted and the stores shut down.
@@ -178,7 +184,7 @@ public final class FuseMount: @unchecked Sendable {
     @discardableResult
     public func invalidateEntry(parent: InodeNumber, name: String) -> Bool {
         // libfuse sends the name with its terminating NUL (namelen + 1 bytes): a C string it
-        // must be (found by AddressSanitizer: a bare UTF-8 array was read one byte past its end).
+        // must be (a bare UTF-8 array would be read one byte past its end).
         name.withCString { fuse_lowlevel_notify_inval_entry(session, parent, $0, name.utf8.count) == 0 }
     }
 }
@@ -200,13 +206,18 @@ extension FuseMount {
 }
 
 /// The count of workers still in their loops.
+///
+/// Thread-safety: an atomic.
 private final class WorkerCount: Sendable {
     let running = Atomic<Int>(0)
 }
 
 /// One worker thread: receives a request from the session and processes it, until the
 /// session ends (the kernel unmounted it, or `run` was told to stop).
-private final class Worker: @unchecked Sendable {  // its own thread only, after start
+///
+/// Thread-safety: only its own thread uses it once started; `count` is atomic and libfuse's
+/// session calls are thread-safe.
+private final class Worker: @unchecked Sendable {
     let session: OpaquePointer
     let stop: UnsafeMutablePointer<sem_t>
     let count: WorkerCount
@@ -235,6 +246,8 @@ private final class Worker: @unchecked Sendable {  // its own thread only, after
 
 /// SIGUSR2 with a handler that does nothing and no SA_RESTART: sent to a worker blocked in
 /// its read of /dev/fuse, it makes the read fail with EINTR so the worker sees the end.
+///
+/// Thread-safety: `install` before the workers start; `unblock` on each worker's own thread.
 enum WorkerWakeUp {
     static func install() {
         var action = sigaction()

@@ -6,6 +6,9 @@ import Posix
 /// Subtrees are built before the mount exists, so they hold this and the mount is attached
 /// later. Invalidations are sent from a serial queue of its own, never from inside a
 /// request handler (where the kernel may hold the very locks the invalidation needs).
+///
+/// Thread-safety: every method may be called from any thread; the mount is behind a lock,
+/// and queued invalidations go out in order.
 public final class KernelCacheNotifier: Sendable {
     private let mount = Locked<FuseMount?>(nil)
     private let queue = DispatchQueue(label: "mtmfs.kernel-cache-notifier")

@@ -8,6 +8,9 @@ import Glibc
 /// the same directory, which is written, fsynced and renamed over the target; the directory
 /// is then fsynced. A crash at any instant leaves either the old or the new file, never a
 /// mix, and the temporary file never has a mode wider than the final one.
+///
+/// Thread-safety: stateless; each call makes its own temporary file. Concurrent replaces of
+/// one path are not ordered: the last rename wins.
 public enum AtomicFile {
     public static func replace(_ path: String, with contents: [UInt8], mode: mode_t = 0o600) throws(Errno) {
         let directory = parentDirectory(of: path)

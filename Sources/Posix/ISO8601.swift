@@ -1,5 +1,7 @@
 /// ISO 8601 date-times as Unix seconds, shared by the stores that accept them:
 /// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM|±HHMM)`, years 1 to 9999, proleptic Gregorian.
+///
+/// Thread-safety: pure functions.
 public enum ISO8601 {
     /// Unix seconds of the text, or nil when it is not that form or out of range.
     public static func unixSeconds(_ text: String) -> Double? {

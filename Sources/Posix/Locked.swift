@@ -6,8 +6,11 @@ import Glibc
 ///
 /// Used instead of Synchronization's `Mutex`, whose Linux implementation locks with raw futex
 /// calls that ThreadSanitizer cannot see: under `-sanitize=thread` every access it guards
-/// was reported as a race, hiding any real one. pthread mutexes are intercepted by the
+/// is reported as a race, hiding any real one. pthread mutexes are intercepted by the
 /// sanitizers and cost the same uncontended (one atomic exchange each way).
+///
+/// Thread-safety: every access takes the mutex; `body` must not call `withLock` of the same
+/// instance (the mutex is not recursive).
 public final class Locked<Value>: @unchecked Sendable {
     private let lock = Lock()
     private var value: Value
@@ -22,6 +25,8 @@ public final class Locked<Value>: @unchecked Sendable {
 
 /// A pthread mutex guarding state kept elsewhere (the owner's stored properties), for types
 /// whose state is too spread out to move into one `Locked` value.
+///
+/// Thread-safety: a mutex, not recursive; what it guards is safe only inside `withLock`.
 public final class Lock: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
 
@@ -44,6 +49,8 @@ public final class Lock: @unchecked Sendable {
 }
 
 /// A counting POSIX semaphore: one thread posts, another waits (with a time limit).
+///
+/// Thread-safety: `post` and `wait` from any thread (`sem_post` is async-signal-safe).
 public final class Semaphore: @unchecked Sendable {
     private let semaphore: UnsafeMutablePointer<sem_t>
 

@@ -6,9 +6,14 @@ import Synchronization
 
 /// The daemon's log: standard error in the foreground, syslog (ident `mtmfs`) when detached.
 ///
-/// Never pass a passphrase or a field value to it. Thread-safe: the destination is chosen
-/// once at start-up and each line is written with one `write` or `syslog` call.
+/// Never pass a passphrase or a field value to it.
+///
+/// Thread-safety: the destination is behind a lock and the debug switch is atomic; each line
+/// is written with one `write` or `syslog` call.
 public enum Log {
+    /// Where lines go.
+    ///
+    /// Thread-safety: a value; `Sendable`.
     public enum Destination: Sendable { case standardError, syslog, none }
 
     private static let destination = Locked<Destination>(.standardError)

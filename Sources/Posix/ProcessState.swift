@@ -4,6 +4,8 @@ import Glibc
 
 /// Whether a process runs. An exited process that its parent (or init) has not reaped yet
 /// is a zombie, and `kill(pid, 0)` still succeeds on it: /proc/PID/stat tells.
+///
+/// Thread-safety: stateless; each call reads /proc afresh.
 public enum ProcessState {
     public static func isRunning(_ pid: pid_t) -> Bool {
         guard kill(pid, 0) == 0 || errno != ESRCH else { return false }

@@ -5,9 +5,13 @@ import Glibc
 /// Starting and reaping child processes with posix_spawn: the one place that does it, for
 /// the command line (fusermount3), the benchmark, the reliability suite and the tests.
 /// (Foundation's `Process` can hang in `waitUntilExit` when several threads spawn, and
-/// leaked under LeakSanitizer.)
+/// leaks under LeakSanitizer.)
+///
+/// Thread-safety: stateless; any thread may spawn and reap its own children.
 public enum Spawn {
     /// Where a child's standard stream goes.
+    ///
+    /// Thread-safety: a value; `Sendable`.
     public enum Stream: Sendable {
         /// A file opened for the child: read-only for fd 0, else created and written
         /// (appended to with `append`).

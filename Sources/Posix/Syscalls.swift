@@ -7,6 +7,8 @@ import CPosixShims
 ///
 /// Each function returns its result or throws the `Errno` the call set, retrying `EINTR`
 /// where the call may be restarted. No `-1` check appears anywhere else.
+///
+/// Thread-safety: stateless; `errno` is per thread.
 public enum Syscall {
     /// Runs `body` until it returns something other than -1 with `EINTR`; -1 becomes a thrown `Errno`.
     @inline(__always)

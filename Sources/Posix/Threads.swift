@@ -4,7 +4,12 @@ import Glibc
 
 /// Plain POSIX threads for the daemon's long-lived work (FUSE workers, store watchers),
 /// without Foundation's `Thread`: the daemon does not load Foundation at all.
+///
+/// Thread-safety: stateless; `start` and `detach` may be called from any thread.
 public enum Threads {
+    /// The body of a thread being started, retained across `pthread_create`.
+    ///
+    /// Thread-safety: immutable; handed from the starting thread to the new one.
     private final class Body {
         let run: @Sendable () -> Void
         init(_ run: @escaping @Sendable () -> Void) { self.run = run }

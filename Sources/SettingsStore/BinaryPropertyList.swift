@@ -1,6 +1,8 @@
 /// Apple's binary property-list format (`bplist00`): objects, an offset table and a
 /// 32-byte trailer. The reader checks every offset, reference and length against the file
 /// and refuses reference cycles and excessive nesting.
+///
+/// Thread-safety: pure functions; each read has its own `Reader`.
 enum BinaryPropertyList {
     // MARK: Reading
 
@@ -37,6 +39,10 @@ enum BinaryPropertyList {
         return value
     }
 
+    /// One read of a binary property list: the file, its offset table, and what decoding it
+    /// has produced so far.
+    ///
+    /// Thread-safety: a value local to one `decode` call.
     struct Reader {
         let bytes: [UInt8]
         let offsets: [Int]

@@ -1,7 +1,9 @@
 /// The `Settings.plist` that `mtmfs init` writes: the app's shipped defaults
 /// (`IsFirstRun` = true, `ActiveServiceAccountUUID` = empty). Kept in the binary rather than
-/// as a package resource: a resource needs Foundation's `Bundle` (8 MB of the daemon's
-/// resident memory) and a bundle directory next to an installed executable.
+/// as a package resource: a resource needs Foundation's `Bundle` (and so all of Foundation
+/// in the daemon's memory) and a bundle directory next to an installed executable.
+///
+/// Thread-safety: constants only.
 public enum DefaultSettings {
     /// The text of the shipped XML property list.
     public static let xml = """

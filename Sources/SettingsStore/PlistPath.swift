@@ -74,6 +74,9 @@ extension PlistValue {
     }
 }
 
+/// Helpers on the names of a key path: array indices and prefixes.
+///
+/// Thread-safety: pure functions.
 public enum PlistPath {
     /// The array index a name stands for: canonical decimal only ("0", "12"; not "012", "-1").
     public static func arrayIndex(_ name: String) -> Int? {

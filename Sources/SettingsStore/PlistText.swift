@@ -1,3 +1,5 @@
+import Posix
+
 /// The text form of each settings value (SPEC §4): what `cat` shows and what a write must be.
 ///
 /// - bool: reads `true`/`false`; accepts true/false, yes/no, 1/0, on/off in any case
@@ -10,8 +12,8 @@
 /// Every read ends with one newline; one trailing `\n` or `\r\n` is stripped on write. For
 /// every type but string, surrounding white space (blank lines an editor added, say) is
 /// ignored; a string keeps every other byte.
-import Posix
-
+///
+/// Thread-safety: pure functions.
 public enum PlistText {
     /// The bytes `cat` shows for a scalar value.
     public static func render(_ value: PlistValue) -> [UInt8] {
@@ -84,15 +86,8 @@ public enum PlistText {
         return String(scalars[first...last])
     }
 
-    /// The bytes without one trailing `\n` or `\r\n`.
-    public static func stripOneNewline(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
-        var end = bytes.count
-        if end > 0 && bytes[end - 1] == 0x0A {
-            end -= 1
-            if end > 0 && bytes[end - 1] == 0x0D { end -= 1 }
-        }
-        return bytes[0..<end]
-    }
+    /// The bytes without one trailing `\n` or `\r\n` (the rule of `OneNewline`).
+    public static func stripOneNewline(_ bytes: [UInt8]) -> ArraySlice<UInt8> { OneNewline.value(bytes) }
 
     public static func parseBool(_ text: String) -> Bool? {
         switch text.lowercased() {
@@ -155,6 +150,8 @@ public enum PlistText {
 }
 
 /// Standard base64 (RFC 4648, with padding).
+///
+/// Thread-safety: pure functions over constant tables.
 public enum Base64 {
     static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
     static let values: [UInt8] = {

@@ -2,6 +2,8 @@
 ///
 /// Booleans and integers are distinct cases (Foundation's NSNumber blurs them); dates keep
 /// their sub-second part as seconds since 2001-01-01 UTC, as the binary format stores them.
+///
+/// Thread-safety: a value; `Sendable`.
 public indirect enum PlistValue: Equatable, Sendable {
     case bool(Bool)
     case integer(Int64)
@@ -31,12 +33,16 @@ public indirect enum PlistValue: Equatable, Sendable {
 }
 
 /// The type names shown in the `user.plist.type` extended attribute.
+///
+/// Thread-safety: a value; `Sendable`.
 public enum PlistType: String, CaseIterable, Sendable {
     case bool, integer, real, string, date, data, array
     case dictionary = "dict"
 }
 
 /// A dictionary that keeps its keys in the order they were read or added.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct PlistDictionary: Equatable, Sendable {
     public private(set) var entries: [(key: String, value: PlistValue)] = []
     /// Position of each key in `entries` (kept in step with it).
@@ -95,17 +101,24 @@ public struct PlistDictionary: Equatable, Sendable {
 }
 
 /// The two on-disk encodings; a file is rewritten in the one it was found in.
+///
+/// Thread-safety: a value; `Sendable`.
 public enum PlistFormat: Sendable, Equatable {
     case xml
     case binary
 }
 
 /// Why bytes are not a property list.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct PlistError: Error, CustomStringConvertible, Sendable {
     public var description: String
     public init(_ description: String) { self.description = description }
 }
 
+/// Reading and writing property lists in either encoding.
+///
+/// Thread-safety: pure functions.
 public enum PropertyList {
     /// Deepest nesting accepted when reading (a deeper file is refused, not a stack overflow).
     public static let maximumDepth = 512

@@ -4,6 +4,8 @@ import Glibc
 import Posix
 
 /// Why the settings store cannot be used.
+///
+/// Thread-safety: a value; `Sendable`.
 public enum SettingsError: Error, CustomStringConvertible, Sendable {
     /// The file is not a property list whose root is a dictionary (it is never overwritten).
     case damaged(path: String, reason: String)
@@ -27,8 +29,10 @@ public enum SettingsError: Error, CustomStringConvertible, Sendable {
 /// `Settings.plist` on disk: its root dictionary in key order, the format it was found in,
 /// and the identity of the version read (to notice another program's change).
 ///
-/// Saves are atomic and durable (`AtomicFile`), in the format found. Thread-safety: none of
-/// its own (hence `@unchecked`): the owner serializes every access behind its lock.
+/// Saves are atomic and durable (`AtomicFile`), in the format found.
+///
+/// Thread-safety: none of its own (hence `@unchecked`): the owner serializes every access
+/// behind its lock.
 public final class SettingsDocument: @unchecked Sendable {
     public let path: String
     public private(set) var root: PlistDictionary
@@ -36,6 +40,8 @@ public final class SettingsDocument: @unchecked Sendable {
     private var stamp: Stamp
 
     /// What identifies one version of the file: replaced or rewritten files differ in it.
+    ///
+    /// Thread-safety: a value, kept by the document under its owner's lock.
     struct Stamp: Equatable {
         var device: UInt64, inode: UInt64, size: Int64, modifiedSeconds: Int, modifiedNanoseconds: Int
         var changedSeconds: Int, changedNanoseconds: Int

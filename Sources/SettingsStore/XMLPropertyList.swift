@@ -3,6 +3,8 @@ import Glibc
 #endif
 /// Apple's XML property-list format, read and written by hand: one pass over the bytes,
 /// nesting limited to `PropertyList.maximumDepth`, no external entities, no DTD loading.
+///
+/// Thread-safety: pure functions; each read has its own `Reader`.
 enum XMLPropertyList {
     static func decode(_ bytes: [UInt8]) throws(PlistError) -> PlistValue {
         var reader = Reader(bytes: bytes)
@@ -69,6 +71,8 @@ enum XMLPropertyList {
     }
 
     /// A cursor over the document.
+    ///
+    /// Thread-safety: a value local to one read.
     struct Reader {
         let bytes: [UInt8]
         var position = 0

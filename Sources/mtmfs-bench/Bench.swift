@@ -19,6 +19,7 @@ final class Bench {
     var passReady = false
     var manyAccountsMount = ""
     var vaultStores: [(accounts: Int, mount: String, daemon: pid_t)] = []
+    var statusStores: [(files: Int, mount: String)] = []
     static let account = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
     static let passphrase = "bench passphrase"
 
@@ -86,6 +87,11 @@ final class Bench {
         }
         try setUpGocryptfs()
         guard !options.engineOnly else { return }
+        if !options.vaultOnly {
+            try idleRound()
+            statusStores = try setUpStatusStores()
+        }
+        guard !options.daemonOnly else { return }
         try setUpPass()
         if options.vaultOnly {
             try (Bench.passphrase + "\n").write(toFile: root + "/w3-pass", atomically: true, encoding: .utf8)
@@ -216,6 +222,8 @@ final class Bench {
                 try vaultRound(vaultStores)
                 continue
             }
+            try statusRound(statusStores)
+            if options.daemonOnly { continue }
             for (system, path) in rotate(paths("password")) {
                 let runs = processRuns
                 let total = seconds { for _ in 0..<runs { Shell.run("/bin/cat", [path]) } }
@@ -390,6 +398,7 @@ final class Bench {
             ("W3 ", "≤ 3×"), ("W7 ", "≥ 2× bindfs"), ("W10 ", "≤ best peer"), ("W11 ", "≤ best peer"),
             ("W12 ", "≥ best peer"), ("W13 largest", "≤ 64 MiB"), ("W13 ", "≥ best peer"),
             ("W14 longest", "≤ 100 ms"), ("W14 space", "≤ 60 s"), ("W15 ", "≤ 0.5 s"),
+            ("W17 ", "same at every size"), ("W18 ", "≤ 1"), ("W19 ", "same at every size"),
         ]
         return byPrefix.first { workload.hasPrefix($0.0) }?.1 ?? "report"
     }

@@ -30,8 +30,10 @@ enum Benchmark {
         var json: String?
         /// Only the cache-engine workloads (W10–W15), after the set-up they need.
         var engineOnly = false
-        /// Only the vault workload (W16), after the set-up it needs.
+        /// Only the vault workloads (W16, W17), after the set-up they need.
         var vaultOnly = false
+        /// Only the daemon workloads (W18 idle wakeups, W19 status cost).
+        var daemonOnly = false
     }
 
     nonisolated(unsafe) static var mounts: [String] = []
@@ -47,9 +49,10 @@ enum Benchmark {
             case "--json": index += 1; options.json = arguments[safe: index]
             case "--engine": options.engineOnly = true
             case "--vault": options.vaultOnly = true
+            case "--daemon": options.daemonOnly = true
             case "-h", "--help":
                 print("""
-                Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE] [--engine] [--vault]
+                Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE] [--engine] [--vault] [--daemon]
 
                 Measures mtmfs against a native directory and its peers — a bindfs passthrough, a
                 gocryptfs mount and a `pass` store (installed by `mount-helpers/install-deps --bench`;
@@ -57,8 +60,11 @@ enum Benchmark {
                 --quick: few iterations, for a smoke run. --engine: only the cache-engine
                 workloads (W10–W15: 4 KiB writes, random writes + fsync, postmark with big files,
                 a big write and its log, a big delete under load, mounting with data stored).
-                --vault: only W16, the cost of one field change with 10, 1,000 and 10,000 fully
-                filled accounts (`pass insert -f` beside it).
+                --vault: only W16 and W17, the cost of one field change and of finding an account
+                (by-server view, `mtmfs find`) with 10, 1,000 and 10,000 fully filled accounts
+                (`pass` beside them). --daemon: only W18 and W19, idle wakeups a minute (bindfs
+                and gocryptfs beside mtmfs locked, unlocked, with --cache-limit over 100,000
+                files) and the cost of .mtmfs/status with 10 to 1,000,000 cache files.
                 """)
                 return 0
             default:

@@ -37,15 +37,14 @@ struct CredentialCommand: Command {
 
     enum Action: String { case get, store, erase }
 
-    let action: Action
     let mount: String?
+
+    /// nil: an action git may add later, which a helper ignores (gitcredentials(7)).
+    let action: Action?
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         let positionals = try arguments.positionals(1...1, named: "the action (get, store or erase)")
-        guard let action = Action(rawValue: positionals[0]) else {
-            throw .usage("the action is get, store or erase, not \(positionals[0])", command: Self.name)
-        }
-        self.action = action
+        action = Action(rawValue: positionals[0])
         mount = arguments.value("--mount")
     }
 
@@ -53,12 +52,26 @@ struct CredentialCommand: Command {
     struct Description {
         var values: [String: String] = [:]
 
+        /// Reads up to the blank line that ends git's description (or the end of input): a
+        /// caller that keeps standard input open is not waited for.
         init(reading fd: Int32) {
-            let text = String(decoding: (try? Syscall.readAll(fd)) ?? [], as: UTF8.self)
-            for line in text.split(separator: "\n", omittingEmptySubsequences: false) {
-                if line.isEmpty { break }
-                guard let equals = line.firstIndex(of: "=") else { continue }
-                values[String(line[..<equals])] = String(line[line.index(after: equals)...])
+            var line: [UInt8] = []
+            var byte: UInt8 = 0
+            while true {
+                let n = Glibc.read(fd, &byte, 1)
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 || byte == 0x0A {
+                    if line.last == 0x0D { line.removeLast() }
+                    if line.isEmpty { return }
+                    let text = String(decoding: line, as: UTF8.self)
+                    if let equals = text.firstIndex(of: "=") {
+                        values[String(text[..<equals])] = String(text[text.index(after: equals)...])
+                    }
+                    if n <= 0 { return }
+                    line = []
+                } else {
+                    line.append(byte)
+                }
             }
         }
 
@@ -92,16 +105,28 @@ struct CredentialCommand: Command {
             return path
         }
 
-        /// What an account must match (username only when `withUsername` and given).
-        func criteria(withUsername: Bool = true) -> [(String, String)] {
-            var criteria = [("protocol", values["protocol"] ?? ""), ("server", server), ("port", port)]
-            if let path { criteria.append(("path", path)) }
-            if withUsername, let username = values["username"] { criteria.append(("username", username)) }
-            return criteria
+        /// What an account must match: one set of criteria per port that counts as git's
+        /// (no port: an empty one, or the protocol's own, `https://h:443` being `https://h`).
+        func criteria() -> [[(String, String)]] {
+            let protocolName = values["protocol"] ?? ""
+            var ports = [port]
+            if port.isEmpty, let standard = ["https": "443", "http": "80", "ftp": "21", "smtp": "25", "imap": "143", "imaps": "993"][protocolName] {
+                ports.append(standard)
+            }
+            return ports.map { port in
+                var criteria = [("protocol", protocolName), ("server", server), ("port", port)]
+                if let path { criteria.append(("path", path)) }
+                if let username = values["username"] { criteria.append(("username", username)) }
+                return criteria
+            }
         }
     }
 
     func run() throws(CommandFailure) {
+        guard let action else { return }
+        // git waits for its helper: a mount that does not answer (a stopped daemon) must not
+        // hang it. After 10 s the helper ends (SIGALRM), and git asks the user.
+        alarm(10)
         let description = Description(reading: 0)
         guard description.values["protocol"] != nil, description.values["host"] != nil else {
             if action == .get { return }
@@ -115,9 +140,11 @@ struct CredentialCommand: Command {
             try quietly("\(error.description)")
             return
         }
-        let names: [String]
+        var names: [String] = []
         do {
-            names = try AccountSearch.names(in: mountPoint, matching: description.criteria())
+            for criteria in description.criteria() {
+                names += try AccountSearch.names(in: mountPoint, matching: criteria).filter { !names.contains($0) }
+            }
         } catch {
             switch error {
             case .locked: try quietly("the accounts of \(mountPoint) are locked (mtmfs unlock \(mountPoint))")
@@ -127,7 +154,7 @@ struct CredentialCommand: Command {
         }
         switch action {
         case .get: get(names, mountPoint: mountPoint, description: description)
-        case .store: try store(names, mountPoint: mountPoint, description: description)
+        case .store: try store(names, mountPoint: mountPoint, description: description, action: action)
         case .erase: try erase(names, mountPoint: mountPoint, description: description)
         }
     }
@@ -145,12 +172,14 @@ struct CredentialCommand: Command {
         for name in names {
             guard let password = try? AccountSearch.field("password", of: name, in: mountPoint), !password.isEmpty else { continue }
             let username = description.values["username"] ?? ((try? AccountSearch.field("username", of: name, in: mountPoint)) ?? "")
-            print("username=\(username)\npassword=\(password)")
+            // No username: none is said, and git asks for one (an empty one would be sent).
+            if !username.isEmpty { print("username=\(username)") }
+            print("password=\(password)")
             return
         }
     }
 
-    func store(_ names: [String], mountPoint: String, description: Description) throws(CommandFailure) {
+    func store(_ names: [String], mountPoint: String, description: Description, action: Action) throws(CommandFailure) {
         guard let username = description.values["username"], let password = description.values["password"] else {
             throw CommandFailure("git sent no username and password: nothing to store")
         }

@@ -92,6 +92,7 @@ struct MountCommand: Command {
         } catch {
             throw CommandFailure(error.description)
         }
+        try MountTable.refuseMounted(dataDirectory)
         // --unlock asks before mounting, so that a script's prompt comes first.
         let passphrase = unlock ? try PassphraseInput.read(prompt: "Passphrase: ", file: passphraseFile) : nil
         defer { passphrase?.wipe() }

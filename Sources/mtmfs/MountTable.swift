@@ -39,6 +39,14 @@ enum MountTable {
         mtmfsMounts().filter { $0.owner == getuid() }
     }
 
+    /// A refusal when `dataDirectory` is the source of an mtmfs mount: a daemon of an
+    /// earlier mtmfs (before the data directory's claim, `mtmfs.lock`) holds no lock, but
+    /// would still overwrite what another process wrote.
+    static func refuseMounted(_ dataDirectory: String) throws(CommandFailure) {
+        guard let mount = mtmfsMounts().first(where: { $0.source == dataDirectory }) else { return }
+        throw CommandFailure("\(dataDirectory) is in use by the mtmfs mount on \(mount.mountPoint): unmount it first (mtmfs unmount \(mount.mountPoint))")
+    }
+
     static func mtmfsMount(at path: String) -> Mount? {
         mtmfsMounts().last { $0.mountPoint == path }
     }

@@ -60,11 +60,12 @@ enum PassphraseInput {
         while true {
             let n = Glibc.read(fd, &byte, 1)
             if n < 0 && errno == EINTR { continue }
-            if n <= 0 || byte == 0x0A { break }
+            if n <= 0 { break }
             withUnsafeBytes(of: byte) { out.write($0, at: out.count) }
+            if byte == 0x0A { break }
         }
         byte = 0
-        if out.count > 0, out.withUnsafeBytes({ $0[$0.count - 1] == 0x0D }) { out.resize(to: out.count - 1) }
+        out.resize(to: out.withUnsafeBytes { OneNewline.valueEnd($0) })  // the line's value
         return out
     }
 
@@ -102,7 +103,8 @@ enum MountChoice {
             }
             return path
         }
-        let mounts = MountTable.mtmfsMounts()
+        // The caller's own: another user's mount is not theirs to use (nor to count).
+        let mounts = MountTable.ownMtmfsMounts()
         guard mounts.count == 1 else {
             throw CommandFailure(mounts.isEmpty ? "no mtmfs mount is up: mount one with `mtmfs mount MOUNT`"
                                                 : "several mtmfs mounts are up: name one (see `mtmfs status`)")

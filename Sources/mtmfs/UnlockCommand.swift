@@ -120,6 +120,7 @@ struct PasswdCommand: Command {
             throw CommandFailure(error.description)
         }
         defer { withExtendedLifetime(claim) {} }
+        try MountTable.refuseMounted(dataDirectory)  // a daemon of an earlier mtmfs takes no claim
         let vault: Vault
         do {
             vault = try Vault(path: dataDirectory + "/vault")

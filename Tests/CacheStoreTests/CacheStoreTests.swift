@@ -195,3 +195,62 @@ func errno(_ body: () throws -> Void) -> Errno? {
         #expect(try f.query("SELECT count(*) FROM chunks") == "0")
     }
 }
+
+/// The totals of files and stored bytes (schema version 3): kept by triggers with every
+/// change, read as one row, compared with a count by `check`, made once for a version 2 store.
+@Suite struct CacheTotalsTests {
+    func counted(_ f: StoreFixture) throws -> (Int64, Int64) {
+        let database = try SQLiteDatabase(path: f.path, readOnly: true)
+        let row = try database.integerRow("SELECT count(*), coalesce(sum(stored), 0) FROM inodes WHERE mode & \(S_IFMT) = \(S_IFREG)")
+        return (row[0], row[1])
+    }
+
+    @Test func keptWithEveryChangeAndReadAsOneRow() throws {
+        let f = try StoreFixture()
+        let s = f.store, root = CacheStore.rootInode
+        #expect(s.usage() == (0, 0))
+        let a = try f.file("a"), b = try f.file("b")
+        try f.write(a, [UInt8](repeating: 1, count: 100_000), at: 0)
+        try f.write(b, [1, 2, 3], at: 1 << 20)  // a hole before it
+        try s.synchronize()
+        #expect(s.usage() == (try counted(f)))
+        #expect(s.usage().files == 2)
+        _ = try s.link(b, parent: root, name: "b2")
+        _ = try s.setAttributes(a, CacheAttributeChanges(size: 10))
+        try s.unlink(parent: root, name: "b")
+        _ = try s.create(parent: root, name: "d", mode: S_IFDIR | 0o755, uid: 0, gid: 0)
+        try s.synchronize()
+        #expect(s.usage() == (try counted(f)), "a directory is no file; a second name is no second file")
+        #expect(s.linkedBytes == s.usage().bytes)
+        // An open file that lost its names still counts, not against the size limit.
+        _ = try s.open(a, truncate: false)
+        try s.unlink(parent: root, name: "a")
+        try s.synchronize()
+        #expect(s.usage() == (try counted(f)))
+        #expect(s.linkedBytes == s.usage().bytes - 10)
+        s.released(a)
+        try s.synchronize()
+        #expect(s.usage() == (try counted(f)))
+        try s.close()
+        try CacheStore.check(path: f.path) { _ in }
+    }
+
+    @Test func checkFindsTotalsChangedByHandAndAVersion2StoreGetsThem() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("x")
+        try f.write(ino, [UInt8](repeating: 7, count: 5000), at: 0)
+        try f.store.close()
+        let database = try SQLiteDatabase(path: f.path)
+        try database.execute("UPDATE totals SET bytes = bytes + 1")
+        #expect(throws: CacheStoreError.self) { try CacheStore.check(path: f.path) { _ in } }
+        // A store of version 2 (no totals): counted once at open.
+        try database.execute("DROP TRIGGER totals_insert; DROP TRIGGER totals_delete; DROP TRIGGER totals_update; DROP TABLE totals; PRAGMA user_version=2;")
+        var said: [String] = []
+        let upgraded = try CacheStore(path: f.path, owner: (0, 0)) { said.append($0) }
+        #expect(said.contains { $0.contains("schema version 3") }, "\(said)")
+        #expect(upgraded.usage() == (1, 5000))
+        try upgraded.close()
+        try CacheStore.check(path: f.path) { _ in }
+        #expect(try f.query("PRAGMA user_version") == "3")
+    }
+}

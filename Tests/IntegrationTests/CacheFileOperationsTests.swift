@@ -196,7 +196,7 @@ import Glibc
     }
 
     /// A store of schema version 1 (no stored-bytes column, no clean mark, chunks without
-    /// row ids) is upgraded at mount, and checked in full once.
+    /// row ids, no totals) is upgraded at mount through version 2 to 3, and checked in full once.
     @Test func versionOneStoresAreUpgraded() throws {
         let store = try MountedStore()
         defer { store.close() }
@@ -205,6 +205,7 @@ import Glibc
         let before = Run.shell("head -c 100000 \(c)/f | md5sum").stdout
         #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
         let downgrade = Run.program("sqlite3", [database, """
+            DROP TRIGGER totals_insert; DROP TRIGGER totals_delete; DROP TRIGGER totals_update; DROP TABLE totals;
             ALTER TABLE inodes DROP COLUMN stored; ALTER TABLE inodes DROP COLUMN data; DROP TABLE state;
             CREATE TABLE v1(ino INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY(ino, idx)) STRICT, WITHOUT ROWID;
             INSERT INTO v1 SELECT ino, idx, data FROM chunks; DROP TABLE chunks; ALTER TABLE v1 RENAME TO chunks;
@@ -213,8 +214,10 @@ import Glibc
         #expect(downgrade.status == 0, "\(downgrade)")
         #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
         #expect(Run.shell("stat -c '%s %b' \(c)/f").stdout == "1073741824 196\n")
-        #expect(Run.program("sqlite3", [database, "PRAGMA user_version"]).stdout == "2\n")
+        #expect(Run.program("sqlite3", [database, "PRAGMA user_version"]).stdout == "3\n")
         #expect(try store.status()["cache_check"] == "full")
+        #expect(try store.status()["cache_files"] == "1" && store.status()["cache_bytes"] == "100000")
+        #expect(Run.mtmfs("check", "--data-dir", store.dataDirectory).status == 0)
         #expect(Run.shell("head -c 100000 \(c)/f | md5sum").stdout == before)
     }
 }

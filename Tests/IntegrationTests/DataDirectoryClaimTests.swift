@@ -17,7 +17,7 @@ import Glibc
         let unlock = Run.mtmfs("unlock", mountPoint, input: Run.passphrase + "\n")
         try #require(unlock.status == 0, "\(unlock)")
         try #require(mkdir(mountPoint + "/accounts/" + account, 0o700) == 0, "mkdir: \(Errno.current)")
-        try (label + "\n").write(toFile: mountPoint + "/accounts/\(account)/label", atomically: false, encoding: .utf8)
+        try TestFile.write(label + "\n", to: mountPoint + "/accounts/\(account)/label")
     }
 
     /// The label of the test account, read through a fresh unlocked mount of `data`.
@@ -27,7 +27,7 @@ import Glibc
         defer { Run.mtmfs("unmount", mountPoint) }
         let unlock = Run.mtmfs("unlock", mountPoint, input: Run.passphrase + "\n")
         try #require(unlock.status == 0, "\(unlock)")
-        return try String(contentsOfFile: mountPoint + "/accounts/\(account)/label", encoding: .utf8)
+        return TestFile.read(mountPoint + "/accounts/\(account)/label") ?? "(unreadable)"
     }
 
     static func expectRefusal(_ result: CommandResult, naming mountPoint: String, pid: String,
@@ -66,9 +66,10 @@ import Glibc
         #expect(check.status == 0, "\(check)")
 
         // The first mount still serves, and its change is on disk after it ends.
-        #expect(try String(contentsOfFile: store.path("accounts/\(Self.account)/label"), encoding: .utf8)
+        #expect(TestFile.read(store.path("accounts/\(Self.account)/label"))
                 == "made through the first mount\n")
-        #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
+        let unmounted = Run.mtmfs("unmount", store.mountPoint)
+        #expect(unmounted.status == 0, "\(unmounted)")
         #expect(try Self.labelAfterRemount(data: store.dataDirectory, on: second) == "made through the first mount\n")
         // The passphrase was not changed by the refused passwd.
         let unlocked = Run.mtmfs("mount", "--unlock", "--data-dir", store.dataDirectory, second, input: Run.passphrase + "\n")

@@ -32,13 +32,13 @@ import Glibc
     static func make(_ store: MountedStore, _ name: String, _ fields: [String: String]) throws {
         try #require(mkdir(store.path("accounts/\(name)"), 0o700) == 0, "mkdir \(name): \(Errno.current)")
         for (field, value) in fields.sorted(by: { $0.key < $1.key }) {
-            try (value + "\n").write(toFile: store.path("accounts/\(name)/\(field)"), atomically: false, encoding: .utf8)
+            try TestFile.write(value + "\n", to: store.path("accounts/\(name)/\(field)"))
         }
     }
 
     static func list(_ path: String) -> [String]? { try? FileManager.default.contentsOfDirectory(atPath: path).sorted() }
     static func link(_ path: String) -> String? { try? FileManager.default.destinationOfSymbolicLink(atPath: path) }
-    static func read(_ path: String) -> String? { try? String(contentsOfFile: path, encoding: .utf8) }
+    static func read(_ path: String) -> String? { TestFile.read(path) }
 
     @Test func viewsListLinkAndFollowEveryChange() throws {
         let store = try Self.store()
@@ -85,6 +85,24 @@ import Glibc
         #expect(Self.read(accounts + "/by-label/Team files/username") == "alice@example.com\n")
     }
 
+    /// README's loop over the accounts visits each account once: not `active`, not the views.
+    @Test func readmesLoopVisitsEachAccountOnce() throws {
+        let store = try Self.store()
+        defer { store.close() }
+        #expect(Run.shell("ln -s \(Self.mail) '\(store.path("accounts/active"))'").status == 0)
+        let loop = """
+            cd '\(store.mountPoint)'
+            for d in accounts/*-*-*-*-*/; do
+                [ -d "$d" ] || continue
+                printf '%s\\t%s\\n' "$(cat "$d/label")" "$(cat "$d/url")"
+            done
+            """
+        let result = Run.shell(loop)
+        #expect(result.stdout == "Team files\thttps://files.example.com:8443/dav\nWork mail\thttps://mail.example.com/owa\n", "\(result)")
+        #expect(Run.shell("ls -d '\(store.path("accounts"))'/*/ | wc -l").stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "5",
+                "accounts/*/ sees the two accounts, active and both views")
+    }
+
     /// Changes in a view get EACCES, as in a read-only directory (also for root, whom the
     /// kernel's permission check lets through).
     @Test func viewsRefuseChanges() throws {
@@ -127,11 +145,11 @@ import Glibc
         #expect(Self.link(accounts + "/by-label/a%2Fb") == "../\(names[3])")
         #expect(Self.link(accounts + "/by-label/%2E") == "../\(names[4])")
         // A label that looks like a suffixed name is written so that it cannot be one.
-        try ("Dup~a0000002\n").write(toFile: accounts + "/\(names[4])/label", atomically: false, encoding: .utf8)
+        try TestFile.write("Dup~a0000002\n", to: accounts + "/\(names[4])/label")
         #expect(Self.link(accounts + "/by-label/Dup%7Ea0000002") == "../\(names[4])")
         #expect(Self.link(accounts + "/by-label/Dup~a0000003") == "../\(names[2])")
         // Stable: another duplicate renames nobody; the first one gone, the next takes the name.
-        try (String(repeating: "L", count: 300) + "\n").write(toFile: accounts + "/\(names[0])/label", atomically: false, encoding: .utf8)
+        try TestFile.write(String(repeating: "L", count: 300) + "\n", to: accounts + "/\(names[0])/label")
         let long = String(repeating: "L", count: 246) + "~a0000001"
         #expect(Self.link(accounts + "/by-label/" + long) == "../\(names[0])", "cut at 246 bytes, suffixed: \(Self.list(accounts + "/by-label") ?? [])")
         #expect(Self.link(accounts + "/by-label/Dup") == "../\(names[1])")
@@ -154,6 +172,7 @@ import Glibc
         #expect(find("--port", "8443").stdout == filesDirectory)
         #expect(find("--port", "").stdout == mailDirectory, "an empty value matches an empty field")
         #expect(find("--path", "/owa").stdout == mailDirectory)
+        #expect(find("--comment", "").stdout == mailDirectory + filesDirectory)
         #expect(find("--protocol", "https", "--server", "files.example.com", "--username", "alice@example.com").stdout == filesDirectory)
         #expect(find().stdout == mailDirectory + filesDirectory)
         let password = find("--server", "files.example.com", "--print", "password")

@@ -46,6 +46,12 @@ import Testing
         #expect(names == ["alice", "alice~abcdef01"])
         #expect(AccountViewNames.splitSuffix("alice~abcdef01")! == ("alice", 0xABCDEF01))
         #expect(AccountViewNames.splitSuffix("alice~ABCDEF01") == nil)
+        // Two later accounts whose UUIDs begin alike (time-ordered UUIDs): all 32 digits.
+        let third: [UInt8] = [0xAB, 0xCD, 0xEF, 0x01] + Array(repeating: 0, count: 11) + [9]
+        let crowded = [first, second, third]
+        let long = [second, third].map { uuid in Array("alice".utf8).withUnsafeBytes { AccountViewNames.name(of: uuid, value: $0, group: crowded) } }
+        #expect(long == ["alice~abcdef01000000000000000000000000", "alice~abcdef01000000000000000000000009"])
+        #expect(AccountViewNames.splitSuffix(long[1])! == ("alice", 0xABCDEF01))
         #expect(AccountViewNames.splitSuffix("~abcdef01") == nil)
     }
 }

@@ -126,14 +126,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
         return AccountFieldSyntax.isValid(value, for: field)
     }
 
-    static func withoutNewline(_ raw: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer {
-        var end = raw.count
-        if end > 0 && raw[end - 1] == 0x0A {
-            end -= 1
-            if end > 0 && raw[end - 1] == 0x0D { end -= 1 }
-        }
-        return UnsafeRawBufferPointer(rebasing: raw[0..<end])
-    }
+    static func withoutNewline(_ raw: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer { OneNewline.value(raw) }
 
     /// Validates and seals one field's text (`url`: its four parts at once).
     mutating func commit(_ text: SecureBytes, to key: FieldKey, note: Never?) throws(Errno) -> Committed<FieldKey, SecureBytes> {

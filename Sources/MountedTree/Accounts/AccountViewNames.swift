@@ -8,6 +8,8 @@
 /// - In one directory, the first account of a value (in the vault's order: the order the
 ///   accounts were made) has the name alone; every later one the name, `~` and the first 8
 ///   hex digits of its UUID (`alice~3e4666bf`): distinct, and stable while the first stays.
+///   Where two accounts of one value share those 8 digits (UUIDs made in the same minute
+///   by a time-ordered generator), both take all 32 hex digits instead.
 /// - A name that would pass `maximumBase` bytes (label and username: 246) is cut there, at
 ///   a character boundary, and always takes the `~` suffix: at most 255 bytes. A server is
 ///   a host name (at most 253 bytes), never cut.
@@ -69,24 +71,32 @@ enum AccountViewNames {
         return canonical == name ? value : nil
     }
 
-    /// `~` and the first 8 hex digits (lower case) of a UUID.
-    static func suffix(_ uuid: [UInt8]) -> String {
-        "~" + uuid.prefix(4).map { String($0 >> 4, radix: 16) + String($0 & 0xF, radix: 16) }.joined()
+    /// `~` and the first 8 hex digits (lower case) of a UUID, or all 32 with `whole`.
+    static func suffix(_ uuid: [UInt8], whole: Bool = false) -> String {
+        "~" + uuid.prefix(whole ? 16 : 4).map { String($0 >> 4, radix: 16) + String($0 & 0xF, radix: 16) }.joined()
     }
 
-    /// A name split into what comes before a UUID suffix and the UUID's first 32 bits.
+    /// A name split into what comes before a UUID suffix (8 or 32 hex digits) and the UUID's
+    /// first 32 bits.
     static func splitSuffix(_ name: String) -> (base: String, prefix: UInt32)? {
         let raw = Array(name.utf8)
-        guard raw.count > suffixLength, raw[raw.count - suffixLength] == UInt8(ascii: "~") else { return nil }
-        let digits = raw[(raw.count - 8)...]
-        guard digits.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }),
-              let prefix = UInt32(String(decoding: digits, as: UTF8.self), radix: 16) else { return nil }
-        return (String(decoding: raw[..<(raw.count - suffixLength)], as: UTF8.self), prefix)
+        for digits in [8, 32] {
+            guard raw.count > digits + 1, raw[raw.count - digits - 1] == UInt8(ascii: "~") else { continue }
+            let hex = raw[(raw.count - digits)...]
+            guard hex.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }),
+                  let prefix = UInt32(String(decoding: hex.prefix(8), as: UTF8.self), radix: 16) else { continue }
+            return (String(decoding: raw[..<(raw.count - digits - 1)], as: UTF8.self), prefix)
+        }
+        return nil
     }
 
     /// The name of `uuid` among the accounts of its value, `group` (in vault order).
     static func name(of uuid: [UInt8], value: UnsafeRawBufferPointer, group: [[UInt8]]) -> String {
         let (base, cut) = encode(value)
-        return !cut && group.first == uuid ? base : base + suffix(uuid)
+        if !cut && group.first == uuid { return base }
+        // Every account of one value shares `cut`: those with a suffix are all, or all but the first.
+        let suffixed = cut ? group[...] : group.dropFirst()
+        guard suffixed.contains(where: { $0 != uuid && $0.prefix(4) == uuid.prefix(4) }) else { return base + suffix(uuid) }
+        return encode(value, limit: maximumBase - 24).name + suffix(uuid, whole: true)
     }
 }

@@ -8,12 +8,21 @@ import Posix
 extension AccountsTree {
     /// Locks on a request of the signals (`DaemonSignals`, SIGUSR1), at the auto-lock, and
     /// takes unlinked fields out once their delay has passed.
+    /// The watcher: one thread asleep until the next thing due (the auto-lock, an unlinked
+    /// field's removal), until woken (SIGUSR1, an unlock, a new removal, shutdown), or until
+    /// the vault file changes (inotify on its directory). Idle and locked, or unlocked with
+    /// no auto-lock, it does not wake at all.
     func startWatcher() {
+        let wakeup = self.wakeup
+        let path = state.withLock { $0.fields.session.vaultPath }
+        let watch = FileWatch.logging(path, otherwise: "a vault replaced by another program is not noticed")
         Threads.detach { [weak self] in
             while true {
-                usleep(100_000)
+                guard let deadline = self?.nextDeadline() else { return }
+                let ready = wakeup.wait(until: deadline, watching: watch.map { [$0.fd] } ?? [])
                 guard let self, self.running.load(ordering: .relaxed) else { return }
-                if DaemonSignals.takeLockRequest() {
+                if let watch, !ready.isEmpty, watch.changed() { self.reloadIfReplaced() }
+                if LockSignal.take() {
                     self.lock(reason: "SIGUSR1")
                 } else if self.state.withLock({ $0.fields.session.autoLockDue }) {
                     let seconds = self.state.withLock { $0.fields.session.autoLockSeconds }
@@ -29,6 +38,35 @@ extension AccountsTree {
             }
         }
     }
+
+    /// Another program replaced or changed the vault file (a restore from backup, a sync):
+    /// the mount's copy would overwrite it at the next change. The vault is locked (the new
+    /// file may have another passphrase) and read again, so `ls accounts/` shows what the
+    /// file holds; a file that cannot be read leaves accounts/ answering EIO until it can.
+    func reloadIfReplaced() {
+        let replaced = state.withLock { s -> Bool in
+            FileIdentity(of: s.fields.session.vaultPath) != s.fields.vault?.fileIdentity
+        }
+        guard replaced else { return }
+        lock(reason: "the vault file was changed by another program")
+        let top = state.withLock { s -> [LocalInode] in
+            s.fields.session.reload()
+            return [.top] + (s.fields.vault?.accounts ?? []).map { s.fields.id(of: $0.uuid).directory }
+        }
+        Log.warning("the vault file was changed by another program: read again (\(top.count - 1) accounts), locked")
+        for local in top { notifier.invalidateInode(space.inode(local)) }
+    }
+
+    /// When the watcher must next look (nil inside: no deadline); nil when the tree is shut down.
+    func nextDeadline() -> ContinuousClock.Instant?? {
+        guard running.load(ordering: .relaxed) else { return nil }
+        return .some(state.withLock { s in
+            [s.fields.session.autoLockDeadline, s.fields.session.isOpen ? s.engine.nextRemovalDue : nil].compactMap { $0 }.min()
+        })
+    }
+
+    /// SIGUSR1 locks this tree's vault (see `LockSignal`).
+    public func catchLockSignal() { LockSignal.catchRequests(waking: wakeup) }
 
     /// Unlocks with a passphrase (already in secure memory). Wrong: EACCES; damaged: EIO.
     /// The key derivation runs outside the state lock: requests of accounts/ go on meanwhile;
@@ -66,6 +104,8 @@ extension AccountsTree {
         pageCache.changed()
         for local in files { notifier.invalidateInode(space.inode(local)) }
         notifier.drain()
+        // The auto-lock has a deadline now: the watcher learns it.
+        defer { wakeup.wake() }
         state.withLock { s in
             s.fields.session.revealing = false
             Log.info("accounts unlocked")

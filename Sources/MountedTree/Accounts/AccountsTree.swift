@@ -42,6 +42,8 @@ public final class AccountsTree: Subtree {
     let pageCache = PageCacheGate()
     let state: Locked<State>
     let running = Atomic<Bool>(true)
+    /// Wakes the watcher: a new deadline (an unlock, an unlinked field), SIGUSR1, shutdown.
+    let wakeup = Wakeup()
 
     static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     /// Field attributes (sizes) may be cached while unlocked: every commit and every lock
@@ -64,18 +66,23 @@ public final class AccountsTree: Subtree {
     public func shutDown() {
         running.store(false, ordering: .relaxed)
         lock(reason: "unmount")
+        wakeup.wake()
     }
 
     func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
-        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation]) in
+        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation], Bool) in
+            let due = s.engine.nextRemovalDue
             let result = Result { () throws(Errno) -> T in
                 guard s.fields.vault != nil else { throw .ioError }
                 return try body(&s)
             }
+            // An unlinked field now leaves sooner than the watcher will look: it looks again.
+            let sooner = s.engine.removalComesSooner(than: due)
             // Sent whether or not the request succeeded: what changed before a failure changed.
-            return (result, s.takeInvalidations())
+            return (result, s.takeInvalidations(), sooner)
         }
         send(outcome.1)
+        if outcome.2 { wakeup.wake() }
         return try outcome.0.get()
     }
 
@@ -329,12 +336,14 @@ public final class AccountsTree: Subtree {
         defer { SecureBytes.burnStack() }
         // Not through `locked`: the open is let go even when the vault cannot be used; a
         // handle from before a lock commits nothing.
-        let invalidations = state.withLock { s in
+        let (invalidations, sooner) = state.withLock { s in
+            let due = s.engine.nextRemovalDue
             let owner = FileHandle(raw: handle)
             try? s.engine.release(space.local(of: inode), handle: owner, commit: s.fields.session.isCurrent(owner), &s.fields)
-            return s.takeInvalidations()
+            return (s.takeInvalidations(), s.engine.removalComesSooner(than: due))
         }
         send(invalidations)
+        if sooner { wakeup.wake() }
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {

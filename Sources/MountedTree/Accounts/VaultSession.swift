@@ -52,6 +52,12 @@ struct VaultSession {
         return lastSecretAccess.secondsElapsed >= Double(autoLockSeconds)
     }
 
+    /// When the vault locks by itself if no secret is accessed meanwhile (nil: locked, or never).
+    var autoLockDeadline: ContinuousClock.Instant? {
+        guard autoLockSeconds > 0, isUnlocked else { return nil }
+        return lastSecretAccess.advanced(by: .seconds(autoLockSeconds))
+    }
+
     /// Seconds until the auto-lock (0: locked or never).
     var autoLockIn: Int {
         guard isUnlocked, autoLockSeconds > 0 else { return 0 }
@@ -71,6 +77,18 @@ struct VaultSession {
         vault?.lock()
         revealing = false
         generation = FileHandle.nextGeneration(after: generation)
+    }
+
+    /// Reads the vault file again (locked), after another program changed it.
+    mutating func reload() {
+        vault?.lock()
+        do {
+            vault = try Vault(path: vaultPath)
+            if let problem { Log.info("vault readable again: \(vaultPath) (was: \(problem))") }
+            problem = nil
+        } catch {
+            damage(error.description)
+        }
     }
 
     mutating func damage(_ message: String) {

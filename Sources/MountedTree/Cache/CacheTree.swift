@@ -22,6 +22,8 @@ public final class CacheTree: Subtree {
     /// Bytes of file data to stay under (`--cache-limit`), or nil.
     let limit: Int64?
     private let running = Atomic<Bool>(true)
+    /// Wakes the maintenance thread: work from the store, shutdown.
+    let maintenanceWakeup = Wakeup()
     /// Every change goes through this mount, so the kernel keeps its own copy right (and
     /// eviction and expiry invalidate the names they remove): names, attributes and pages
     /// may be trusted for a minute and kept across opens.
@@ -43,30 +45,58 @@ public final class CacheTree: Subtree {
         guard store != nil else { return }
         // Groups of changes are committed, buffered writes stored, and the write-ahead log
         // checkpointed, by a thread of their own (the store commits at fsync by itself).
-        // It holds the store only while it waits; idle, it wakes once a minute.
+        // It holds the store only while it waits; idle (nothing to commit or copy), it
+        // sleeps until a group opens, or an hour.
         Threads.detach { [weak self] in
             while true {
                 guard let self, self.running.load(ordering: .relaxed), let store = self.store else { return }
                 _ = consume self
-                let wait = min(store.needsCheckpoint ? CacheStore.checkpointQuiet : 60, store.dirtyDue ?? 60)
+                let wait = min(store.needsCheckpoint ? CacheStore.checkpointQuiet : Self.idleSleep, store.dirtyDue ?? Self.idleSleep)
                 store.commitWhenDue(waitingAtMost: wait)
                 store.flushDirtyWhenDue()
                 store.checkpointIfDue()
             }
         }
         // Expiry, the size limit, and the deletion of big files' data in slices (with the
-        // space given back) are kept by a thread of their own, twice a second; slices run
-        // back to back with a pause between them, in which requests take the store first.
+        // space given back) are kept by a thread of their own, asleep until the next file
+        // expires or the store says there is work (a group committed, data to delete, an
+        // expiry set), and then at most twice a second; slices run back to back with a pause
+        // between them, in which requests take the store first.
+        let wakeup = self.maintenanceWakeup
+        store?.onBackgroundWork = { wakeup.wake() }
         Threads.detach { [weak self] in
+            var lastPass = ContinuousClock.now - .seconds(1)
             while true {
-                usleep(500_000)
+                guard let deadline = self?.maintenanceDeadline() else { return }
+                wakeup.wait(until: deadline)
+                let pause = Duration.milliseconds(500) - lastPass.duration(to: .now)
+                if pause > .zero { usleep(UInt32(pause.components.attoseconds / 1_000_000_000_000)) }
                 guard let self, self.running.load(ordering: .relaxed), let store = self.store else { return }
-                for (parent, name) in store.maintain(limit: self.limit) {
+                lastPass = .now
+                let removed = store.maintain(limit: self.limit)
+                for (parent, name) in removed {
                     self.notifier.invalidateEntry(parent: self.space.inode(UInt64(parent)), name: name)
                 }
                 while self.running.load(ordering: .relaxed) && store.reclaimStep() { usleep(2_000) }
             }
         }
+    }
+
+    /// Idle, the committing thread sleeps this long at most (it is woken when a group opens).
+    static let idleSleep = 3600.0
+    /// A wait for an expiry is cut to this: the wall clock may be set meanwhile.
+    static let longestExpiryWait = Duration.seconds(600)
+
+    /// When the maintenance thread must next look (nil inside: only when woken); nil when
+    /// the tree is shut down.
+    func maintenanceDeadline() -> ContinuousClock.Instant?? {
+        guard running.load(ordering: .relaxed), let store else { return nil }
+        var deadlines: [ContinuousClock.Instant] = []
+        if let left = store.nextExpiry { deadlines.append(.now + min(left, Self.longestExpiryWait)) }
+        if let reclaim = store.reclaimDue { deadlines.append(reclaim) }
+        // Over the limit with only open files to evict: look again in a while.
+        if let limit, store.linkedBytes > limit { deadlines.append(.now + .seconds(1)) }
+        return .some(deadlines.min())
     }
 
     /// For `.mtmfs/status`.
@@ -303,5 +333,6 @@ public final class CacheTree: Subtree {
         running.store(false, ordering: .relaxed)
         try? store?.close()
         store?.wakeCommitter()
+        maintenanceWakeup.wake()
     }
 }

@@ -10,9 +10,12 @@ import Posix
 ///
 /// Reads see a snapshot taken at open, so a reader paging through `status` never sees two
 /// versions mixed. Nothing here is cached by the kernel (direct I/O, zero timeouts).
+///
 /// Thread-safety: the handle table is behind a mutex; the providers must be thread-safe.
 public final class ControlTree: Subtree {
     /// One control file.
+    ///
+    /// Thread-safety: a value; its closures are `@Sendable` and run on any request thread.
     public struct File: Sendable {
         public var name: String
         public var mode: mode_t
@@ -54,10 +57,10 @@ public final class ControlTree: Subtree {
         return files[index]
     }
 
+    /// Size 0, as /proc's files: the contents are made when a descriptor opens the file
+    /// (direct I/O reads them to the end), not for every `stat` or lookup.
     private func attributes(ofFile index: Int) -> Attributes {
-        let file = files[index]
-        let size = file.contents.map { UInt64($0().utf8.count) } ?? 0
-        return ownership.file(space.inode(UInt64(index + 2)), mode: file.mode, size: size, modified: .now())
+        ownership.file(space.inode(UInt64(index + 2)), mode: files[index].mode, size: 0, modified: .now())
     }
 
     public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {

@@ -31,6 +31,8 @@ extension EditBuffer {
 }
 
 /// Plain memory, for values that are not secret (settings keys).
+///
+/// Thread-safety: a value; `Sendable`.
 struct PlainBuffer: EditBuffer, Sendable {
     var bytes: [UInt8] = []
 

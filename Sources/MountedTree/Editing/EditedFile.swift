@@ -11,7 +11,12 @@ import Posix
 /// handed out and dropped by FORGET), a descriptor is open (`opens`), or it is an editor's
 /// file linked in a directory (its content lives nowhere else). Otherwise it is freed,
 /// its buffers wiped.
+///
+/// Thread-safety: a value inside `EditingEngine`, behind the owning tree's lock.
 struct EditedFile<Key: Hashable & Sendable, Buffer: EditBuffer, Note: Sendable> {
+    /// What the file stands for: a key, an editor's file, or neither any more.
+    ///
+    /// Thread-safety: a value, behind the owning tree's lock with its file.
     enum Role {
         /// The file of a key: reads show its value; writes go to `pending`.
         case key(Key)
@@ -68,6 +73,8 @@ struct EditedFile<Key: Hashable & Sendable, Buffer: EditBuffer, Note: Sendable> 
 /// empty value); only the descriptor that truncated or wrote commits it (another one's late
 /// release must not commit a half-written value); content that had a write refused is
 /// never committed (its close answers EINVAL).
+///
+/// Thread-safety: a value inside its `EditedFile`, behind the owning tree's lock.
 struct PendingEdit<Buffer: EditBuffer> {
     var text: Buffer
     var written = false
@@ -82,6 +89,8 @@ struct PendingEdit<Buffer: EditBuffer> {
 }
 
 /// Why a key has no file for now.
+///
+/// Thread-safety: a value inside `EditingEngine`, behind the owning tree's lock.
 enum HiddenKey: Equatable {
     /// Renamed to an editor's name (`mv K K~`): the old text lives on in that file, the value
     /// stays until the editor writes the new one, renames the old one back, or deletes it

@@ -10,6 +10,9 @@ import Posix
 /// A *key* is what a file stands for (a key path of the plist, a field of an account). A
 /// key may have a value (a file a lookup finds) or not (a new key, or one that left a
 /// moment ago and whose name an editor is about to reuse).
+///
+/// Thread-safety: conformers need none of their own: the engine calls them only under the
+/// owning tree's lock.
 protocol EditedStore {
     associatedtype Key: Hashable & Sendable
     associatedtype Buffer: EditBuffer
@@ -55,6 +58,8 @@ protocol EditedStore {
 }
 
 /// What a commit changed, for the engine to show.
+///
+/// Thread-safety: a value, handed back under the owning tree's lock.
 struct Committed<Key, Buffer> {
     /// The text to show for the key until its value changes (nil: render the value).
     var shown: Buffer?

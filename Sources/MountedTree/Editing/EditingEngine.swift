@@ -57,6 +57,21 @@ struct EditingEngine<Store: EditedStore> {
 
     func isHidden(_ key: Key) -> Bool { hidden[key] != nil }
 
+    /// Whether the first removal now comes before `earlier` (the first one before a change):
+    /// a watcher asleep until `earlier` must look again.
+    func removalComesSooner(than earlier: ContinuousClock.Instant?) -> Bool {
+        guard let first = nextRemovalDue else { return false }
+        return earlier.map { first < $0 } ?? true
+    }
+
+    /// When the first unlinked key is due to leave (`commitDueRemovals`), if any.
+    var nextRemovalDue: ContinuousClock.Instant? {
+        hidden.values.compactMap { state -> ContinuousClock.Instant? in
+            if case .unlinked(let due) = state { return due }
+            return nil
+        }.min()
+    }
+
     /// The key `name` stands for in `directory` (with or without a value), or nil.
     func addressedKey(_ name: String, in directory: LocalInode, _ store: Store) -> Key? {
         store.key(named: name, in: directory, isHidden: { hidden[$0] != nil })

@@ -1,5 +1,7 @@
 /// Something the kernel must forget, collected under a tree's lock and sent once it is
 /// released (through `KernelCacheNotifier`, whose queue never blocks a request).
+///
+/// Thread-safety: a value; `Sendable`.
 enum Invalidation: Sendable {
     /// The attributes and cached pages of a file or directory.
     case inode(LocalInode)

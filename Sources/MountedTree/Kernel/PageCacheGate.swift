@@ -9,7 +9,12 @@ import Posix
 /// OPEN), after every invalidation still queued, so the open that follows a change never
 /// sees old content or an old size (the asynchronous invalidations sent for the change
 /// reach descriptors that were open, and mappings).
+///
+/// Thread-safety: all state is behind one lock, never held while the kernel is notified.
 final class PageCacheGate: Sendable {
+    /// The generation and the inodes opened since it began.
+    ///
+    /// Thread-safety: used only under `PageCacheGate.state`'s lock.
     private struct State {
         var generation: UInt64 = 0
         /// Inodes opened, with the generation of their last open.
@@ -41,8 +46,8 @@ final class PageCacheGate: Sendable {
         guard !fresh else { return }
         // Invalidations still queued for earlier changes go first: one that lands while
         // the reader's GETATTR is on its way makes the kernel drop that answer (its
-        // attribute version is older) and keep a stale size — a read of the lock's size 0
-        // right after an unlock read nothing (found by the concurrency suite).
+        // attribute version is older) and keep a stale size: a file read right after an
+        // unlock would keep the size it had while locked (0) and read nothing.
         notifier.drain()
         notifier.invalidateInodeNow(inode)
     }

@@ -7,6 +7,8 @@ import Posix
 import SettingsStore
 
 /// What can be wrong with a data directory, each with a message that says what to do.
+///
+/// Thread-safety: a value; `Sendable`.
 public enum DataDirectoryError: Error, CustomStringConvertible, Sendable {
     case missing(String)
     case notADirectory(String)
@@ -34,6 +36,8 @@ public enum DataDirectoryError: Error, CustomStringConvertible, Sendable {
             return "cannot create the store in \(path): \(reason)"
         case .inUse(let path, let named):
             switch named?.holder {
+            case .mount(let mountPoint) where !DataDirectoryClaim.isMountPoint(mountPoint):
+                return "\(path) is still held by the mtmfs daemon (pid \(named!.pid)) of a mount on \(mountPoint) that is gone: wait for it to finish, or end it (kill \(named!.pid))"
             case .mount(let mountPoint):
                 return "\(path) is in use by the mtmfs mount on \(mountPoint) (pid \(named!.pid)): unmount it first (mtmfs unmount \(mountPoint))"
             case .command(let name):
@@ -49,6 +53,8 @@ public enum DataDirectoryError: Error, CustomStringConvertible, Sendable {
 ///
 /// `initialize()` creates it (mode 0700) with the shipped default settings and an empty
 /// cache database; `check()` says whether a mount can use it.
+///
+/// Thread-safety: a value (a path); the files it names are guarded by `DataDirectoryClaim`.
 public struct DataDirectory: Hashable, Sendable {
     public let path: String
 
@@ -139,6 +145,9 @@ public struct DataDirectory: Hashable, Sendable {
     }
 }
 
+/// Whether something exists at a path (an `lstat` that succeeds).
+///
+/// Thread-safety: stateless.
 enum FileExistence {
     static func exists(_ path: String) -> Bool { (try? Syscall.lstat(path)) != nil }
 }

@@ -20,6 +20,8 @@ public final class DataDirectoryClaim: Sendable {
     public static let fileName = "mtmfs.lock"
 
     /// Who holds a claim, as the file says it.
+    ///
+    /// Thread-safety: a value; `Sendable`.
     public enum Holder: Equatable, Sendable {
         case mount(String)
         case command(String)
@@ -69,33 +71,52 @@ public final class DataDirectoryClaim: Sendable {
 
     deinit { Syscall.close(fd) }
 
-    /// Takes the lock; waits up to 10 s for a daemon whose mount is already gone (plain
-    /// `umount`, or `fusermount3 -u`, returns before the daemon has flushed and exited:
-    /// `umount M; mount -t fuse.mtmfs D M` must work). A live mount is refused at once.
+    /// Takes the lock. A holder on its way out is waited for (10 s at most): a daemon whose
+    /// mount is already gone (plain `umount` and `fusermount3 -u` return before the daemon
+    /// has flushed and exited: `umount M; mount -t fuse.mtmfs D M` must work), a holder
+    /// whose process is gone, or one that has not yet said who it is. A live mount or
+    /// command is refused at once.
     static func lock(_ fd: Int32, path: String) throws(Errno) {
         let deadline = ContinuousClock.now + .seconds(10)
         while true {
             do {
                 return try Syscall.lockExclusively(fd)
             } catch where error == .tryAgain {
-                guard case .mount(let mountPoint)? = holder(reading: path)?.holder, !isMountPoint(mountPoint),
-                      ContinuousClock.now < deadline else { throw error }
+                guard ContinuousClock.now < deadline else { throw error }
+                if let named = holder(reading: path), ProcessState.isRunning(named.pid) {
+                    guard case .mount(let mountPoint) = named.holder, !isMountPoint(mountPoint) else { throw error }
+                }
                 usleep(20_000)
             }
         }
     }
 
-    /// Whether something is mounted on `path`: it lies on another device than its parent.
-    /// (A path that cannot be read counts as mounted: a stale mount answers ENOTCONN.)
+    /// Whether something is mounted on `path`, from the mount table (not a `stat`, which a
+    /// stopped daemon's mount would never answer).
     static func isMountPoint(_ path: String) -> Bool {
-        let here: stat
-        do {
-            here = try Syscall.stat(path)
-        } catch {
-            return error != .noSuchFileOrDirectory
+        guard let fd = try? Syscall.open("/proc/self/mountinfo", O_RDONLY),
+              let bytes = try? Syscall.readAll(fd) else { return true }
+        Syscall.close(fd)
+        // ID PARENT MAJOR:MINOR ROOT MOUNT-POINT …, with space, tab, newline and backslash as \ooo.
+        let wanted = Array(path.utf8)
+        return bytes.split(separator: 0x0A).contains { line in
+            let fields = line.split(separator: 0x20, maxSplits: 5)
+            guard fields.count > 4 else { return false }
+            var point: [UInt8] = []
+            var index = fields[4].startIndex
+            while index < fields[4].endIndex {
+                let byte = fields[4][index]
+                if byte == 0x5C, fields[4].distance(from: index, to: fields[4].endIndex) >= 4,
+                   let value = UInt8(String(decoding: fields[4][(index + 1)...(index + 3)], as: UTF8.self), radix: 8) {
+                    point.append(value)
+                    index += 4
+                } else {
+                    point.append(byte)
+                    index += 1
+                }
+            }
+            return point == wanted
         }
-        guard let parent = try? Syscall.stat(path + "/.."), path != "/" else { return true }
-        return here.st_dev != parent.st_dev
     }
 
     /// Throws `.inUse` when another process holds `directory`; takes nothing.

@@ -3,6 +3,8 @@ import FuseLowLevel
 /// A range of inode numbers owned by one subtree: the top byte is the subtree's tag, the
 /// rest is the subtree's own number. The mount root is inode 1 (tag 0); each subtree's own
 /// top directory is local number 1.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct InodeSpace: Hashable, Sendable {
     public let tag: UInt8
 

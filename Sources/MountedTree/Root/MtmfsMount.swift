@@ -9,6 +9,8 @@ import Posix
 ///
 /// `run` blocks until the mount ends (unmount, SIGTERM, SIGINT, SIGHUP), flushes every
 /// store and returns the exit status.
+///
+/// Thread-safety: immutable after init; `run` is called once, `stop` from any thread.
 public final class MtmfsMount: Sendable {
     public let dataDirectory: DataDirectory
     public let mountPoint: String
@@ -55,9 +57,7 @@ public final class MtmfsMount: Sendable {
             ControlTree.File(name: "status", mode: 0o444, contents: { statusLines.render() }),
             ControlTree.File(name: "unlock", mode: 0o200, command: { (bytes) throws(Errno) in
                 // The passphrase goes straight from libfuse's buffer into secure memory.
-                var length = bytes.count
-                if length > 0 && bytes[length - 1] == 0x0A { length -= 1 }
-                if length > 0 && bytes[length - 1] == 0x0D { length -= 1 }
+                let length = OneNewline.valueEnd(bytes)
                 guard length > 0 else { throw .invalidArgument }
                 let passphrase = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<length]))
                 SecureBytes.zero(UnsafeMutableRawPointer(mutating: bytes.baseAddress!), bytes.count)
@@ -67,7 +67,7 @@ public final class MtmfsMount: Sendable {
             ControlTree.File(name: "lock", mode: 0o200, command: { _ in accounts.lock(reason: "lock requested") }),
             ControlTree.File(name: "find", mode: 0o600, query: { (bytes) throws(Errno) in try accounts.find(bytes) }),
         ], ownership: ownership)
-        DaemonSignals.catchLockRequests()
+        accounts.catchLockSignal()
         let root = RootTree(subtrees: [
             accounts,
             settings,
@@ -120,6 +120,8 @@ public final class MtmfsMount: Sendable {
 }
 
 /// The `key=value` lines of `.mtmfs/status`.
+///
+/// Thread-safety: immutable; `render` asks each tree, which takes its own lock.
 struct StatusReport: Sendable {
     let dataDirectory: DataDirectory
     let mountPoint: String

@@ -7,6 +7,9 @@ import Posix
 /// One top-level directory of the mount (`accounts`, `settings`, `cache`, `.mtmfs`), served
 /// by one store. It answers every request whose inode lies in its `space`, including
 /// `attributes(of: space.root)` for its own top directory.
+///
+/// Thread-safety: as `FileSystem`: requests arrive on several threads at once, and each
+/// subtree guards its own state.
 public protocol Subtree: FileSystem {
     /// The name under the mount root.
     var name: String { get }
@@ -16,6 +19,8 @@ public protocol Subtree: FileSystem {
 
 /// The owner and times that every synthesized directory shows: the user who mounted and
 /// the moment the mount started.
+///
+/// Thread-safety: a value; `Sendable`.
 public struct Ownership: Hashable, Sendable {
     public var uid: uid_t
     public var gid: gid_t
@@ -44,39 +49,3 @@ public struct Ownership: Hashable, Sendable {
     }
 }
 
-/// A subtree that is an empty directory: what a store's place shows before the store is
-/// served. Nothing can be created in it.
-public final class EmptyDirectoryTree: Subtree {
-    public let name: String
-    public let space: InodeSpace
-    let ownership: Ownership
-
-    public init(name: String, space: InodeSpace, ownership: Ownership) {
-        self.name = name
-        self.space = space
-        self.ownership = ownership
-    }
-
-    public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {
-        throw .noSuchFileOrDirectory
-    }
-
-    public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
-        guard inode == space.root else { throw .noSuchFileOrDirectory }
-        return (ownership.directory(inode), .short)
-    }
-
-    public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
-        throw .isDirectory
-    }
-
-    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
-                     context: RequestContext) throws(Errno) -> [UInt8] {
-        throw .isDirectory
-    }
-
-    public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {
-        guard inode == space.root else { throw .notDirectory }
-        return []
-    }
-}

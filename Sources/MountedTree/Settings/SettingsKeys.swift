@@ -20,6 +20,8 @@ struct SettingsKeys: EditedStore {
     typealias Note = PlistType
 
     /// A directory the kernel knows: a dictionary or an array of the plist.
+    ///
+    /// Thread-safety: a value inside `SettingsKeys`, behind `SettingsTree`'s lock.
     struct Directory {
         var path: [String]
         var mode: mode_t = 0o755
@@ -88,10 +90,8 @@ struct SettingsKeys: EditedStore {
     /// Picks up another program's change (the watcher calls it).
     mutating func refreshFromDisk() {
         guard let document else {
-            if (lastLoadAttempt?.secondsElapsed ?? .infinity) > 0.2 {
-                load()
-                if self.document != nil { reconcile(previous: .dictionary(PlistDictionary())) }
-            }
+            load()
+            if self.document != nil { reconcile(previous: .dictionary(PlistDictionary())) }
             return
         }
         let previous = root

@@ -27,24 +27,33 @@ public final class SettingsTree: Subtree {
     let notifier: KernelCacheNotifier
     let state: Locked<State>
     private let watching = Atomic<Bool>(true)
+    /// Wakes the watcher: a key unlinked (a new deadline), shutdown.
+    let wakeup = Wakeup()
     /// Readers keep the kernel's pages of a key until it changes.
     let pageCache = PageCacheGate()
 
     static let cache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     static let typeAttribute = "user.plist.type"
 
-    public init(plistPath: String, ownership: Ownership, notifier: KernelCacheNotifier,
-                watchInterval: Double = 0.2) {
+    /// Outside changes of the plist come from inotify on its directory (an editor's
+    /// rename, `cp`, a `git pull`), unlinked keys leave at their deadline: one thread asleep
+    /// in between (see `Wakeup`), never polling.
+    public init(plistPath: String, ownership: Ownership, notifier: KernelCacheNotifier) {
         self.notifier = notifier
         self.state = Locked(State(keys: SettingsKeys(plistPath: plistPath, ownership: ownership),
                                   engine: EditingEngine(since: ownership.since)))
+        let wakeup = self.wakeup
+        let watch = FileWatch.logging(plistPath, otherwise: "outside changes of the settings show every second instead")
         Threads.detach { [weak self] in
+            var due: ContinuousClock.Instant? = nil
             while true {
-                usleep(UInt32(watchInterval * 1_000_000))
+                let ready = wakeup.wait(until: watch == nil ? .now + .seconds(1) : due, watching: watch.map { [$0.fd] } ?? [])
                 guard let self, self.watching.load(ordering: .relaxed) else { return }
+                let changed = watch.map { !ready.isEmpty && $0.changed() } ?? true
                 let invalidations = self.state.withLock { s in
                     s.engine.commitDueRemovals(before: .now, &s.keys)
-                    s.keys.refreshFromDisk()
+                    if changed { s.keys.refreshFromDisk() }
+                    due = s.engine.nextRemovalDue
                     return s.takeInvalidations()
                 }
                 self.send(invalidations)
@@ -52,10 +61,14 @@ public final class SettingsTree: Subtree {
         }
     }
 
-    deinit { watching.store(false, ordering: .relaxed) }
+    deinit {
+        watching.store(false, ordering: .relaxed)
+        wakeup.wake()
+    }
 
     public func shutDown() {
         watching.store(false, ordering: .relaxed)
+        wakeup.wake()
         state.withLock { s in
             s.engine.commitDueRemovals(before: nil, &s.keys)
             _ = s.takeInvalidations()
@@ -75,15 +88,19 @@ public final class SettingsTree: Subtree {
 
     /// Runs `body` under the lock, then sends the invalidations it queued.
     private func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
-        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation]) in
+        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation], Bool) in
+            let due = s.engine.nextRemovalDue
             let result = Result { () throws(Errno) -> T in
                 try s.keys.ensureLoaded()
                 return try body(&s)
             }
+            // A key unlinked now leaves sooner than the watcher will look: it looks again.
+            let sooner = s.engine.removalComesSooner(than: due)
             // Sent whether or not the request succeeded: what changed before a failure changed.
-            return (result, s.takeInvalidations())
+            return (result, s.takeInvalidations(), sooner)
         }
         send(outcome.1)
+        if outcome.2 { wakeup.wake() }
         return try outcome.0.get()
     }
 
@@ -267,11 +284,13 @@ public final class SettingsTree: Subtree {
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
         // Not through `locked`: the open is let go even while the plist cannot be read.
-        let invalidations = state.withLock { s in
+        let (invalidations, sooner) = state.withLock { s in
+            let due = s.engine.nextRemovalDue
             try? s.engine.release(space.local(of: inode), handle: FileHandle(raw: handle), &s.keys)
-            return s.takeInvalidations()
+            return (s.takeInvalidations(), s.engine.removalComesSooner(than: due))
         }
         send(invalidations)
+        if sooner { wakeup.wake() }
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
