@@ -86,8 +86,18 @@ public final class Vault: @unchecked Sendable {
     private var manifestNonce: [UInt8]
     private var manifestCiphertext: [UInt8]
 
+    /// The format the file is in: 1 (read, upgraded at the first change) or 2.
+    public private(set) var formatVersion: UInt16 = VaultFormat.version
+    /// A version-1 vault's master key wrapped for version 2, made at unlock (the only time
+    /// the passphrase's key is at hand) and written at the first change.
+    private var upgradeWrap: (nonce: [UInt8], wrapped: [UInt8])?
+
     private var masterKey: SecureBytes?
     private var fields: [[UInt8]: [AccountField: SecureBytes]] = [:]
+    /// Whether guarding is on (SPEC §3a), from the sealed manifest; known while unlocked.
+    private var guarded = false
+    /// The programs each account trusts, from its sealed record; known while unlocked.
+    private var trusted: [[UInt8]: [TrustedProgram]] = [:]
     /// Accounts by label, server and username (digests only), while unlocked.
     private var index: AccountIndex?
     /// Where the decrypted fields live while unlocked (a few large secure regions).
@@ -189,7 +199,7 @@ public final class Vault: @unchecked Sendable {
     // MARK: Creating and opening
 
     /// Creates an empty vault file at `path` (which must not exist) and returns it unlocked.
-    public static func create(at path: String, passphrase: SecureBytes, parameters: KDFParameters,
+    public static func create(at path: String, passphrase: SecureBytes, parameters: KDFParameters, guarded: Bool = false,
                               random: RandomSource = SystemRandom()) throws(VaultError) -> Vault {
         guard parameters.isStrongEnough else { throw .weakParameters }
         Sodium.initialize()
@@ -199,6 +209,7 @@ public final class Vault: @unchecked Sendable {
         let vault = Vault(path: path, random: random, parameters: parameters,
                           salt: random.bytes(VaultFormat.saltSize), storeID: random.bytes(VaultFormat.storeIDSize))
         vault.masterKey = masterKey
+        vault.guarded = guarded
         vault.index = AccountIndex()
         try vault.wrap(with: passphrase)
         try vault.sealManifest()
@@ -254,7 +265,7 @@ public final class Vault: @unchecked Sendable {
         var reader = VaultFormat.Reader(bytes: body)
         _ = try reader.take(8)
         let version = try reader.integer(2)
-        guard version == UInt64(VaultFormat.version) else { throw .damaged("unsupported format version \(version)") }
+        guard VaultFormat.versions.contains(version) else { throw .damaged("unsupported format version \(version)") }
         let algorithm = try reader.integer(1)
         guard algorithm == UInt64(VaultFormat.algorithmArgon2id13) else { throw .damaged("unknown key-derivation algorithm \(algorithm)") }
         _ = try reader.integer(1)
@@ -262,6 +273,7 @@ public final class Vault: @unchecked Sendable {
         guard parameters.isStrongEnough else { throw .weakParameters }
         self.init(path: path, random: random, parameters: parameters, salt: try reader.take(VaultFormat.saltSize),
                   storeID: try reader.take(VaultFormat.storeIDSize))
+        formatVersion = UInt16(version)
         wrapNonce = try reader.take(VaultFormat.nonceSize)
         wrappedKey = try reader.take(VaultFormat.keySize + VaultFormat.tagSize)
         let count = try reader.integer(4)
@@ -323,17 +335,25 @@ public final class Vault: @unchecked Sendable {
                 }
             }
         }
-        kek.wipe()
         guard unwrapped == 0 else {
+            kek.wipe()
             key.wipe()
             throw .wrongPassphrase
         }
+        // Version 1: the key is wrapped for version 2 now, written at the first change.
+        if formatVersion < VaultFormat.version {
+            let nonce = random.bytes(VaultFormat.nonceSize)
+            upgradeWrap = (nonce, seal(key, associatedData: headerPrefix(version: VaultFormat.version), nonce: nonce, key: kek))
+        }
+        kek.wipe()
         if isUnlocked { lock() }
         masterKey = key
         do {
             try verifyManifest()
             for record in records {
-                fields[record.uuid] = try open(record)
+                let opened = try open(record)
+                fields[record.uuid] = opened.fields
+                if !opened.trusted.isEmpty { trusted[record.uuid] = opened.trusted }
             }
             index = AccountIndex()
             for record in records { reindex(record.uuid) }
@@ -343,8 +363,31 @@ public final class Vault: @unchecked Sendable {
         }
     }
 
+    /// Checks a passphrase's key (from `passphraseKey`, wiped here) against the unlocked
+    /// vault: `.wrongPassphrase` when it does not unwrap this vault's master key.
+    public func checkPassphraseKey(_ kek: SecureBytes) throws(VaultError) {
+        defer { kek.wipe() }
+        let current = try requireKey()
+        let key = SecureBytes(count: VaultFormat.keySize)
+        defer { key.wipe() }
+        let unwrapped = wrappedKey.withUnsafeBytes { sealed in
+            key.withUnsafeMutableBytes { out in
+                kek.withUnsafeBytes { k in
+                    crypto_aead_xchacha20poly1305_ietf_decrypt(
+                        out.baseAddress!.assumingMemoryBound(to: UInt8.self), nil, nil,
+                        sealed.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(sealed.count),
+                        headerPrefix(), UInt64(VaultFormat.headerPrefixSize),
+                        wrapNonce, k.baseAddress!.assumingMemoryBound(to: UInt8.self))
+                }
+            }
+        }
+        guard unwrapped == 0, key.equals(current) else { throw .wrongPassphrase }
+    }
+
     /// Zeroes and frees the master key and every decrypted field.
     public func lock() {
+        guarded = false
+        trusted.removeAll()
         masterKey?.wipe()
         masterKey = nil
         index?.wipe()
@@ -392,10 +435,13 @@ public final class Vault: @unchecked Sendable {
         try storedField(field, of: uuid) ?? SecureBytes()
     }
 
-    public func addAccount(uuid: [UInt8], name: String) throws(VaultError) {
+    /// Adds an empty account; `trusting` starts its trusted list (the program that made it).
+    public func addAccount(uuid: [UInt8], name: String, trusting: [TrustedProgram] = []) throws(VaultError) {
         _ = try requireKey()
         guard fields[uuid] == nil else { throw .accountExists }  // (unlocked: every account has an entry)
+        try upgradeIfNeeded()
         fields[uuid] = [:]
+        trusted[uuid] = trusting.isEmpty ? nil : trusting
         records.append(SealedRecord(uuid: uuid, name: name, nonce: [], ciphertext: []))
         do {
             try reseal(at: records.count - 1)
@@ -404,6 +450,8 @@ public final class Vault: @unchecked Sendable {
         } catch {
             records.removeAll { $0.uuid == uuid }
             fields[uuid] = nil
+            trusted[uuid] = nil
+            try? sealManifest()
             throw error
         }
         reindex(uuid)
@@ -418,6 +466,7 @@ public final class Vault: @unchecked Sendable {
     /// Adds many accounts with their fields with one save (all or nothing): an import.
     public func addAccounts(_ accounts: [(uuid: [UInt8], name: String, fields: [AccountField: SecureBytes])]) throws(VaultError) {
         _ = try requireKey()
+        try upgradeIfNeeded()
         var seen = Set(records.map(\.uuid))
         for account in accounts {
             guard seen.insert(account.uuid).inserted else { throw .accountExists }
@@ -450,15 +499,20 @@ public final class Vault: @unchecked Sendable {
 
     public func removeAccount(uuid: [UInt8]) throws(VaultError) {
         _ = try requireKey()
-        guard let index = lookupIndex().byUUID[uuid] else { throw .noSuchAccount }
+        guard lookupIndex().byUUID[uuid] != nil else { throw .noSuchAccount }
+        try upgradeIfNeeded()
+        let index = lookupIndex().byUUID[uuid]!
         let removed = records.remove(at: index)
         let removedFields = fields.removeValue(forKey: uuid)
+        let removedTrust = trusted.removeValue(forKey: uuid)
         do {
             try sealManifest()
             try save()
         } catch {
             records.insert(removed, at: index)
             fields[uuid] = removedFields
+            trusted[uuid] = removedTrust
+            try? sealManifest()
             throw error
         }
         self.index?.remove(uuid)
@@ -468,6 +522,8 @@ public final class Vault: @unchecked Sendable {
     /// Sets several fields of one account at once (all or nothing), e.g. the parts of a URL.
     public func setFields(_ changes: [AccountField: SecureBytes], of uuid: [UInt8]) throws(VaultError) {
         _ = try requireKey()
+        guard fields[uuid] != nil else { throw .noSuchAccount }
+        try upgradeIfNeeded()
         guard let old = fields[uuid], let index = lookupIndex().byUUID[uuid] else { throw .noSuchAccount }
         let oldRecord = records[index]
         var new = old
@@ -494,6 +550,74 @@ public final class Vault: @unchecked Sendable {
         for (field, _) in changes { old[field]?.wipe() }
     }
 
+    // MARK: Guarding (SPEC §3a)
+
+    /// Whether guarding is on: a password goes only to the programs an account trusts.
+    public func isGuarded() throws(VaultError) -> Bool {
+        _ = try requireKey()
+        return guarded
+    }
+
+    /// Turns guarding on or off (sealed in the manifest: editing the file cannot switch it).
+    public func setGuarded(_ on: Bool) throws(VaultError) {
+        _ = try requireKey()
+        guard on != guarded else { return }
+        try upgradeIfNeeded()
+        guarded = on
+        do {
+            try sealManifest()
+            try save()
+        } catch {
+            guarded = !on
+            try? sealManifest()
+            throw error
+        }
+    }
+
+    /// The programs an account trusts, in the order they were trusted.
+    public func trustedPrograms(of uuid: [UInt8]) throws(VaultError) -> [TrustedProgram] {
+        _ = try requireKey()
+        guard fields[uuid] != nil else { throw .noSuchAccount }
+        return trusted[uuid] ?? []
+    }
+
+    /// Replaces an account's trusted list (sealed in its record).
+    public func setTrustedPrograms(_ programs: [TrustedProgram], of uuid: [UInt8]) throws(VaultError) {
+        _ = try requireKey()
+        guard fields[uuid] != nil else { throw .noSuchAccount }
+        try upgradeIfNeeded()
+        guard let index = lookupIndex().byUUID[uuid] else { throw .noSuchAccount }
+        let old = (records[index], trusted[uuid])
+        trusted[uuid] = programs.isEmpty ? nil : programs
+        do {
+            try reseal(at: index)
+            try sealManifest()
+            try save()
+        } catch {
+            (records[index], trusted[uuid]) = old
+            try? sealManifest()
+            throw error
+        }
+    }
+
+    /// A version-1 vault becomes version 2 in memory before its first change (the change's
+    /// save writes it): the key wrapped at unlock, every record and the manifest resealed.
+    private func upgradeIfNeeded() throws(VaultError) {
+        guard formatVersion < VaultFormat.version else { return }
+        guard let upgradeWrap else { throw .locked }
+        let old = (formatVersion, wrapNonce, wrappedKey, records)
+        formatVersion = VaultFormat.version
+        (wrapNonce, wrappedKey) = (upgradeWrap.nonce, upgradeWrap.wrapped)
+        do {
+            for index in records.indices { try reseal(at: index) }
+            try sealManifest()
+        } catch {
+            (formatVersion, wrapNonce, wrappedKey, records) = old
+            throw error
+        }
+        self.upgradeWrap = nil
+    }
+
     // MARK: Passphrase
 
     /// Re-wraps the master key under a new passphrase (new salt, possibly new parameters);
@@ -501,6 +625,7 @@ public final class Vault: @unchecked Sendable {
     public func changePassphrase(to passphrase: SecureBytes, parameters newParameters: KDFParameters) throws(VaultError) {
         _ = try requireKey()
         guard newParameters.isStrongEnough else { throw .weakParameters }
+        try upgradeIfNeeded()
         let old = (parameters, salt, wrapNonce, wrappedKey)
         parameters = newParameters
         salt = random.bytes(VaultFormat.saltSize)
@@ -515,8 +640,8 @@ public final class Vault: @unchecked Sendable {
 
     // MARK: Sealing
 
-    func headerPrefix() -> [UInt8] {
-        VaultFormat.magic + VaultFormat.bigEndian(UInt64(VaultFormat.version), 2) + [VaultFormat.algorithmArgon2id13, 0]
+    func headerPrefix(version: UInt16? = nil) -> [UInt8] {
+        VaultFormat.magic + VaultFormat.bigEndian(UInt64(version ?? formatVersion), 2) + [VaultFormat.algorithmArgon2id13, 0]
             + VaultFormat.bigEndian(parameters.operations, 8) + VaultFormat.bigEndian(parameters.memoryBytes, 8) + salt + storeID
     }
 
@@ -559,39 +684,52 @@ public final class Vault: @unchecked Sendable {
         return plaintext
     }
 
-    /// Record plaintext: version 1 (u8), then for each field in `AccountField` order a u32
+    /// Record plaintext: the format version (u8), then for each field in `AccountField` order a u32
     /// length and the bytes.
     private func reseal(at index: Int) throws(VaultError) {
         let key = try requireKey()
         let uuid = records[index].uuid
         guard let values = fields[uuid] else { throw .noSuchAccount }
         let plaintext = SecureBytes(count: 1)
-        plaintext.withUnsafeMutableBytes { $0[0] = 1 }
+        plaintext.withUnsafeMutableBytes { $0[0] = UInt8(formatVersion) }
         for field in AccountField.allCases {
             let value = values[field]
             let length = VaultFormat.bigEndian(UInt64(value?.count ?? 0), 4)
             length.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
             value?.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
         }
+        if formatVersion >= 2 {
+            let programs = trusted[uuid] ?? []
+            var list = VaultFormat.bigEndian(UInt64(programs.count), 2)
+            for program in programs {
+                let path = Array(program.path.utf8.prefix(Int(UInt16.max)))
+                list += program.sha256 + VaultFormat.bigEndian(UInt64(path.count), 2) + path
+            }
+            list.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
+        }
         defer { plaintext.wipe() }
         let nonce = random.bytes(VaultFormat.nonceSize)
         records[index].nonce = nonce
-        records[index].ciphertext = seal(plaintext, associatedData: VaultFormat.recordAssociatedData(storeID: storeID, uuid: uuid),
+        records[index].ciphertext = seal(plaintext, associatedData: VaultFormat.recordAssociatedData(
+                                             version: formatVersion, storeID: storeID, uuid: uuid),
                                          nonce: nonce, key: key)
     }
 
-    private func open(_ record: SealedRecord) throws(VaultError) -> [AccountField: SecureBytes] {
+    private func open(_ record: SealedRecord) throws(VaultError) -> (fields: [AccountField: SecureBytes], trusted: [TrustedProgram]) {
         guard let plaintext = try unseal(record.ciphertext,
-                                         associatedData: VaultFormat.recordAssociatedData(storeID: storeID, uuid: record.uuid),
+                                         associatedData: VaultFormat.recordAssociatedData(
+                                             version: formatVersion, storeID: storeID, uuid: record.uuid),
                                          nonce: record.nonce) else {
             throw .damaged("record \(record.name) fails authentication (altered, swapped or copied from another vault)")
         }
         defer { plaintext.wipe() }
         // Only set fields take memory, all of it slots in the vault's arena.
         var values: [AccountField: SecureBytes] = [:]
+        var programs: [TrustedProgram] = []
         var outOfMemory = false
+        let version = formatVersion
         let ok: Bool = plaintext.withUnsafeBytes { bytes in
-            guard bytes.count >= 1, bytes[0] == 1 else { return false }
+            guard bytes.count >= 1, bytes[0] == UInt8(version) else { return false }
             var position = 1
             for field in AccountField.allCases {
                 guard bytes.count - position >= 4 else { return false }
@@ -608,38 +746,64 @@ public final class Vault: @unchecked Sendable {
                 }
                 position += length
             }
+            if version >= 2 {
+                guard bytes.count - position >= 2 else { return false }
+                let count = Int(bytes[position]) << 8 | Int(bytes[position + 1])
+                position += 2
+                for _ in 0..<count {
+                    guard bytes.count - position >= 34 else { return false }
+                    let digest = Array(bytes[position..<position + 32])
+                    let length = Int(bytes[position + 32]) << 8 | Int(bytes[position + 33])
+                    position += 34
+                    guard bytes.count - position >= length,
+                          let path = String(validating: bytes[position..<position + length], as: UTF8.self) else { return false }
+                    programs.append(TrustedProgram(sha256: digest, path: path))
+                    position += length
+                }
+            }
             return position == bytes.count
         }
         if outOfMemory {
             for (_, value) in values { value.wipe() }
             throw .io(.noMemory)
         }
-        guard ok else { throw .damaged("record \(record.name) has a malformed body") }
-        return values
+        guard ok else {
+            for (_, value) in values { value.wipe() }
+            throw .damaged("record \(record.name) has a malformed body")
+        }
+        return (values, programs)
     }
 
-    /// The manifest: the (uuid, nonce) pairs of every record, in order, sealed.
-    private func manifestPlaintext() -> SecureBytes {
-        let bytes = records.flatMap { $0.uuid + $0.nonce }
+    /// The manifest: (version 2) the flags byte — bit 0: guarding on — then the (uuid,
+    /// nonce) pairs of every record, in order, sealed.
+    private func manifestPlaintext(guarded: Bool) -> SecureBytes {
+        let flags: [UInt8] = formatVersion >= 2 ? [guarded ? 1 : 0] : []
+        let bytes = flags + records.flatMap { $0.uuid + $0.nonce }
         return bytes.withUnsafeBytes { SecureBytes(copying: $0) }
     }
 
     private func sealManifest() throws(VaultError) {
         let key = try requireKey()
-        let plaintext = manifestPlaintext()
+        let plaintext = manifestPlaintext(guarded: guarded)
         defer { plaintext.wipe() }
         manifestNonce = random.bytes(VaultFormat.nonceSize)
-        manifestCiphertext = seal(plaintext, associatedData: VaultFormat.manifestAssociatedData(storeID: storeID),
+        manifestCiphertext = seal(plaintext, associatedData: VaultFormat.manifestAssociatedData(version: formatVersion, storeID: storeID),
                                   nonce: manifestNonce, key: key)
     }
 
     private func verifyManifest() throws(VaultError) {
-        guard let plaintext = try unseal(manifestCiphertext, associatedData: VaultFormat.manifestAssociatedData(storeID: storeID),
+        guard let plaintext = try unseal(manifestCiphertext,
+                                         associatedData: VaultFormat.manifestAssociatedData(version: formatVersion, storeID: storeID),
                                          nonce: manifestNonce) else {
             throw .damaged("the manifest fails authentication")
         }
         defer { plaintext.wipe() }
-        let expected = manifestPlaintext()
+        if formatVersion >= 2 {
+            let flags = plaintext.withUnsafeBytes { $0.first }
+            guard let flags, flags & ~1 == 0 else { throw .damaged("the manifest has unknown flags") }
+            guarded = flags & 1 != 0
+        }
+        let expected = manifestPlaintext(guarded: guarded)
         defer { expected.wipe() }
         guard plaintext.equals(expected) else {
             throw .damaged("the records do not match the manifest (a record was added, dropped, reordered or replayed)")

@@ -55,7 +55,9 @@ public struct KDFParameters: Hashable, Sendable {
 /// Thread-safety: constants and pure functions.
 enum VaultFormat {
     static let magic = Array("MTMVAULT".utf8)
-    static let version: UInt16 = 1
+    /// The version written; every version in `versions` is read.
+    static let version: UInt16 = 2
+    static let versions: ClosedRange<UInt64> = 1...2
     static let algorithmArgon2id13: UInt8 = UInt8(crypto_pwhash_ALG_ARGON2ID13)
     static let saltSize = Int(crypto_pwhash_argon2id_SALTBYTES)
     static let storeIDSize = 16
@@ -68,12 +70,12 @@ enum VaultFormat {
     static let maximumRecordSize = 1 << 20
 
     /// Associated data of a record: "MTMVAULT-record" | version | store id | uuid.
-    static func recordAssociatedData(storeID: [UInt8], uuid: [UInt8]) -> [UInt8] {
+    static func recordAssociatedData(version: UInt16, storeID: [UInt8], uuid: [UInt8]) -> [UInt8] {
         Array("MTMVAULT-record".utf8) + bigEndian(UInt64(version), 2) + storeID + uuid
     }
 
     /// Associated data of the manifest: "MTMVAULT-manifest" | version | store id.
-    static func manifestAssociatedData(storeID: [UInt8]) -> [UInt8] {
+    static func manifestAssociatedData(version: UInt16, storeID: [UInt8]) -> [UInt8] {
         Array("MTMVAULT-manifest".utf8) + bigEndian(UInt64(version), 2) + storeID
     }
 

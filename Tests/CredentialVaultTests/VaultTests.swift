@@ -178,27 +178,121 @@ let uuidB = "f47ac10b-58cc-4372-a567-0e02b2c3d479"
         }
     }
 
-    /// docs/vault-format.md's test vector: built with counting "random" bytes, it must
-    /// match the hex in the document byte for byte, and decrypt with only the passphrase.
+    /// A block of hex from docs/vault-format.md: "hex" (version 2) or "hex-v1".
+    func documentedVector(_ tag: String) throws -> [UInt8] {
+        let document = try String(contentsOfFile: #filePath.replacingOccurrences(of: "Tests/CredentialVaultTests/VaultTests.swift",
+                                                                                 with: "docs/vault-format.md"), encoding: .utf8)
+        return Self.bytes(hex: document.components(separatedBy: "```\(tag)\n").dropFirst().first?
+            .components(separatedBy: "```").first ?? "")
+    }
+
+    static func bytes(hex: String) -> [UInt8] {
+        let digits = Array(hex.filter(\.isHexDigit).utf8)
+        return stride(from: 0, to: digits.count - 1, by: 2).map { UInt8(String(decoding: digits[$0...$0 + 1], as: UTF8.self), radix: 16)! }
+    }
+
+    /// The trusted program of the test vector: git, by the SHA-256 of an empty file.
+    static let vectorProgram = TrustedProgram(
+        sha256: bytes(hex: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"), path: "/usr/bin/git")
+
+    /// docs/vault-format.md's test vector (version 2): built with counting "random"
+    /// bytes, guarded, one account trusting one program; it must match the hex in the
+    /// document byte for byte, and decrypt with only the passphrase.
     @Test func testVectorInTheFormatDocument() throws {
         let path = temporaryPath()
         defer { unlink(path) }
         let random = CountingRandom()
         let vault = try Vault.create(at: path, passphrase: secret("correct horse battery staple"), parameters: .interactive,
-                                     random: random)
+                                     guarded: true, random: random)
         let uuid = AccountName.uuidBytes(uuidA)!
-        try vault.addAccount(uuid: uuid, name: uuidA)
+        try vault.addAccount(uuid: uuid, name: uuidA, trusting: [Self.vectorProgram])
         try vault.setFields([.username: secret("alice"), .password: secret("hunter2")], of: uuid)
         let hex = vault.encode().map { String(format: "%02x", $0) }.joined()
         if ProcessInfo.processInfo.environment["MTMFS_PRINT_VECTOR"] != nil { print("VECTOR", hex) }
-        let document = try String(contentsOfFile: #filePath.replacingOccurrences(of: "Tests/CredentialVaultTests/VaultTests.swift",
-                                                                                 with: "docs/vault-format.md"), encoding: .utf8)
-        let documented = document.components(separatedBy: "```hex\n").dropFirst().first?
-            .components(separatedBy: "```").first?.filter(\.isHexDigit) ?? ""
-        #expect(hex == documented)
+        #expect(vault.encode() == (try documentedVector("hex")))
         let reopened = try Vault(path: path)
+        #expect(reopened.formatVersion == 2)
         try reopened.unlock(passphrase: secret("correct horse battery staple"))
         #expect(text(try reopened.field(.password, of: uuid)) == "hunter2")
+        #expect(try reopened.isGuarded())
+        #expect(try reopened.trustedPrograms(of: uuid) == [Self.vectorProgram])
+    }
+
+    /// A version-1 file (the document's earlier vector) opens and reads as it did; it is
+    /// written as version 2 at its first change, with the same passphrase, values kept,
+    /// guarding off and no trusted program.
+    @Test func versionOneOpensAndIsUpgradedAtTheFirstChange() throws {
+        let path = temporaryPath()
+        defer { unlink(path) }
+        let old = try documentedVector("hex-v1")
+        #expect(old.count == 394)
+        try Data(old).write(to: URL(fileURLWithPath: path))
+        let vault = try Vault(path: path)
+        #expect(vault.formatVersion == 1)
+        try vault.unlock(passphrase: secret("correct horse battery staple"))
+        let uuid = AccountName.uuidBytes(uuidA)!
+        #expect(text(try vault.field(.password, of: uuid)) == "hunter2")
+        #expect(try !vault.isGuarded())
+        #expect(try vault.trustedPrograms(of: uuid).isEmpty)
+        // Opening and unlocking change nothing on disk.
+        #expect([UInt8](try Data(contentsOf: URL(fileURLWithPath: path))) == old)
+        try vault.setFields([.label: secret("mail")], of: uuid)
+        #expect(vault.formatVersion == 2)
+        let upgraded = try Vault(path: path)
+        #expect(upgraded.formatVersion == 2)
+        #expect(throws: VaultError.wrongPassphrase) { try upgraded.unlock(passphrase: secret("wrong")) }
+        try upgraded.unlock(passphrase: secret("correct horse battery staple"))
+        #expect(text(try upgraded.field(.password, of: uuid)) == "hunter2")
+        #expect(text(try upgraded.field(.label, of: uuid)) == "mail")
+        // A passphrase change of a version-1 file upgrades it too.
+        let second = temporaryPath()
+        defer { unlink(second) }
+        try Data(old).write(to: URL(fileURLWithPath: second))
+        let other = try Vault(path: second)
+        try other.unlock(passphrase: secret("correct horse battery staple"))
+        try other.changePassphrase(to: secret("new one"), parameters: .interactive)
+        let reread = try Vault(path: second)
+        #expect(reread.formatVersion == 2)
+        try reread.unlock(passphrase: secret("new one"))
+        #expect(text(try reread.field(.username, of: uuid)) == "alice")
+    }
+
+    /// Guarding and trusted lists are sealed: they survive a reopen, are not in the file in
+    /// clear, and a passphrase is checked against the unlocked vault without unlocking.
+    @Test func guardingAndTrustedListsAreSealed() throws {
+        let path = temporaryPath()
+        defer { unlink(path) }
+        let vault = try makeVault(path)
+        let uuid = AccountName.uuidBytes(uuidA)!
+        #expect(try !vault.isGuarded())
+        try vault.setGuarded(true)
+        let programs = [TrustedProgram(sha256: Array(repeating: 7, count: 32), path: "/usr/bin/very-recognizable-program"),
+                        Self.vectorProgram]
+        try vault.setTrustedPrograms(programs, of: uuid)
+        let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+        #expect(bytes.firstRange(of: Array("very-recognizable".utf8)) == nil, "a trusted path in clear")
+        #expect(bytes.firstRange(of: Self.vectorProgram.sha256) == nil, "a trusted hash in clear")
+        let reopened = try Vault(path: path)
+        try reopened.unlock(passphrase: secret("correct horse"))
+        #expect(try reopened.isGuarded())
+        #expect(try reopened.trustedPrograms(of: uuid) == programs)
+        #expect(try reopened.trustedPrograms(of: AccountName.uuidBytes(uuidB)!).isEmpty)
+        #expect(throws: VaultError.wrongPassphrase) { try reopened.checkPassphraseKey(try reopened.passphraseKey(secret("nope"))) }
+        try reopened.checkPassphraseKey(try reopened.passphraseKey(secret("correct horse")))
+        try reopened.setGuarded(false)
+        try reopened.setTrustedPrograms([], of: uuid)
+        reopened.lock()
+        #expect(throws: VaultError.locked) { try reopened.isGuarded() }
+        let third = try Vault(path: path)
+        try third.unlock(passphrase: secret("correct horse"))
+        #expect(try !third.isGuarded())
+        #expect(try third.trustedPrograms(of: uuid).isEmpty)
+        // Removing an account takes its list with it; a new account of the same UUID starts empty.
+        try third.setTrustedPrograms(programs, of: uuid)
+        try third.setFields([.username: SecureBytes(), .password: SecureBytes(), .server: SecureBytes()], of: uuid)
+        try third.removeAccount(uuid: uuid)
+        try third.addAccount(uuid: uuid, name: uuidA)
+        #expect(try third.trustedPrograms(of: uuid).isEmpty)
     }
 }
 
