@@ -66,6 +66,21 @@ static inline int mtmfs_inotify_watch_directory(int fd, const char *path) {
                                        IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR);
 }
 
+/* pipe2(2) with O_CLOEXEC (hidden behind _GNU_SOURCE): no window in which a child spawned
+   by another thread inherits the descriptors. */
+static inline int mtmfs_pipe_cloexec(int fds[2]) {
+    return pipe2(fds, O_CLOEXEC);
+}
+
+/* pidfd_open(2): a descriptor that names one process for good (no pid reuse under it). */
+static inline int mtmfs_pidfd_open(int pid) {
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0U);
+#else
+    return (int)syscall(434, pid, 0U);
+#endif
+}
+
 /* Gives the heap's free pages back to the system (glibc keeps them otherwise). */
 static inline int mtmfs_malloc_trim(void) {
     return malloc_trim(0);

@@ -260,6 +260,9 @@ public protocol FileSystem: AnyObject, Sendable {
     func link(_ inode: InodeNumber, newParent: InodeNumber, newName: String,
               context: RequestContext) throws(Errno) -> Entry
     func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile
+    /// An open that may wait for a person: answers now (a value), or returns nil after
+    /// `request.postpone()` and answers through the `PendingOpen` later. Defaults to `open`.
+    func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile?
     func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
                 context: RequestContext) throws(Errno) -> (Entry, OpenedFile)
     func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
@@ -318,6 +321,9 @@ public extension FileSystem {
         bytes.withUnsafeBytes { reply($0) }
     }
     func forget(inode: InodeNumber, lookups: UInt64) {}
+    func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile? {
+        try open(inode, flags: flags, context: context)
+    }
     func countLookup(of inode: InodeNumber) {}
     func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
                        context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {

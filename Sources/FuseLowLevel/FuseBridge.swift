@@ -162,7 +162,9 @@ final class FuseBridge: Sendable {
         }
         ops.open = { req, inode, fi in
             FuseBridge.respond(req, "open", inode) { fs, context throws(Errno) in
-                let opened = try fs.open(inode, flags: fi!.pointee.flags, context: context)
+                // nil: postponed (a prompt); the PendingOpen replies later.
+                guard let opened = try fs.open(inode, flags: fi!.pointee.flags, context: context,
+                                               request: OpenRequest(request: req, info: fi)) else { return }
                 FuseBridge.apply(opened, to: fi!)
                 _ = fuse_reply_open(req, fi)
             }
@@ -404,7 +406,7 @@ final class FuseBridge: Sendable {
         }
     }
 
-    private static func apply(_ opened: OpenedFile, to fi: UnsafeMutablePointer<fuse_file_info>) {
+    static func apply(_ opened: OpenedFile, to fi: UnsafeMutablePointer<fuse_file_info>) {
         fi.pointee.fh = opened.handle
         fi.pointee.direct_io = opened.directIO ? 1 : 0
         fi.pointee.keep_cache = opened.keepCache ? 1 : 0

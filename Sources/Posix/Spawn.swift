@@ -25,8 +25,8 @@ public enum Spawn {
     /// Starts `program` (looked up in PATH) with `arguments`; the child's pid.
     /// `environment` replaces ours when given ("NAME=value" strings). With
     /// `ownProcessGroup` the child leads a new process group, so that `wait`'s timeout
-    /// ends it with everything it started (a shell's editor); not for a child that must
-    /// read the terminal.
+    /// ends it with everything it started (a shell's editor), and SIGINT and SIGQUIT act on
+    /// it by default; not for a child that must read the terminal.
     public static func start(_ program: String, _ arguments: [String], stdin: Stream = .null,
                              stdout: Stream = .null, stderr: Stream = .null,
                              closing: [Int32] = [], environment: [String]? = nil,
@@ -38,7 +38,17 @@ public enum Spawn {
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
         if ownProcessGroup {
-            posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP))
+            // A job of its own: Ctrl-C's signals act on it even when ours are ignored (a
+            // shell's background job ignores SIGINT and SIGQUIT, and passes that on).
+            var defaults = sigset_t()
+            sigemptyset(&defaults)
+            sigaddset(&defaults, SIGINT)
+            sigaddset(&defaults, SIGQUIT)
+            posix_spawnattr_setsigdefault(&attributes, &defaults)
+            var none = sigset_t()  // and none blocked (the spawning thread's mask is inherited)
+            sigemptyset(&none)
+            posix_spawnattr_setsigmask(&attributes, &none)
+            posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
             posix_spawnattr_setpgroup(&attributes, 0)
         }
         for (fd, stream) in [(Int32(0), stdin), (1, stdout), (2, stderr)] {

@@ -131,11 +131,11 @@ public enum Syscall {
         return names
     }
 
+    /// A pipe whose ends close on exec (atomically: a child another thread spawns meanwhile
+    /// inherits neither).
     public static func pipe() throws(Errno) -> (read: Int32, write: Int32) {
         var fds: [Int32] = [0, 0]
-        // pipe2 is hidden behind _GNU_SOURCE; callers create pipes before starting threads.
-        _ = try valueOrErrno { Glibc.pipe(&fds) }
-        for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        _ = try valueOrErrno { mtmfs_pipe_cloexec(&fds) }
         return (fds[0], fds[1])
     }
 

@@ -1,0 +1,126 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CFuse
+import Posix
+import Synchronization
+
+/// An OPEN as it arrives: answered by the `open` that returns, or postponed — the
+/// low-level API lets any thread reply later — when the answer needs a person (a prompt),
+/// so that the worker thread goes back to serving other requests meanwhile.
+///
+/// Valid only during the `open` call it is handed to.
+/// Thread-safety: used on the calling worker thread only.
+public struct OpenRequest {
+    let request: fuse_req_t?
+    let info: UnsafeMutablePointer<fuse_file_info>?
+
+    /// No request behind it (unit tests, and calls that cannot be postponed).
+    public static var immediate: OpenRequest { OpenRequest(request: nil, info: nil) }
+
+    /// Whether `postpone()` may be called.
+    public var canPostpone: Bool { request != nil }
+
+    /// Takes the request over: the caller's `open` then returns nil, and the returned
+    /// object replies exactly once, from any thread.
+    public func postpone() -> PendingOpen {
+        precondition(canPostpone, "an OPEN without a request cannot be postponed")
+        return PendingOpen(request: request!, info: info!.pointee)
+    }
+}
+
+/// An OPEN the file system answers later. The requester sleeps in open(2) meanwhile;
+/// when it is interrupted (Ctrl-C) the kernel sends INTERRUPT, and `onInterrupt`'s handler
+/// runs (the answer then should be `fail(.interrupted)`).
+///
+/// Thread-safety: `reply` / `fail` may come from any thread, exactly one of them, once;
+/// interrupt handlers run on a FUSE worker thread and must not reply themselves.
+public final class PendingOpen: @unchecked Sendable {
+    private let request: fuse_req_t
+    private var info: fuse_file_info
+    private let id: UInt64
+    private let answered = Atomic<Bool>(false)
+    private let interruption = Mutex<(happened: Bool, handler: (@Sendable () -> Void)?)>((false, nil))
+
+    fileprivate init(request: fuse_req_t, info: fuse_file_info) {
+        self.request = request
+        self.info = info
+        id = PendingOpens.register(nil)
+        PendingOpens.attach(self, id: id)
+        // Runs at once (on this thread) when the requester was interrupted already.
+        fuse_req_interrupt_func(request, { _, data in
+            PendingOpens.interrupted(UInt64(UInt(bitPattern: data)))
+        }, UnsafeMutableRawPointer(bitPattern: UInt(id)))
+    }
+
+    /// Whether the requester was interrupted.
+    public var isInterrupted: Bool { interruption.withLock { $0.happened } }
+
+    /// Calls `handler` once when the requester is interrupted (at once if it already was).
+    public func onInterrupt(_ handler: @escaping @Sendable () -> Void) {
+        let now = interruption.withLock { state -> Bool in
+            if state.happened { return true }
+            state.handler = handler
+            return false
+        }
+        if now { handler() }
+    }
+
+    fileprivate func interrupt() {
+        let handler = interruption.withLock { state -> (@Sendable () -> Void)? in
+            state.happened = true
+            defer { state.handler = nil }
+            return state.handler
+        }
+        handler?()
+    }
+
+    public func reply(_ opened: OpenedFile) {
+        guard take() else { return }
+        FuseBridge.apply(opened, to: &info)
+        _ = fuse_reply_open(request, &info)
+    }
+
+    public func fail(_ error: Errno) {
+        guard take() else { return }
+        fuse_reply_err(request, error.rawValue)
+    }
+
+    /// The first answer wins; the registry forgets the request before libfuse frees it.
+    private func take() -> Bool {
+        guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return false }
+        PendingOpens.forget(id)
+        return true
+    }
+}
+
+/// The postponed OPENs by number: libfuse's interrupt callback gets a number, not an
+/// object, so that a callback racing a reply finds nothing rather than a freed object.
+///
+/// Thread-safety: one mutex.
+enum PendingOpens {
+    private static let table = Mutex<(next: UInt64, opens: [UInt64: PendingOpen])>((1, [:]))
+
+    static func register(_ open: PendingOpen?) -> UInt64 {
+        table.withLock { state in
+            let id = state.next
+            state.next += 1
+            return id
+        }
+    }
+
+    static func attach(_ open: PendingOpen, id: UInt64) {
+        table.withLock { $0.opens[id] = open }
+    }
+
+    static func forget(_ id: UInt64) {
+        _ = table.withLock { $0.opens.removeValue(forKey: id) }
+    }
+
+    static func interrupted(_ id: UInt64) {
+        table.withLock { $0.opens[id] }?.interrupt()
+    }
+
+    /// How many OPENs wait for an answer (status, tests).
+    static var count: Int { table.withLock { $0.opens.count } }
+}

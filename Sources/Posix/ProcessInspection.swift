@@ -1,0 +1,268 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CPosixShims
+
+/// What /proc says about one process or thread: the facts an access decision is made of
+/// (who runs it, what it runs, who traces it, what code it maps, who started it).
+///
+/// Thread-safety: stateless; each call reads /proc afresh.
+public enum ProcessInspection {
+    /// What an access decision needs of `/proc/ID/status` (ID may be a thread id).
+    ///
+    /// Thread-safety: a value.
+    public struct Status: Sendable, Equatable {
+        /// The process (thread group) the thread belongs to.
+        public var process: pid_t
+        /// Who traces it (0: nobody).
+        public var tracer: pid_t
+        public var credentials: Credentials
+    }
+
+    /// Read on every guarded open: parsed in place, only the lines it needs (no string is
+    /// made of the others: Swift's strings cost more here than the kernel's read).
+    public static func decisionStatus(of id: pid_t) -> Status? {
+        guard let bytes = readBytes("/proc/\(id)/status") else { return nil }
+        var process: pid_t?, tracer: pid_t?, uid: uid_t?, gid: gid_t?, groups: [gid_t] = []
+        bytes.withUnsafeBufferPointer { all in
+            var start = 0
+            while start < all.count {
+                var end = start
+                while end < all.count && all[end] != 0x0A { end += 1 }
+                let line = UnsafeBufferPointer(rebasing: all[start..<end])
+                if line.starts(with: tgid) {
+                    process = numbers(line, from: tgid.count).first.map { pid_t($0) }
+                } else if line.starts(with: tracerPid) {
+                    tracer = numbers(line, from: tracerPid.count).first.map { pid_t($0) }
+                } else if line.starts(with: uidField) {
+                    uid = numbers(line, from: uidField.count).dropFirst().first  // effective
+                } else if line.starts(with: gidField) {
+                    gid = numbers(line, from: gidField.count).dropFirst().first
+                } else if line.starts(with: groupsField) {
+                    groups = numbers(line, from: groupsField.count)
+                }
+                start = end + 1
+            }
+        }
+        guard let process, let tracer, let uid, let gid else { return nil }
+        return Status(process: process, tracer: tracer, credentials: Credentials(uid: uid, gid: gid, groups: groups))
+    }
+
+    private static let tgid = Array("Tgid:".utf8), tracerPid = Array("TracerPid:".utf8)
+    private static let uidField = Array("Uid:".utf8), gidField = Array("Gid:".utf8), groupsField = Array("Groups:".utf8)
+
+    /// The decimal numbers of a line from `offset`, separated by spaces or tabs.
+    static func numbers(_ line: UnsafeBufferPointer<UInt8>, from offset: Int) -> [UInt32] {
+        var out: [UInt32] = []
+        var current: UInt32 = 0, inNumber = false
+        for byte in line[offset...] {
+            if byte >= 0x30 && byte <= 0x39 {
+                current = current &* 10 &+ UInt32(byte - 0x30)
+                inNumber = true
+            } else {
+                if inNumber { out.append(current) }
+                current = 0
+                inNumber = false
+            }
+        }
+        if inNumber { out.append(current) }
+        return out
+    }
+
+    /// The lines of `/proc/ID/status` as name → value (ID may be a thread id).
+    /// Parsed as bytes: an access decision reads it on every guarded open, and Swift's
+    /// character-wise string handling costs more than the kernel's read.
+    public static func status(of id: pid_t) -> [String: String]? {
+        guard let bytes = readBytes("/proc/\(id)/status") else { return nil }
+        var fields: [String: String] = [:]
+        for line in bytes.split(separator: UInt8(ascii: "\n")) {
+            guard let colon = line.firstIndex(of: UInt8(ascii: ":")) else { continue }
+            var value = line[(colon + 1)...]
+            while let first = value.first, first == 0x20 || first == 0x09 { value = value.dropFirst() }
+            while let last = value.last, last == 0x20 || last == 0x09 { value = value.dropLast() }
+            fields[String(decoding: line[..<colon], as: UTF8.self)] = String(decoding: value, as: UTF8.self)
+        }
+        return fields
+    }
+
+    /// The fields of `/proc/ID/stat` that matter here.
+    ///
+    /// Thread-safety: a value.
+    public struct Stat: Sendable, Equatable {
+        public var command: String
+        public var parent: pid_t
+        public var session: pid_t
+        /// The controlling terminal's device number (0: none).
+        public var terminal: UInt32
+        /// Clock ticks after boot: with the pid, names the process for good.
+        public var startTime: UInt64
+    }
+
+    public static func stat(of id: pid_t) -> Stat? {
+        guard let bytes = readBytes("/proc/\(id)/stat"),
+              let open = bytes.firstIndex(of: UInt8(ascii: "(")), let close = bytes.lastIndex(of: UInt8(ascii: ")")),
+              open < close else { return nil }
+        let command = String(decoding: bytes[(open + 1)..<close], as: UTF8.self)
+        // After "PID (COMM) ": state(3) ppid(4) pgrp(5) session(6) tty_nr(7) … starttime(22).
+        var fields: [Int64] = []
+        fields.reserveCapacity(20)
+        var current: Int64 = 0, negative = false
+        for byte in bytes[(close + 2)...] {
+            if byte == 0x20 || byte == 0x0A {
+                fields.append(negative ? -current : current)
+                (current, negative) = (0, false)
+                if fields.count == 20 { break }
+            } else if byte == 0x2D {
+                negative = true
+            } else if byte >= 0x30 && byte <= 0x39 {
+                current = current &* 10 &+ Int64(byte - 0x30)
+            }
+        }
+        guard fields.count == 20, let parent = pid_t(exactly: fields[1]), let session = pid_t(exactly: fields[3]) else { return nil }
+        let terminal = fields[4], start = UInt64(clamping: fields[19])
+        return Stat(command: command, parent: parent, session: session, terminal: UInt32(truncatingIfNeeded: terminal),
+                    startTime: start)
+    }
+
+    /// The terminal device of a `tty_nr` as a path (`/dev/pts/N`, `/dev/ttyN`), nil for none.
+    public static func terminalPath(_ number: UInt32) -> String? {
+        guard number != 0 else { return nil }
+        let major = (number >> 8) & 0xfff
+        let minor = (number & 0xff) | ((number >> 12) & 0xfff00)
+        let candidate: String
+        switch major {
+        case 136...143: candidate = "/dev/pts/\((major - 136) * 256 + minor)"
+        case 4 where minor < 64: candidate = "/dev/tty\(minor)"
+        default: return nil
+        }
+        guard let st = try? Syscall.stat(candidate), UInt32(truncatingIfNeeded: st.st_rdev) == number
+                || (UInt32(truncatingIfNeeded: st.st_rdev >> 8) & 0xfff) == major else { return nil }
+        return candidate
+    }
+
+    /// One mapping of executable code (`/proc/ID/maps`, permission `x`).
+    ///
+    /// Thread-safety: a value.
+    public enum CodeMapping: Hashable, Sendable {
+        /// A file, by the path the kernel shows and the inode it mapped.
+        case file(String, inode: UInt64)
+        /// A file that was removed (or replaced) since it was mapped.
+        case deletedFile(String)
+        /// Code from a memfd (`/memfd:…`): a file that never had a name.
+        case memfd(String)
+        /// Anonymous code (a JIT) or the kernel's own (`[vdso]`).
+        case anonymous
+    }
+
+    /// The distinct executable mappings of a process; nil when its maps cannot be read.
+    public static func codeMappings(of id: pid_t) -> [CodeMapping]? {
+        guard let bytes = readBytes("/proc/\(id)/maps") else { return nil }
+        var seen = Set<CodeMapping>()
+        var mappings: [CodeMapping] = []
+        bytes.withUnsafeBufferPointer { all in
+            var start = 0
+            while start < all.count {
+                var end = start
+                while end < all.count && all[end] != 0x0A { end += 1 }
+                defer { start = end + 1 }
+                // address perms offset dev inode [path]: perms after the first space.
+                var field = start
+                while field < end && all[field] != 0x20 { field += 1 }
+                guard field + 3 < end, all[field + 3] == UInt8(ascii: "x") else { continue }
+                // Skip to the inode (fourth field after the address), then the path.
+                var position = field + 1
+                var inode: UInt64 = 0
+                for index in 0..<4 {
+                    while position < end && all[position] != 0x20 { 
+                        if index == 3, all[position] >= 0x30 && all[position] <= 0x39 {
+                            inode = inode &* 10 &+ UInt64(all[position] - 0x30)
+                        }
+                        position += 1
+                    }
+                    while position < end && all[position] == 0x20 { position += 1 }
+                }
+                let path = String(decoding: UnsafeBufferPointer(rebasing: all[position..<end]), as: UTF8.self)
+                let mapping: CodeMapping
+                if path.hasPrefix("/memfd:") {
+                    mapping = .memfd(path)
+                } else if path.hasPrefix("/") {
+                    mapping = path.hasSuffix(" (deleted)") ? .deletedFile(String(path.dropLast(" (deleted)".count)))
+                                                           : .file(path, inode: inode)
+                } else {
+                    mapping = .anonymous
+                }
+                if seen.insert(mapping).inserted { mappings.append(mapping) }
+            }
+        }
+        return mappings
+    }
+
+    /// The user and groups a process acts as (effective ids, supplementary groups).
+    ///
+    /// Thread-safety: a value.
+    public struct Credentials: Sendable, Equatable {
+        public var uid: uid_t
+        public var gid: gid_t
+        public var groups: [gid_t]
+
+        /// Whether these credentials may write the file `st` describes by its mode bits
+        /// (root may write every file).
+        public func mayWrite(_ st: stat) -> Bool {
+            if uid == 0 { return true }
+            if st.st_uid == uid { return st.st_mode & S_IWUSR != 0 }
+            if st.st_gid == gid || groups.contains(st.st_gid) { return st.st_mode & S_IWGRP != 0 }
+            return st.st_mode & S_IWOTH != 0
+        }
+    }
+
+    public static func credentials(from status: [String: String]) -> Credentials? {
+        func second(_ name: String) -> UInt32? {
+            let parts = status[name]?.split(whereSeparator: { $0 == "\t" || $0 == " " }) ?? []
+            return parts.count >= 2 ? UInt32(parts[1]) : nil
+        }
+        guard let uid = second("Uid"), let gid = second("Gid") else { return nil }
+        let groups = (status["Groups"] ?? "").split(whereSeparator: { $0 == " " || $0 == "\t" }).compactMap { UInt32($0) }
+        return Credentials(uid: uid, gid: gid, groups: groups)
+    }
+
+    /// The target of `/proc/ID/exe` (the program's path; " (deleted)" when replaced).
+    public static func executablePath(of id: pid_t) -> String? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let n = readlink("/proc/\(id)/exe", &buffer, buffer.count - 1)
+        guard n > 0 else { return nil }
+        return String(decoding: buffer[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// A descriptor that pins process `pid` (a thread-group leader): it cannot be replaced
+    /// by another process of the same number while the descriptor is open.
+    public static func pin(_ pid: pid_t) throws(Errno) -> Int32 {
+        let fd = mtmfs_pidfd_open(pid)
+        guard fd >= 0 else { throw Errno(errno) }
+        return fd
+    }
+
+    /// Whether the process a pidfd names still runs (its descriptor turns readable at exit).
+    public static func isRunning(pinned fd: Int32) -> Bool {
+        var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        return poll(&poller, 1, 0) == 0
+    }
+
+    /// A whole file of /proc; nil when it cannot be read. (Through a buffer on the stack:
+    /// these are read on every guarded open.)
+    static func readBytes(_ path: String) -> [UInt8]? {
+        guard let fd = try? Syscall.open(path, O_RDONLY) else { return nil }
+        defer { Syscall.close(fd) }
+        var result: [UInt8] = []
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 16_384) { buffer -> [UInt8]? in
+            while true {
+                let n = Glibc.read(fd, buffer.baseAddress, buffer.count)
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    return nil
+                }
+                if n == 0 { return result }
+                result.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[0..<n]))
+            }
+        }
+    }
+}
