@@ -20,6 +20,7 @@ final class Bench {
     var manyAccountsMount = ""
     var vaultStores: [(accounts: Int, mount: String, daemon: pid_t)] = []
     var statusStores: [(files: Int, mount: String)] = []
+    var guardStores: [GuardStore] = []
     static let account = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
     static let passphrase = "bench passphrase"
 
@@ -44,6 +45,7 @@ final class Bench {
     }
 
     func tearDown() {
+        Bench.stopNamespaceDaemons()
         for mount in Benchmark.mounts.reversed() { Shell.run("fusermount3", ["-uz", mount]) }
         Benchmark.mounts.removeAll()
         try? FileManager.default.removeItem(atPath: root)
@@ -87,6 +89,10 @@ final class Bench {
         }
         try setUpGocryptfs()
         guard !options.engineOnly else { return }
+        if options.guardOnly || !(options.vaultOnly || options.daemonOnly) {
+            guardStores = try setUpGuardStores()
+            if options.guardOnly { return }
+        }
         if !options.vaultOnly {
             try idleRound()
             statusStores = try setUpStatusStores()
@@ -222,6 +228,10 @@ final class Bench {
                 try vaultRound(vaultStores)
                 continue
             }
+            if options.guardOnly {
+                guardRound(guardStores, round: round)
+                continue
+            }
             try statusRound(statusStores)
             if options.daemonOnly { continue }
             for (system, path) in rotate(paths("password")) {
@@ -229,6 +239,7 @@ final class Bench {
                 let total = seconds { for _ in 0..<runs { Shell.run("/bin/cat", [path]) } }
                 record("W1 cat a field, whole process (ms)", system, total / Double(runs) * 1000)
             }
+            guardRound(guardStores, round: round)
             if passReady {
                 let runs = max(5, processRuns / 10)
                 let total = seconds { for _ in 0..<runs { Shell.run("pass", ["show", "bench/password"]) } }
@@ -399,6 +410,7 @@ final class Bench {
             ("W12 ", "≥ best peer"), ("W13 largest", "≤ 64 MiB"), ("W13 ", "≥ best peer"),
             ("W14 longest", "≤ 100 ms"), ("W14 space", "≤ 60 s"), ("W15 ", "≤ 0.5 s"),
             ("W17 ", "same at every size"), ("W18 ", "≤ 1"), ("W19 ", "same at every size"),
+            ("W20 guard on ÷", "≤ 1.2×"),
         ]
         return byPrefix.first { workload.hasPrefix($0.0) }?.1 ?? "report"
     }

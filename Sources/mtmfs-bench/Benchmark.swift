@@ -34,9 +34,12 @@ enum Benchmark {
         var vaultOnly = false
         /// Only the daemon workloads (W18 idle wakeups, W19 status cost).
         var daemonOnly = false
+        var guardOnly = false
     }
 
     nonisolated(unsafe) static var mounts: [String] = []
+    /// Daemons mounted inside mount namespaces of their own (W20): ended by SIGTERM.
+    nonisolated(unsafe) static var namespaceDaemons: [pid_t] = []
     nonisolated(unsafe) static var interrupted: sig_atomic_t = 0
 
     static func main(_ arguments: [String]) -> Int32 {
@@ -50,9 +53,10 @@ enum Benchmark {
             case "--engine": options.engineOnly = true
             case "--vault": options.vaultOnly = true
             case "--daemon": options.daemonOnly = true
+            case "--guard": options.guardOnly = true
             case "-h", "--help":
                 print("""
-                Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE] [--engine] [--vault] [--daemon]
+                Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE] [--engine] [--vault] [--daemon] [--guard]
 
                 Measures mtmfs against a native directory and its peers — a bindfs passthrough, a
                 gocryptfs mount and a `pass` store (installed by `mount-helpers/install-deps --bench`;
@@ -64,7 +68,9 @@ enum Benchmark {
                 (by-server view, `mtmfs find`) with 10, 1,000 and 10,000 fully filled accounts
                 (`pass` beside them). --daemon: only W18 and W19, idle wakeups a minute (bindfs
                 and gocryptfs beside mtmfs locked, unlocked, with --cache-limit over 100,000
-                files) and the cost of .mtmfs/status with 10 to 1,000,000 cache files.
+                files) and the cost of .mtmfs/status with 10 to 1,000,000 cache files. --guard:
+                only W20, `cat` of a password by a trusted program with guarding on beside the
+                same with guarding off (both mounted and run as user nobody; needs root).
                 """)
                 return 0
             default:
@@ -82,6 +88,7 @@ enum Benchmark {
             return 0
         } catch {
             FileHandle.standardError.write(Data("mtmfs-bench: \(error)\n".utf8))
+            Bench.stopNamespaceDaemons()
             for mount in mounts { _ = Shell.run("fusermount3", ["-uz", mount]) }
             return 1
         }

@@ -15,7 +15,7 @@ final class SecurityChecks {
 
     func run() -> [Tally] {
         defer { scratch.remove() }
-        return [otherUsers(), logs(), memoryAndCores(), guessing()]
+        return [otherUsers(), untrustedPrograms(), logs(), memoryAndCores(), guessing()]
     }
 
     /// Runs `line` as user nobody; its exit status.
@@ -82,6 +82,96 @@ final class SecurityChecks {
 
     /// A whole session at debug level (ours and libfuse's), in the foreground: the log
     /// has lines, but neither the passphrase nor any field value.
+    /// Guarding (SPEC §3a): the user's own programs that are not trusted with an account —
+    /// a reader, a copied or memfd copy of a trusted binary, a trusted binary with an
+    /// injected library or under a tracer, a writer — get nothing, and nobody is asked (no
+    /// terminal, no display). Mounted by nobody in a mount namespace of its own whose
+    /// /dev/fuse users may open (a root requester would be refused for being root).
+    func untrustedPrograms() -> Tally {
+        let tally = Tally("security: untrusted programs of the mount's own user (guarding on)")
+        let base = scratch.sub("guard")
+        let data = base + "/data", mount = base + "/m", writable = base + "/w"
+        mkdir(base, 0o755)
+        for directory in [data, mount, writable] {
+            mkdir(directory, 0o700)
+            chown(directory, 65534, 65534)
+        }
+        let passFile = base + "/pass"
+        _ = FileManager.default.createFile(atPath: passFile, contents: Data((suitePassphrase + "\n").utf8))
+        chmod(passFile, 0o644)
+        let made = Run.program("setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", Run.mtmfs, "init", "--kdf",
+                                           "interactive", "--data-dir", data, "--passphrase-file", passFile])
+        guard made.status == 0 else {
+            tally.record("init as nobody", ["\(made)"])
+            return tally
+        }
+        let script = """
+            mknod \(base)/fuse c 10 229 && chmod 0666 \(base)/fuse && mount --bind \(base)/fuse /dev/fuse &&
+            exec setpriv --reuid=65534 --regid=65534 --clear-groups env -u DISPLAY -u WAYLAND_DISPLAY HOME=\(base) \
+            \(Run.mtmfs) mount -f --data-dir \(data) \(mount)
+            """
+        let daemon = Run.start("unshare", ["-m", "--propagation", "private", "/bin/sh", "-c", script], stderr: base + "/log")
+        defer {
+            kill(daemon, SIGTERM)
+            if Run.wait(daemon, timeout: 20) != 0 { kill(daemon, SIGKILL) }
+        }
+        guard daemon > 0, Poll.until(seconds: 20, { ((try? String(contentsOfFile: "/proc/\(daemon)/mounts", encoding: .utf8)) ?? "")
+                                                      .contains(" \(mount) fuse.mtmfs ") }) else {
+            tally.record("mount as nobody", ["the mount did not come up"])
+            return tally
+        }
+        func asUser(_ line: String) -> CommandResult {
+            Run.program("nsenter", ["-t", "\(daemon)", "-m", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                    "env", "-u", "DISPLAY", "HOME=\(base)", "/bin/sh", "-c", line], timeout: 30)
+        }
+        let account = mount + "/accounts/" + self.account, password = account + "/password"
+        let setUp = asUser("""
+            \(Run.mtmfs) unlock --passphrase-file \(passFile) \(mount) && mkdir \(account) &&
+            echo \(secret) > \(password) && \(Run.mtmfs) guard on --passphrase-file \(passFile) \(mount) &&
+            \(Run.mtmfs) trust --passphrase-file \(passFile) \(account) /bin/cat >/dev/null
+            """)
+        tally.record("set-up (unlock, account, guard on, cat trusted)", setUp.status == 0 ? [] : ["\(setUp)"])
+        let trusted = asUser("cat \(password)")
+        tally.record("the trusted cat reads (else every refusal below is vacuous)",
+                     trusted.stdout.contains(secret) ? [] : ["it could not: \(trusted)"])
+        let libm = Run.shell("ls /lib/*/libm.so.6 /usr/lib/*/libm.so.6 2>/dev/null | head -1").stdout
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let memfd = """
+            python3 -c 'import os,sys; fd=os.memfd_create("cat"); os.write(fd, open("/bin/cat","rb").read()); \
+            os.execv("/proc/self/fd/%d" % fd, ["cat", sys.argv[1]])' \(password)
+            """
+        let readers: [(String, String)] = [
+            ("an untrusted reader (head)", "head -c 200 \(password)"),
+            ("an untrusted reader (dd)", "dd if=\(password) status=none"),
+            ("an untrusted interpreter (python3)", "python3 -c 'print(open(\"\(password)\").read())'"),
+            ("a user-writable copy of the trusted cat", "cp /bin/cat \(writable)/cat && \(writable)/cat \(password)"),
+            ("the trusted cat run from a memfd", memfd),
+            ("the trusted cat with a user-writable LD_PRELOAD library",
+             "cp \(libm) \(writable)/libm.so.6 && LD_PRELOAD=\(writable)/libm.so.6 cat \(password)"),
+            ("the trusted cat under strace", "strace -f -o /dev/null cat \(password)"),
+            ("an untrusted glob over every account", "head -q -c 200 \(mount)/accounts/*/password"),
+            ("an untrusted reader through the by-server view", "head -c 200 \(mount)/accounts/by-server/_/_/password"),
+        ]
+        for (who, line) in readers {
+            let attempt = asUser(line + " 2>/dev/null")
+            tally.record("\(who) reads no password", attempt.stdout.contains(secret) ? ["it read: \(attempt)"] : [])
+        }
+        for (who, line) in [("an untrusted writer of the password", "echo stolen > \(password)"),
+                            ("an untrusted writer of server", "echo evil.example > \(account)/server"),
+                            ("an untrusted rm -r of the account", "rm -rf \(account)"),
+                            ("an untrusted sed -i of the password", "sed -i s/a/b/ \(password)")] {
+            _ = asUser(line + " 2>/dev/null")
+            let after = asUser("cat \(password); cat \(account)/server")
+            tally.record("\(who) changes nothing", after.stdout == "\(secret)\n\n" ? [] : ["after it: \(after)"])
+        }
+        let decisions = asUser("cat \(mount)/.mtmfs/access").stdout
+        tally.record("each refusal recorded, no value", decisions.contains("denied") && !decisions.contains(secret)
+                     ? [] : ["access record: \(decisions)"])
+        _ = asUser("\(Run.mtmfs) lock \(mount)")
+        tally.record("locked, the trusted cat reads nothing", asUser("cat \(password)").stdout.contains(secret) ? ["it could"] : [])
+        return tally
+    }
+
     func logs() -> Tally {
         let tally = Tally("security: no passphrase or field value in the debug log")
         do {

@@ -23,7 +23,7 @@ enum CommandLineTool {
     static var commands: [any Command.Type] { [
         InitCommand.self, MountCommand.self, UnmountCommand.self, UnlockCommand.self, LockCommand.self,
         StatusCommand.self, PasswdCommand.self, CheckCommand.self, DemoCommand.self, FindCommand.self,
-        CredentialCommand.self,
+        CredentialCommand.self, GuardCommand.self, TrustCommand.self, UntrustCommand.self,
     ] }
 
     static var overview: String {

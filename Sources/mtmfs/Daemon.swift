@@ -14,7 +14,8 @@ import Posix
 enum Daemon {
     /// Starts the daemon and waits for its word; returns its pid once the mount is ready.
     static func start(dataDirectory: String, mountPoint: String, options: [String],
-                      autoLockSeconds: Int = 900, cacheLimit: Int64? = nil, debug: Bool = false) throws(CommandFailure) -> pid_t {
+                      autoLockSeconds: Int = 900, cacheLimit: Int64? = nil, pinentry: String = "pinentry",
+                      debug: Bool = false) throws(CommandFailure) -> pid_t {
         if let problem = FuseDevice.problem() { throw CommandFailure("cannot mount on \(mountPoint): \(problem)") }
         let pipe: (read: Int32, write: Int32)
         do {
@@ -26,6 +27,8 @@ enum Daemon {
                          "--auto-lock", String(autoLockSeconds)]
         if let cacheLimit { arguments += ["--cache-limit", String(cacheLimit)] }
         if debug { arguments.append("--debug") }
+        // A relative path means the caller's directory; the daemon runs in /.
+        arguments += ["--pinentry", pinentry.contains("/") ? Paths.absolute(pinentry) : pinentry]
         for option in options { arguments += ["-o", option] }
         arguments.append(mountPoint)
 
@@ -86,7 +89,7 @@ enum Daemon {
 
     /// The daemon side: detach, mount, report, serve until the mount ends.
     static func serve(dataDirectory: String, mountPoint: String, options: [String], autoLockSeconds: Int,
-                      cacheLimit: Int64?, readyFD: Int32?) throws(CommandFailure) {
+                      cacheLimit: Int64?, pinentry: String, readyFD: Int32?) throws(CommandFailure) {
         if let readyFD {
             setsid()
             _ = fcntl(readyFD, F_SETFD, FD_CLOEXEC)
@@ -112,7 +115,7 @@ enum Daemon {
         do {
             mount = try MtmfsMount(dataDirectory: DataDirectory(path: dataDirectory), mountPoint: mountPoint,
                                    options: options, autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit,
-                                   progress: note)
+                                   pinentry: pinentry.contains("/") ? Paths.absolute(pinentry) : pinentry, progress: note)
         } catch {
             // In the foreground the command's own failure line says it (one line, not two).
             if readyFD != nil { Log.error(error.description) }

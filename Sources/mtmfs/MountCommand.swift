@@ -7,7 +7,8 @@ struct MountCommand: Command {
     static let abstract = "mount a data directory (returns once the mount is ready)"
     static let usage = """
     Usage: mtmfs mount [--data-dir DIR] [-f] [-o OPTIONS] [--unlock [--passphrase-file FILE]]
-                       [--auto-lock SECONDS] [--cache-limit BYTES] [--debug] MOUNT
+                       [--auto-lock SECONDS] [--cache-limit BYTES] [--pinentry PROGRAM]
+                       [--debug] MOUNT
 
     Mounts the stores of DIR on the empty directory MOUNT. Without -f the daemon detaches,
     logs to syslog, and this command returns only once MOUNT answers, so the next line of a
@@ -23,11 +24,14 @@ struct MountCommand: Command {
                                (default 900; 0 never)
       --cache-limit BYTES      keep cache/ under this size (K, M, G suffixes):
                                least recently used closed files are removed
+      --pinentry PROGRAM       what asks whether a program may read a password, on
+                               a guarded vault (GnuPG's pinentry protocol; default
+                               pinentry, on the requester's terminal or the desktop)
       --debug          log every request (operation, inode, caller, result) and
                        store event; names and values are never logged
     """
     static let flags: Set<String> = ["-f", "--foreground", "--unlock", "--debug"]
-    static let options: Set<String> = ["--data-dir", "-o", "--ready-fd", "--auto-lock", "--passphrase-file", "--cache-limit"]
+    static let options: Set<String> = ["--data-dir", "-o", "--ready-fd", "--auto-lock", "--passphrase-file", "--cache-limit", "--pinentry"]
 
     let dataDirectory: String
     let mountPoint: String
@@ -40,6 +44,7 @@ struct MountCommand: Command {
     let passphraseFile: String?
     let cacheLimit: Int64?
     let debug: Bool
+    let pinentry: String
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         let positionals = try arguments.positionals(1...1, named: "the mount point (mtmfs mount MOUNT)")
@@ -52,6 +57,8 @@ struct MountCommand: Command {
         autoLockSeconds = seconds
         unlock = arguments.has("--unlock")
         debug = arguments.has("--debug")
+        pinentry = arguments.value("--pinentry") ?? "pinentry"
+        guard !pinentry.isEmpty else { throw .usage("--pinentry takes a program", command: Self.name) }
         passphraseFile = arguments.value("--passphrase-file")
         if let text = arguments.value("--cache-limit") {
             guard let bytes = Self.byteCount(text) else {
@@ -82,7 +89,7 @@ struct MountCommand: Command {
                 }
             }
             try Daemon.serve(dataDirectory: dataDirectory, mountPoint: mountPoint, options: options,
-                             autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit, readyFD: readyFD)
+                             autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit, pinentry: pinentry, readyFD: readyFD)
             return
         }
         do {
@@ -97,7 +104,7 @@ struct MountCommand: Command {
         let passphrase = unlock ? try PassphraseInput.read(prompt: "Passphrase: ", file: passphraseFile) : nil
         defer { passphrase?.wipe() }
         _ = try Daemon.start(dataDirectory: dataDirectory, mountPoint: mountPoint, options: options,
-                             autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit, debug: debug)
+                             autoLockSeconds: autoLockSeconds, cacheLimit: cacheLimit, pinentry: pinentry, debug: debug)
         if let passphrase {
             do {
                 try PassphraseInput.unlock(mountPoint: mountPoint, with: passphrase)

@@ -58,6 +58,14 @@ struct StatusCommand: Command {
             accounts += ", auto-lock in \(seconds) s"
         }
         lines.append(accounts)
+        if let guarding = values["guard"], guarding != "unknown" {
+            lines.append(guarding == "on" ? "  guard: on — a password goes only to the programs trusted with its account"
+                                          : "  guard: off — every program of yours reads every password while unlocked")
+        }
+        if values["guard"] == "on", let scope = values["ptrace_scope"], scope == "0" || scope == "none" {
+            lines.append("  warning: kernel.yama.ptrace_scope is \(scope == "none" ? "absent (no Yama)" : "0"): any program of yours "
+                         + "can trace another and read a trusted program's memory")
+        }
         if let error = values["vault_error"] { lines.append("  vault: \(error)") }
         if let error = values["cache_error"] {
             lines.append("  cache: \(error)")

@@ -41,10 +41,16 @@ import Glibc
             usleep(1_500_000)
             return Self.switches(pid) - before <= 1
         })
-        let before = Self.switches(pid)
-        sleep(3)
-        let woke = Self.switches(pid) - before
-        #expect(woke <= 2, "\(woke) context switches in 3 s of idleness")
+        // Other suites run beside this one and may look at every mount (`mtmfs status`): the
+        // quietest of three windows counts. A daemon that woke by itself every second or
+        // more often would fail all three.
+        var woke = Int.max
+        for _ in 0..<3 where woke > 2 {
+            let before = Self.switches(pid)
+            sleep(3)
+            woke = min(woke, Self.switches(pid) - before)
+        }
+        #expect(woke <= 2, "\(woke) context switches in the quietest 3 s of idleness")
     }
 
     /// Settings.plist and the vault replaced by rename (a restore, a sync, an editor): the

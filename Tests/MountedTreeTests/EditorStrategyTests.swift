@@ -158,7 +158,8 @@ import Glibc
             let vault = try Vault.create(at: scratch + "/vault", passphrase: passphrase, parameters: .interactive)
             vault.lock()
             accounts = AccountsTree(vaultPath: scratch + "/vault", ownership: ownership, notifier: KernelCacheNotifier(),
-                                    active: ActiveAccountLink(get: { nil }, set: { _ in }), autoLockSeconds: 0)
+                                    active: ActiveAccountLink(get: { nil }, set: { _ in }), autoLockSeconds: 0,
+                                    prompts: PromptSettings(environment: [], mountPoint: scratch))
             try accounts.unlock(passphrase: passphrase)
             let context = RequestContext(uid: getuid(), gid: getgid(), pid: 1, umask: 0o022)
             let account = try accounts.makeDirectory(parent: accounts.space.root, name: accountName, mode: 0o700, context: context)

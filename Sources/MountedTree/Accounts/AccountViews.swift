@@ -25,7 +25,8 @@ enum ViewNode: Hashable {
     private static let linkBit: UInt64 = 1 << 45
 
     init?(_ local: LocalInode) {
-        guard local.raw >= LocalInode.viewBit, local.raw < LocalInode.viewBit << 1 else { return nil }
+        // 2^47 + 2^46 and up: the accounts' `trusted` files (`TrustedListNode`).
+        guard local.raw >= LocalInode.viewBit, local.raw < LocalInode.viewBit + (1 << 46) else { return nil }
         let rest = local.raw - LocalInode.viewBit
         switch rest {
         case 0: self = .byServer

@@ -95,6 +95,7 @@ extension AccountsTree {
             }
             s.fields.session.touched()
             s.fields.session.revealing = true
+            noteGuarding(s)
             return Array(s.engine.files.keys)
         }
         // The kernel forgets the locked sizes (0) before any request sees the vault open: an
@@ -126,6 +127,7 @@ extension AccountsTree {
             // Names in the views are made of fields: the kernel forgets those it was given.
             let viewNames = s.viewNamesToForget()
             s.fields.session.lock()
+            noteGuarding(s)
             let files = s.engine.wipeAll().map(Invalidation.inode) + s.takeInvalidations() + viewNames
             if wasUnlocked { Log.info("accounts locked (\(reason))") }
             return files
@@ -137,6 +139,15 @@ extension AccountsTree {
         Syscall.trimHeap()
     }
 
+    /// `kernel.yama.ptrace_scope`: 0 lets every program of a user trace (and read) any
+    /// other; "none" when Yama is absent (the same).
+    static var ptraceScope: String {
+        guard let fd = try? Syscall.open("/proc/sys/kernel/yama/ptrace_scope", O_RDONLY) else { return "none" }
+        defer { Syscall.close(fd) }
+        let text = String(decoding: (try? Syscall.readAll(fd)) ?? [], as: UTF8.self)
+        return text.filter { $0.isNumber }.isEmpty ? "none" : text.filter { $0.isNumber }
+    }
+
     /// For `.mtmfs/status`.
     public func statusLines() -> [String] {
         state.withLock { s in
@@ -144,6 +155,8 @@ extension AccountsTree {
             var lines = ["state=\(session.isUnlocked ? "unlocked" : "locked")"]
             lines.append("auto_lock_in=\(session.autoLockIn)")
             lines.append("accounts=\(session.vault?.accountCount ?? 0)")
+            lines.append("guard=" + ["unknown", "off", "on"][lastKnownGuarding.load(ordering: .relaxed)])
+            lines.append("ptrace_scope=" + Self.ptraceScope)
             if let problem = session.problem { lines.append("vault_error=\(problem)") }
             return lines
         }

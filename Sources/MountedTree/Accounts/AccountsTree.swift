@@ -44,6 +44,14 @@ public final class AccountsTree: Subtree {
     let running = Atomic<Bool>(true)
     /// Wakes the watcher: a new deadline (an unlock, an unlinked field), SIGUSR1, shutdown.
     let wakeup = Wakeup()
+    /// Who may read a password (SPEC §3a): requesters, prompts, decisions.
+    let access: AccessGuard
+    /// The vault is unlocked and guarded (a mirror of its sealed flag, read without the lock).
+    let guarded = Atomic<Bool>(false)
+    /// Guarding as last seen unlocked: 0 never seen, 1 off, 2 on (status while locked).
+    let lastKnownGuarding = Atomic<Int>(0)
+    /// The text of each open `trusted` file, by handle.
+    let trustedLists = Locked<[UInt64: [UInt8]]>([:])
 
     static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     /// Field attributes (sizes) may be cached while unlocked: every commit and every lock
@@ -54,8 +62,9 @@ public final class AccountsTree: Subtree {
     static let lockedFieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 0)
 
     public init(vaultPath: String, ownership: Ownership, notifier: KernelCacheNotifier, active: ActiveAccountLink,
-                autoLockSeconds: Int) {
+                autoLockSeconds: Int, prompts: PromptSettings) {
         self.notifier = notifier
+        self.access = AccessGuard(settings: prompts)
         self.active = active
         let session = VaultSession(vaultPath: vaultPath, autoLockSeconds: autoLockSeconds)
         self.state = Locked(State(ownership: ownership, fields: AccountFields(session: session),
@@ -145,6 +154,7 @@ public final class AccountsTree: Subtree {
             return (symlinkAttributes(target), .none)
         }
         return try locked { (s) throws(Errno) in
+            if TrustedListNode(local) != nil { return (try s.attributes(local, space), .none) }
             // Through a descriptor from before a lock: refused. The kernel asks this before
             // it reads cached pages past the size it knows, so such a descriptor's read fails
             // with EACCES rather than reading nothing (the size is 0 while locked).
@@ -156,9 +166,15 @@ public final class AccountsTree: Subtree {
     public func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
                               context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
         defer { SecureBytes.burnStack() }
+        let requester = handle == nil && changes.size != nil ? self.requester(context) : nil
         return try locked { (s) throws(Errno) in
             let local = space.local(of: inode)
-            if ViewNode(local) != nil { throw .permissionDenied }  // the views are read-only
+            if ViewNode(local) != nil || TrustedListNode(local) != nil { throw .permissionDenied }  // the views are read-only
+            if changes.size != nil, handle == nil, let file = s.engine.files[local] {
+                // truncate(2) by name: a write without an open (one through a handle was decided at its open).
+                let directory: LocalInode? = if case .scratch(let parent, _) = file.role { parent } else { file.key?.account.directory }
+                if let directory { try requireTrust(&s, directory: directory, requester, what: "fields") }
+            }
             _ = try s.attributes(local, space)
             // Through a descriptor from before a lock: refused, like its reads and writes.
             if let handle, !s.fields.session.isCurrent(FileHandle(raw: handle)) { throw .permissionDenied }
@@ -191,8 +207,10 @@ public final class AccountsTree: Subtree {
     public func makeDirectory(parent: InodeNumber, name: String, mode: mode_t,
                               context: RequestContext) throws(Errno) -> Entry {
         guard space.local(of: parent) == .top else { throw .permissionDenied }  // accounts hold no directory
+        // Guarded, the program that makes an account is trusted with it from the start.
+        let creator = requester(context)
         return try locked { (s) throws(Errno) in
-            let made = try s.makeAccount(name)
+            let made = try s.makeAccount(name, trusting: creator.flatMap { $0.refusal == nil ? $0.program : nil })
             return try entry(s, made)
         }
     }
@@ -201,7 +219,13 @@ public final class AccountsTree: Subtree {
         let parentLocal = space.local(of: parent)
         if ViewNode(parentLocal) != nil { throw .permissionDenied }
         guard parentLocal == .top else { throw .notDirectory }
-        try locked { (s) throws(Errno) in try s.removeAccount(name) }
+        let requester = self.requester(context)
+        try locked { (s) throws(Errno) in
+            if let account = s.fields.account(named: name) {
+                try requireTrust(&s, directory: s.fields.id(of: account.uuid).directory, requester, what: "account")
+            }
+            try s.removeAccount(name)
+        }
     }
 
     public func unlink(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
@@ -212,7 +236,17 @@ public final class AccountsTree: Subtree {
             try active.set("")
             return
         }
-        try locked { (s) throws(Errno) in try s.unlink(parentLocal, name) }
+        let requester = parentLocal == .top ? nil : self.requester(context)
+        try locked { (s) throws(Errno) in
+            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, what: name) }
+            // `rm -r` of an account unlinks its `trusted` too: nothing changes (only the
+            // passphrase changes the list; it goes with the account).
+            if name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil {
+                try s.fields.session.requireOpen()
+                return
+            }
+            try s.unlink(parentLocal, name)
+        }
     }
 
     public func makeSymbolicLink(target: String, parent: InodeNumber, name: String,
@@ -223,7 +257,10 @@ public final class AccountsTree: Subtree {
             try setActive(target)
             return Entry(attributes: symlinkAttributes(target), cache: .none)
         }
+        let requester = parentLocal == .top ? nil : self.requester(context)
         return try locked { (s) throws(Errno) in
+            if parentLocal != .top && name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil { throw .fileExists }
+            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, what: "files") }
             let made = try s.makeSymbolicLink(target, in: parentLocal, name)
             return try entry(s, made)
         }
@@ -249,7 +286,15 @@ public final class AccountsTree: Subtree {
             try locked { (s) throws(Errno) in try s.engine.unlink(name, in: .top, &s.fields) }
             return
         }
-        try locked { (s) throws(Errno) in try s.rename(from, name, to, newName, flags: flags) }
+        let requester = self.requester(context)
+        try locked { (s) throws(Errno) in
+            for (directory, fileName) in [(from, name), (to, newName)] where directory != .top {
+                if fileName == TrustedListNode.name && s.fields.account(at: directory) != nil { throw .permissionDenied }
+            }
+            if from != .top { try requireTrust(&s, directory: from, requester, what: newName) }
+            if to != .top && to != from { try requireTrust(&s, directory: to, requester, what: newName) }
+            try s.rename(from, name, to, newName, flags: flags)
+        }
     }
 
     public func link(_ inode: InodeNumber, newParent: InodeNumber, newName: String,
@@ -257,7 +302,19 @@ public final class AccountsTree: Subtree {
         throw .notPermitted
     }
 
+    public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile? {
+        if let node = TrustedListNode(space.local(of: inode)) { return try openTrustedList(node, flags: flags) }
+        return try guardedOpen(inode, flags: flags, context: context, request: request)
+    }
+
     public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext) throws(Errno) -> OpenedFile {
+        guard let opened = try open(inode, flags: flags, context: context, request: .immediate) else { throw .permissionDenied }
+        return opened
+    }
+
+    /// The open itself, once guarding (if on) has allowed it. A guarded open is never
+    /// served from the kernel's pages: what one program was allowed, another cannot read.
+    func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, guarded: Bool) throws(Errno) -> OpenedFile {
         defer { SecureBytes.burnStack() }
         let opened = try locked { (s) throws(Errno) -> OpenedFile in
             let local = space.local(of: inode)
@@ -268,6 +325,9 @@ public final class AccountsTree: Subtree {
             try s.engine.open(local, handle: handle, truncate: flags & O_TRUNC != 0 && writer, s.fields)
             s.fields.session.touched()
             guard !writer else { return OpenedFile(handle: handle.raw, directIO: true) }
+            // A guarded reader: never the page cache (another program would read it too);
+            // its close commits nothing either.
+            guard !guarded else { return OpenedFile(handle: handle.raw, directIO: true, noFlush: true) }
             // A reader reads the kernel's pages of the field while it has not changed (every
             // lock drops them all), and its close commits nothing: no READ, no FLUSH.
             return OpenedFile(handle: handle.raw, keepCache: true, noFlush: true)
@@ -278,7 +338,11 @@ public final class AccountsTree: Subtree {
 
     public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
                        context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
-        try locked { (s) throws(Errno) in
+        let parentLocal = space.local(of: parent)
+        let requester = parentLocal == .top ? nil : self.requester(context)
+        return try locked { (s) throws(Errno) in
+            if parentLocal != .top && name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil { throw .fileExists }
+            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, what: name) }
             let handle = s.fields.session.newHandle()
             let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle)
             return (try entry(s, local), OpenedFile(handle: handle.raw, directIO: true))
@@ -294,6 +358,9 @@ public final class AccountsTree: Subtree {
     public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
                      reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
         defer { SecureBytes.burnStack() }
+        if TrustedListNode(space.local(of: inode)) != nil {
+            return try readTrustedList(handle: handle, offset: offset, size: size, reply: reply)
+        }
         try state.withLock { (s) throws(Errno) in
             guard s.fields.vault != nil else { throw .ioError }
             try s.fields.session.requireOpen()
@@ -334,6 +401,10 @@ public final class AccountsTree: Subtree {
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
         defer { SecureBytes.burnStack() }
+        if TrustedListNode(space.local(of: inode)) != nil {
+            _ = trustedLists.withLock { $0.removeValue(forKey: handle) }
+            return
+        }
         // Not through `locked`: the open is let go even when the vault cannot be used; a
         // handle from before a lock commits nothing.
         let (invalidations, sooner) = state.withLock { s in

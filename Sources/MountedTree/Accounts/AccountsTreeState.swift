@@ -36,6 +36,10 @@ extension AccountsTree {
 
         func attributes(_ local: LocalInode, _ space: InodeSpace) throws(Errno) -> Attributes {
             if let view = ViewNode(local) { return try viewAttributes(view, space) }
+            if let list = TrustedListNode(local) {
+                guard fields.uuid(of: list.account) != nil else { throw .noSuchFileOrDirectory }
+                return ownership.file(space.inode(local), mode: 0o400, size: 0)
+            }
             if local.isFile {
                 return try engine.attributes(of: local, as: space.inode(local), ownership: ownership, fields)
             }
@@ -44,6 +48,7 @@ extension AccountsTree {
         }
 
         func cache(for local: LocalInode) -> CachePolicy {
+            if TrustedListNode(local) != nil { return .none }
             if let view = ViewNode(local) { return view == .byServer || view == .byLabel ? AccountsTree.directoryCache : AccountsTree.viewCache }
             guard local.isFile else { return AccountsTree.directoryCache }
             return fields.session.isOpen ? AccountsTree.fieldCache : AccountsTree.lockedFieldCache
@@ -62,7 +67,8 @@ extension AccountsTree {
             if let view = ViewNode(parent) { return try viewLookup(view, name).local }
             if parent == .top, let view = ViewNode.names[name] { return view.local }
             guard parent == .top else {
-                _ = try account(at: parent)
+                let account = try account(at: parent)
+                if name == TrustedListNode.name { return TrustedListNode(account: account).local }
                 return try engine.lookup(name, in: parent, fields)
             }
             if engine.scratch(named: name, in: .top) != nil { return try engine.lookup(name, in: .top, fields) }
@@ -85,19 +91,24 @@ extension AccountsTree {
                     guard !engine.isHidden(key), engine.scratch(named: name, in: local) == nil else { continue }
                     entries.append((name, engine.file(for: key, fields)))
                 }
+                // Listed while guarding is on (it means nothing otherwise; by name it always opens).
+                if (try? fields.vault?.isGuarded()) == true {
+                    entries.append((TrustedListNode.name, TrustedListNode(account: account).local))
+                }
             }
             entries += engine.scratchFiles(in: local).map { ($0.name, $0.inode) }
             return entries
         }
 
-        mutating func makeAccount(_ name: String) throws(Errno) -> LocalInode {
+        mutating func makeAccount(_ name: String, trusting creator: TrustedProgram?) throws(Errno) -> LocalInode {
             if ViewNode.names[name] != nil { throw .fileExists }
             try fields.session.requireOpen()
             guard let uuid = AccountName.uuidBytes(name) else { throw .invalidArgument }
             guard let vault = fields.vault else { throw .ioError }
             if vault.hasAccount(uuid: uuid) || engine.scratch(named: name, in: .top) != nil { throw .fileExists }
             do {
-                try vault.addAccount(uuid: uuid, name: name)
+                let guarded = (try? vault.isGuarded()) == true
+                try vault.addAccount(uuid: uuid, name: name, trusting: guarded ? creator.map { [$0] } ?? [] : [])
             } catch {
                 throw error.errno
             }

@@ -78,7 +78,7 @@ public struct DataDirectory: Hashable, Sendable {
     /// Creates the directory and the stores, holding the directory's claim meanwhile. An
     /// existing empty directory is used (and set to 0700); one that already holds a store,
     /// or that another process holds (a mount), is refused.
-    public func initialize(passphrase: SecureBytes, kdf: KDFParameters) throws(DataDirectoryError) {
+    public func initialize(passphrase: SecureBytes, kdf: KDFParameters, guarded: Bool = false) throws(DataDirectoryError) {
         do {
             let st = try Syscall.stat(path)
             guard st.st_mode & S_IFMT == S_IFDIR else { throw DataDirectoryError.notADirectory(path) }
@@ -104,7 +104,7 @@ public struct DataDirectory: Hashable, Sendable {
             throw .cannotCreate(path, "\(error)")
         }
         do {
-            try Vault.create(at: vaultPath, passphrase: passphrase, parameters: kdf).lock()
+            try Vault.create(at: vaultPath, passphrase: passphrase, parameters: kdf, guarded: guarded).lock()
         } catch {
             throw .cannotCreate(path, error.description)
         }

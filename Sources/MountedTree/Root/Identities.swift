@@ -12,7 +12,8 @@ import FuseLowLevel
 ///     2^47 ..< 2^48        accounts/ only: the views (`ViewNode`): by-server and by-label
 ///                          (2^47, 2^47 + 1), a server's directory (2^47 + 2^40 + serial),
 ///                          an account's link in by-label (2^47 + 2^44 + account serial)
-///                          and in by-server (2^47 + 2^45 + account serial)
+///                          and in by-server (2^47 + 2^45 + account serial); an
+///                          account's `trusted` file (2^47 + 2^46 + account serial)
 ///     2^48 ..< 2^56        a file of the editing engine (key, field or editor's file):
 ///                          2^48 + serial
 ///

@@ -23,7 +23,7 @@ public final class MtmfsMount: Sendable {
     /// Checks the data directory and mounts. `options` are extra FUSE `-o` options;
     /// `progress` hears about steps that take long (a full check of the cache).
     public init(dataDirectory: DataDirectory, mountPoint: String, options: [String],
-                autoLockSeconds: Int = 900, cacheLimit: Int64? = nil,
+                autoLockSeconds: Int = 900, cacheLimit: Int64? = nil, pinentry: String = "pinentry",
                 progress: @escaping (String) -> Void = { _ in }) throws(MountError) {
         do {
             try dataDirectory.check()
@@ -49,7 +49,9 @@ public final class MtmfsMount: Sendable {
             vaultPath: dataDirectory.vaultPath, ownership: ownership, notifier: notifier,
             active: ActiveAccountLink(get: { settings.stringValue(forKey: activeKey) },
                                       set: { (value) throws(Errno) in try settings.setString(value, forKey: activeKey) }),
-            autoLockSeconds: autoLockSeconds)
+            autoLockSeconds: autoLockSeconds,
+            prompts: PromptSettings(program: pinentry, environment: PromptSettings.pinentryEnvironment(from: Self.environment()),
+                                    mountPoint: mountPoint))
         let cache = CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership, notifier: notifier, limit: cacheLimit,
                               progress: progress)
         let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts, cache: cache)
@@ -65,6 +67,22 @@ public final class MtmfsMount: Sendable {
                 try accounts.unlock(passphrase: passphrase)
             }),
             ControlTree.File(name: "lock", mode: 0o200, command: { _ in accounts.lock(reason: "lock requested") }),
+            // "on" or "off", a newline, the passphrase.
+            ControlTree.File(name: "guard", mode: 0o200, command: { (bytes) throws(Errno) in
+                try Self.withCommand(bytes) { (words, passphrase) throws(Errno) in
+                    guard words.count == 1, words[0] == "on" || words[0] == "off" else { throw .invalidArgument }
+                    try accounts.setGuarding(words[0] == "on", passphrase: passphrase)
+                }
+            }),
+            // "trust ACCOUNT PATH…" or "untrust ACCOUNT PATH…" (tab-separated), a newline, the passphrase.
+            ControlTree.File(name: "trust", mode: 0o200, command: { (bytes) throws(Errno) in
+                try Self.withCommand(bytes) { (words, passphrase) throws(Errno) in
+                    guard words.count >= 3, words[0] == "trust" || words[0] == "untrust" else { throw .invalidArgument }
+                    try accounts.changeTrust(adding: words[0] == "trust", accountName: words[1], programs: Array(words[2...]),
+                                             passphrase: passphrase)
+                }
+            }),
+            ControlTree.File(name: "access", mode: 0o400, contents: { accounts.access.recentDecisions() }),
             ControlTree.File(name: "find", mode: 0o600, query: { (bytes) throws(Errno) in try accounts.find(bytes) }),
         ], ownership: ownership)
         accounts.catchLockSignal()
@@ -93,6 +111,33 @@ public final class MtmfsMount: Sendable {
 
     /// Ends the mount as SIGTERM would.
     public func stop() { fuse.exit() }
+
+    /// A command written with its passphrase: "WORD\tWORD…\nPASSPHRASE[\n]". The passphrase
+    /// goes straight from libfuse's buffer into secure memory, and the buffer is zeroed.
+    static func withCommand(_ bytes: UnsafeRawBufferPointer,
+                            _ body: ([String], SecureBytes) throws(Errno) -> Void) throws(Errno) {
+        defer { SecureBytes.zero(UnsafeMutableRawPointer(mutating: bytes.baseAddress!), bytes.count) }
+        guard let newline = bytes.firstIndex(of: 0x0A) else { throw .invalidArgument }
+        let words = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[0..<newline]), as: UTF8.self)
+            .split(separator: "\t").map(String.init)
+        let rest = UnsafeRawBufferPointer(rebasing: bytes[(newline + 1)...])
+        let length = OneNewline.valueEnd(rest)
+        guard length > 0 else { throw .invalidArgument }
+        let passphrase = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: rest[0..<length]))
+        defer { passphrase.wipe() }
+        try body(words, passphrase)
+    }
+
+    /// The daemon's environment, as "NAME=value" strings.
+    static func environment() -> [String] {
+        var out: [String] = []
+        var pointer = environ
+        while let entry = pointer.pointee {
+            out.append(String(cString: entry))
+            pointer += 1
+        }
+        return out
+    }
 
     /// libfuse option values escape commas and backslashes with a backslash.
     static func escapeOption(_ value: String) -> String {

@@ -130,6 +130,11 @@ public final class RootTree: FileSystem {
         return try owner(of: inode).open(inode, flags: flags, context: context)
     }
 
+    public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile? {
+        if inode == Self.rootInode { throw .isDirectory }
+        return try owner(of: inode).open(inode, flags: flags, context: context, request: request)
+    }
+
     public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
                        context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
         if parent == Self.rootInode { throw .permissionDenied }

@@ -1,0 +1,350 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+import FuseLowLevel
+import Posix
+
+/// `accounts/<UUID>/trusted`: the account's trusted programs, one a line ("SHA256 PATH"),
+/// read-only. Local inodes 2^47 + 2^46 + account serial (layout in `Identities.swift`).
+///
+/// Thread-safety: a value.
+struct TrustedListNode: Hashable {
+    let account: AccountID
+
+    static let name = "trusted"
+    private static let bit: UInt64 = LocalInode.viewBit + (1 << 46)
+
+    init(account: AccountID) { self.account = account }
+
+    init?(_ local: LocalInode) {
+        guard local.raw >= Self.bit, local.raw < LocalInode.viewBit << 1 else { return nil }
+        account = AccountID(serial: local.raw - Self.bit)
+    }
+
+    var local: LocalInode { LocalInode(Self.bit + account.serial) }
+}
+
+/// Guarding (SPEC §3a): with it on, opening an account's `password`, writing any of its
+/// fields or files, and removing it need the requesting program to be trusted with the
+/// account — or allowed by a person at a prompt, which an OPEN waits for (postponed: the
+/// worker thread serves other requests meanwhile).
+extension AccountsTree {
+    /// Who asks, when the vault is guarded (nil: not guarded, nothing to look up).
+    /// Read before the tree's lock is taken: /proc and a program's hash take time.
+    func requester(_ context: RequestContext) -> Requester? {
+        guarded.load(ordering: .acquiring) ? access.inspector.inspect(thread: context.pid) : nil
+    }
+
+    /// Keeps `guarded` equal to the vault's flag (after an unlock, a lock, a change).
+    func noteGuarding(_ s: State) {
+        let on = s.fields.session.isUnlocked && ((try? s.fields.vault?.isGuarded()) ?? false) == true
+        guarded.store(on, ordering: .releasing)
+        if s.fields.session.isUnlocked { lastKnownGuarding.store(on ? 2 : 1, ordering: .relaxed) }
+    }
+
+    // MARK: Opening
+
+    /// An open of a field that guarding covers: decided now (trusted, allowed once for
+    /// this run, refused outright) or by a person (postponed until the prompt's answer).
+    func guardedOpen(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile? {
+        guard guarded.load(ordering: .acquiring) else { return try open(inode, flags: flags, context: context, guarded: false) }
+        let writer = flags & O_ACCMODE != O_RDONLY
+        let question = try locked { (s) throws(Errno) -> (AccessGuard.Access, [TrustedProgram])? in
+            try s.fields.session.requireOpen()
+            return try s.guardedAccess(space.local(of: inode), writing: writer)
+        }
+        guard let (access, trusted) = question else { return try open(inode, flags: flags, context: context, guarded: false) }
+        // Who asks is read outside the lock (/proc, and a program's hash the first time).
+        let requester = self.access.inspector.inspect(thread: context.pid)
+        switch self.access.verdict(requester, access, trusted: trusted) {
+        case .allowed(let why):
+            self.access.record(allowed: true, why, requester, access)
+            return try open(inode, flags: flags, context: context, guarded: true)
+        case .denied(let why):
+            self.access.record(allowed: false, why, requester, access)
+            throw .permissionDenied
+        case .ask:
+            if let why = self.access.cannotAsk(requester) {
+                self.access.record(allowed: false, why, requester, access)
+                throw .permissionDenied
+            }
+            guard request.canPostpone else {
+                self.access.record(allowed: false, "not trusted", requester, access)
+                throw .permissionDenied
+            }
+            let pending = request.postpone()
+            ask(requester, access, pending: pending) { [weak self] () throws(Errno) -> OpenedFile in
+                guard let self else { throw .ioError }
+                return try self.open(inode, flags: flags, context: context, guarded: true)
+            }
+            return nil
+        }
+    }
+
+    /// Asks a person on a thread of its own (one prompt per program and account at a time;
+    /// a second request of the same pair waits for the first one's end, then is decided
+    /// again), then answers the postponed OPEN.
+    func ask(_ requester: Requester, _ access: AccessGuard.Access, pending: PendingOpen,
+             open: @escaping @Sendable () throws(Errno) -> OpenedFile) {
+        let guardian = self.access
+        let key = AccessGuard.PromptKey(sha256: requester.program?.sha256 ?? [], account: access.account)
+        let retry: @Sendable () -> Void = { [weak self] in
+            guard let self, !pending.isInterrupted else { return pending.fail(.interrupted) }
+            // Decided again: the prompt that ended may have trusted this program.
+            let trusted = (try? self.locked { (s) throws(Errno) in try s.trustedPrograms(access.account) }) ?? []
+            switch guardian.verdict(requester, access, trusted: trusted) {
+            case .allowed(let why):
+                guardian.record(allowed: true, why, requester, access)
+                Self.answer(pending, with: open)
+            case .denied(let why):
+                guardian.record(allowed: false, why, requester, access)
+                pending.fail(.permissionDenied)
+            case .ask:
+                self.ask(requester, access, pending: pending, open: open)
+            }
+        }
+        guard guardian.startPrompt(key, orWait: { _ = Threads.detach(retry) }) else { return }
+        let started = Threads.detach { [weak self] in
+            defer { guardian.endPrompt(key) }
+            let dialog = PinentryDialog()
+            pending.onInterrupt { dialog.cancel() }
+            let text = guardian.promptText(requester, access)
+            let answer = dialog.ask(program: guardian.settings.program, terminal: requester.terminal,
+                                    environment: guardian.settings.environment, title: text.title,
+                                    description: text.description, timeout: guardian.settings.timeout)
+            guard let self else { return pending.fail(.ioError) }
+            switch answer {
+            case .allowOnce:
+                guardian.allowOnce(requester, account: access.account)
+                guardian.record(allowed: true, "allowed once at the prompt", requester, access)
+                Self.answer(pending, with: open)
+            case .alwaysAllow:
+                do throws(Errno) {
+                    guard let program = requester.program else { throw .permissionDenied }
+                    try self.trust(program, account: access.account)
+                    guardian.record(allowed: true, "always allowed at the prompt: now trusted", requester, access)
+                    Self.answer(pending, with: open)
+                } catch {
+                    guardian.record(allowed: false, "always allowed at the prompt, but the vault could not record it (\(error))",
+                                    requester, access)
+                    pending.fail(.permissionDenied)
+                }
+            case .deny:
+                guardian.record(allowed: false, "denied at the prompt", requester, access)
+                pending.fail(.permissionDenied)
+            case .timedOut:
+                guardian.record(allowed: false, "no answer within \(Int(guardian.settings.timeout)) s", requester, access)
+                pending.fail(.permissionDenied)
+            case .interrupted:
+                guardian.record(allowed: false, "the requester was interrupted while asked", requester, access)
+                pending.fail(.interrupted)
+            case .failed(let why):
+                guardian.record(allowed: false, "could not ask: \(why)", requester, access)
+                pending.fail(.permissionDenied)
+            }
+        }
+        if !started {
+            guardian.endPrompt(key)
+            guardian.record(allowed: false, "could not ask: no thread for the prompt", requester, access)
+            pending.fail(.permissionDenied)
+        }
+    }
+
+    private static func answer(_ pending: PendingOpen, with open: () throws(Errno) -> OpenedFile) {
+        do {
+            pending.reply(try open())
+        } catch {
+            pending.fail(error)
+        }
+    }
+
+    /// Adds a program to an account's trusted list ("Always allow").
+    func trust(_ program: TrustedProgram, account uuid: [UInt8]) throws(Errno) {
+        try locked { (s) throws(Errno) in
+            try s.fields.session.requireOpen()
+            guard let vault = s.fields.vault else { throw .ioError }
+            do throws(VaultError) {
+                var list = try vault.trustedPrograms(of: uuid)
+                list.removeAll { $0.sha256 == program.sha256 }
+                list.append(program)
+                try vault.setTrustedPrograms(list, of: uuid)
+            } catch {
+                throw error.errno
+            }
+        }
+    }
+
+    // MARK: Other requests
+
+    /// For a request that changes an account (a write, an editor's file, a rename, an
+    /// unlink, a truncation, a removal) without a prompt: trusted, or allowed once for this
+    /// run, or EACCES.
+    func requireTrust(_ s: inout State, directory: LocalInode, _ requester: Requester?, what: String) throws(Errno) {
+        guard let requester, s.fields.session.isOpen, let vault = s.fields.vault,
+              (try? vault.isGuarded()) == true, let id = s.fields.account(at: directory),
+              let uuid = s.fields.uuid(of: id) else { return }
+        let access = s.accessDescription(uuid, what: what, writing: true)
+        let trusted = (try? vault.trustedPrograms(of: uuid)) ?? []
+        switch self.access.verdict(requester, access, trusted: trusted) {
+        case .allowed(let why):
+            self.access.record(allowed: true, why, requester, access)
+        case .denied(let why):
+            self.access.record(allowed: false, why, requester, access)
+            throw .permissionDenied
+        case .ask:
+            self.access.record(allowed: false, "not trusted (only an open asks: open the password or a field for writing first)",
+                               requester, access)
+            throw .permissionDenied
+        }
+    }
+
+    // MARK: The trusted list file
+
+    func openTrustedList(_ node: TrustedListNode, flags: Int32) throws(Errno) -> OpenedFile {
+        guard flags & O_ACCMODE == O_RDONLY else { throw .permissionDenied }
+        let (handle, text) = try locked { (s) throws(Errno) -> (FileHandle, [UInt8]) in
+            try s.fields.session.requireOpen()
+            guard let uuid = s.fields.uuid(of: node.account) else { throw .noSuchFileOrDirectory }
+            let list = try s.trustedPrograms(uuid)
+            return (s.fields.session.newHandle(), Array(list.map { "\($0.hexDigest) \($0.path)\n" }.joined().utf8))
+        }
+        trustedLists.withLock { $0[handle.raw] = text }
+        return OpenedFile(handle: handle.raw, directIO: true, noFlush: true)
+    }
+
+    func readTrustedList(handle: UInt64, offset: UInt64, size: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        try trustedLists.withLock { (lists) throws(Errno) in
+            guard let text = lists[handle] else { throw .badFileDescriptor }
+            guard offset < UInt64(text.count) else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
+            let start = Int(offset)
+            text[start..<min(text.count, start + size)].withUnsafeBytes { reply($0) }
+        }
+    }
+
+    // MARK: Commands (.mtmfs/guard, .mtmfs/trust)
+
+    /// Turns guarding on or off; needs the passphrase (checked outside the tree's lock:
+    /// a key derivation takes a second). Locked: EACCES (unlock first).
+    public func setGuarding(_ on: Bool, passphrase: SecureBytes) throws(Errno) {
+        try checkPassphrase(passphrase)
+        let files = try locked { (s) throws(Errno) -> [LocalInode] in
+            try s.fields.session.requireOpen()
+            guard let vault = s.fields.vault else { throw .ioError }
+            do throws(VaultError) { try vault.setGuarded(on) } catch { throw error.errno }
+            noteGuarding(s)
+            Log.info("guarding turned \(on ? "on" : "off")")
+            return Array(s.engine.files.keys)
+        }
+        // Pages a reader kept of a password from before go: guarded reads bypass the cache.
+        pageCache.changed()
+        for local in files { notifier.invalidateInode(space.inode(local)) }
+    }
+
+    /// Adds (`trust`) or removes programs of an account's trusted list; needs the
+    /// passphrase. `programs` are paths the daemon reads and hashes itself; removing
+    /// matches a path or a hash (a program replaced since is still found by its path).
+    public func changeTrust(adding: Bool, accountName: String, programs: [String], passphrase: SecureBytes) throws(Errno) {
+        var found: [TrustedProgram] = []
+        for path in programs {
+            guard path.hasPrefix("/") else { throw .invalidArgument }
+            let fd: Int32
+            do {
+                fd = try Syscall.open(path, O_RDONLY)
+            } catch {
+                // A program gone is still taken off by its path.
+                guard !adding else { throw error }
+                found.append(TrustedProgram(sha256: [], path: path))
+                continue
+            }
+            defer { Syscall.close(fd) }
+            var st = stat()
+            guard fstat(fd, &st) == 0, st.st_mode & S_IFMT == S_IFREG else { throw .invalidArgument }
+            found.append(TrustedProgram(sha256: try ProgramDigest.sha256(of: fd), path: path))
+        }
+        try checkPassphrase(passphrase)
+        try locked { (s) throws(Errno) in
+            try s.fields.session.requireOpen()
+            guard let vault = s.fields.vault, let account = vault.account(named: accountName) else { throw .noSuchFileOrDirectory }
+            do throws(VaultError) {
+                var list = try vault.trustedPrograms(of: account.uuid)
+                for program in found {
+                    if adding {
+                        list.removeAll { $0.sha256 == program.sha256 }
+                        list.append(program)
+                    } else {
+                        list.removeAll { $0.sha256 == program.sha256 || $0.path == program.path }
+                    }
+                }
+                try vault.setTrustedPrograms(list, of: account.uuid)
+            } catch {
+                throw error.errno
+            }
+            Log.info("trusted programs of account \(accountName): \(found.count) \(adding ? "added" : "removed") (passphrase given)")
+        }
+    }
+
+    /// EACCES unless `passphrase` is the vault's (the derivation runs outside the lock).
+    func checkPassphrase(_ passphrase: SecureBytes) throws(Errno) {
+        defer { SecureBytes.burnStack() }
+        let vault = try locked { (s) throws(Errno) -> Vault in
+            try s.fields.session.requireOpen()
+            guard let vault = s.fields.vault else { throw .ioError }
+            return vault
+        }
+        let kek: SecureBytes
+        do { kek = try vault.passphraseKey(passphrase) } catch { throw error.errno }
+        try locked { (s) throws(Errno) in
+            guard s.fields.vault === vault else {
+                kek.wipe()
+                throw .tryAgain
+            }
+            do throws(VaultError) { try vault.checkPassphraseKey(kek) } catch {
+                Log.warning("a guarding or trust change refused: wrong passphrase")
+                throw error.errno
+            }
+        }
+    }
+}
+
+extension AccountsTree.State {
+    /// What opening `local` would touch, when guarding covers it: the password (read or
+    /// written), any field written, any editor's file of an account. Nil: not covered
+    /// (guarding off, another field read, not an account's file).
+    func guardedAccess(_ local: LocalInode, writing: Bool) throws(Errno) -> (AccessGuard.Access, [TrustedProgram])? {
+        guard let vault = fields.vault, (try? vault.isGuarded()) == true, local.isFile, let file = engine.files[local] else {
+            return nil
+        }
+        let what: String
+        let directory: LocalInode?
+        if let key = file.key {
+            guard writing || key.field == .password else { return nil }
+            what = AccountFields.names[key.index]
+            directory = key.account.directory
+        } else {
+            // An editor's file: a backup may hold an old password, a swap file a new one.
+            what = "files"
+            if case .scratch(let parent, _) = file.role {
+                directory = parent
+            } else {
+                directory = (file.intendedKey ?? file.detachedFrom)?.account.directory
+            }
+        }
+        guard let directory, let id = fields.account(at: directory), let uuid = fields.uuid(of: id) else { return nil }
+        return (accessDescription(uuid, what: what, writing: writing), try trustedPrograms(uuid))
+    }
+
+    func accessDescription(_ uuid: [UInt8], what: String, writing: Bool) -> AccessGuard.Access {
+        let name = fields.vault?.name(of: uuid) ?? "?"
+        var label = ""
+        if let value = try? fields.vault?.storedField(.label, of: uuid) {
+            label = value.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+        }
+        return AccessGuard.Access(account: uuid, accountName: name, what: what, writing: writing, label: label)
+    }
+
+    func trustedPrograms(_ uuid: [UInt8]) throws(Errno) -> [TrustedProgram] {
+        guard let vault = fields.vault else { throw .ioError }
+        do { return try vault.trustedPrograms(of: uuid) } catch { throw error.errno }
+    }
+}

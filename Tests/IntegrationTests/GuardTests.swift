@@ -1,0 +1,376 @@
+import Foundation
+import Posix
+import TestSupport
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A guarded vault mounted by a normal user (nobody: a root requester can write every file
+/// and would be refused as running writable code), in a mount namespace of the test's own
+/// where /dev/fuse is a 0666 copy (this machine's is 0600; nothing outside sees either).
+/// Requesters run as nobody inside that namespace (`nsenter`), so the daemon sees real
+/// programs; prompts go to a pinentry of the test's own that answers from a file and
+/// records what it was asked.
+final class GuardedMount {
+    static let uuid = "6BA7B810-9DAD-11D1-80B4-00C04FD430C8"
+    static let other = "F47AC10B-58CC-4372-A567-0E02B2C3D479"
+    static let asNobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+    let scratch = Scratch("guard")
+    var data: String { scratch.sub("data") }
+    var mountPoint: String { scratch.sub("mnt") }
+    /// Writable by nobody: copies of programs, the pinentry's record.
+    var writable: String { scratch.sub("w") }
+    var asked: String { writable + "/asked" }
+    var answerFile: String { scratch.sub("answer") }
+    var log: String { scratch.sub("daemon.log") }
+    private(set) var daemon: pid_t = 0
+    let pinentry: String
+    let display: Bool
+
+    /// `pinentry`: nil for the test's own; `display`: whether the daemon has a DISPLAY
+    /// (the requesters here have no terminal, so without one nothing can be asked).
+    init(pinentry: String? = nil, display: Bool = true, guarded: Bool = true) throws {
+        self.pinentry = pinentry ?? scratch.sub("pinentry")
+        self.display = display
+        for directory in [data, mountPoint, writable] {
+            mkdir(directory, 0o700)
+            chown(directory, 65534, 65534)
+        }
+        try Self.pinentryScript(answers: answerFile, record: asked).write(toFile: scratch.sub("pinentry"), atomically: true, encoding: .utf8)
+        chmod(scratch.sub("pinentry"), 0o755)
+        try (Run.passphrase + "\n").write(toFile: scratch.sub("pass"), atomically: true, encoding: .utf8)
+        try "wrong\n".write(toFile: scratch.sub("wrong"), atomically: true, encoding: .utf8)
+        chmod(scratch.sub("pass"), 0o644)
+        chmod(scratch.sub("wrong"), 0o644)
+        answer("cancel")
+        let made = Run.program("setpriv", Array(Self.asNobody.dropFirst()) + ["env", "HOME=\(scratch.path)", Run.mtmfs, "init",
+                               "--kdf", "interactive", "--data-dir", data, "--passphrase-file", scratch.sub("pass")]
+                               + (guarded ? ["--guard"] : []))
+        try #require(made.status == 0, "init: \(made)")
+        try mount()
+        try #require(mtmfs("unlock", "--passphrase-file", scratch.sub("pass"), mountPoint).status == 0)
+    }
+
+    /// Mounts (again) in a new namespace; the daemon runs in the foreground as nobody.
+    func mount() throws {
+        let device = scratch.sub("fuse")
+        let environment = "HOME=\(scratch.path)" + (display ? " DISPLAY=:mtmfs-test" : "")
+        let script = """
+            [ -e \(device) ] || { mknod \(device) c 10 229 && chmod 0666 \(device); } &&
+            mount --bind \(device) /dev/fuse &&
+            exec \(Self.asNobody.joined(separator: " ")) env -u DISPLAY -u WAYLAND_DISPLAY \(environment) \
+            \(Run.mtmfs) mount -f --data-dir \(data) --pinentry \(pinentry) \(mountPoint)
+            """
+        daemon = Run.start("unshare", ["-m", "--propagation", "private", "/bin/sh", "-c", script], stderr: log)
+        try #require(daemon > 0)
+        let mounted = Poll.until(seconds: 20) {
+            ((try? String(contentsOfFile: "/proc/\(daemon)/mounts", encoding: .utf8)) ?? "").contains(" \(mountPoint) fuse.mtmfs ")
+        }
+        try #require(mounted, "the mount did not come up: \((try? String(contentsOfFile: log, encoding: .utf8)) ?? "")")
+    }
+
+    func unmount() {
+        guard daemon > 0 else { return }
+        Run.program("nsenter", ["-t", "\(daemon)", "-m", "fusermount3", "-u", mountPoint], timeout: 20)
+        if Run.wait(daemon, timeout: 20) != 0 { kill(daemon, SIGKILL) }
+        daemon = 0
+    }
+
+    func close() {
+        unmount()
+        scratch.remove()
+    }
+
+    /// Runs a program as nobody inside the mount's namespace.
+    @discardableResult
+    func run(_ program: String, _ arguments: [String], environment: [String] = [], timeout: Double = 120) -> CommandResult {
+        Run.program("nsenter", ["-t", "\(daemon)", "-m"] + Self.asNobody + ["env", "-u", "DISPLAY", "HOME=\(scratch.path)"]
+                    + environment + [program] + arguments, timeout: timeout)
+    }
+
+    @discardableResult
+    func shell(_ line: String) -> CommandResult { run("/bin/sh", ["-c", line]) }
+
+    /// Starts a program as nobody inside the namespace, in the background; its pid (that of
+    /// the program itself: nsenter, setpriv and env each exec the next).
+    func start(_ program: String, _ arguments: [String]) -> pid_t {
+        Run.start("nsenter", ["-t", "\(daemon)", "-m"] + Self.asNobody + ["env", "-u", "DISPLAY", program] + arguments)
+    }
+
+    @discardableResult
+    func mtmfs(_ arguments: String...) -> CommandResult { run(Run.mtmfs, arguments) }
+
+    func path(_ relative: String) -> String { mountPoint + "/" + relative }
+    var password: String { path("accounts/\(Self.uuid)/password") }
+
+    /// What the test's pinentry answers next: ok (Allow once), notok (Always allow), cancel
+    /// (Deny), hang (never).
+    func answer(_ word: String) {
+        try? (word + "\n").write(toFile: answerFile, atomically: true, encoding: .utf8)
+        chmod(answerFile, 0o644)
+    }
+
+    /// How many questions (CONFIRM) the pinentry was asked, and all it was told.
+    var prompts: Int { record.components(separatedBy: "CONFIRM").count - 1 }
+    var record: String { (try? String(contentsOfFile: asked, encoding: .utf8)) ?? "" }
+    var decisions: String { run("/bin/cat", [path(".mtmfs/access")]).stdout }
+    var daemonLog: String { (try? String(contentsOfFile: log, encoding: .utf8)) ?? "" }
+
+    /// The account with a password, made by mkdir (trusted with it from the start) and
+    /// written by dd, allowed once at a prompt.
+    func makeAccount(_ name: String = GuardedMount.uuid, password value: String = "hunter2") throws {
+        try #require(run("/usr/bin/mkdir", [path("accounts/\(name)")]).status == 0)
+        answer("ok")
+        let written = shell("printf '%s\\n' '\(value)' | dd of=\(path("accounts/\(name)/password")) status=none")
+        try #require(written.status == 0, "\(written)")
+        try #require(shell("echo 'mail for \(name)' > \(path("accounts/\(name)/label"))").status == 0)
+        answer("cancel")
+    }
+
+    /// GnuPG's pinentry protocol, answering CONFIRM from `answers`, recording every line.
+    static func pinentryScript(answers: String, record: String) -> String {
+        """
+        #!/bin/sh
+        answer=$(cat \(answers) 2>/dev/null || echo cancel)
+        echo "OK Pleased to meet you"
+        while IFS= read -r line; do
+          printf '%s\\n' "$line" >> \(record)
+          case "$line" in
+            CONFIRM*)
+              case "$answer" in
+                ok) echo OK ;;
+                notok) echo "ERR 83886194 Not confirmed <Pinentry>" ;;
+                hang) exec sleep 1000 ;;
+                *) echo "ERR 83886179 Operation cancelled <Pinentry>" ;;
+              esac ;;
+            BYE*) echo OK; exit 0 ;;
+            *) echo OK ;;
+          esac
+        done
+        """
+    }
+}
+
+@Suite(.serialized, .enabled(if: FuseAvailability.isAvailable))
+struct GuardTests {
+    /// Deny, allow once (asked again next time), always allow (no prompt next time, survives
+    /// a remount, for that account only); what the prompt says; the decisions recorded
+    /// without a value; the trusted list sealed, not in clear in the data directory.
+    @Test func thePromptsAnswersAreHonoured() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        try mount.makeAccount(GuardedMount.other, password: "other-secret")
+        let head = ["-c", "100"]
+
+        mount.answer("cancel")
+        let denied = mount.run("/usr/bin/head", head + [mount.password])
+        #expect(denied.status == 1 && denied.stderr.contains("Permission denied"), "\(denied)")
+        let asked = mount.prompts
+        #expect(asked >= 1)
+        #expect(mount.record.contains("SETDESC") && mount.record.contains("/usr/bin/head"), "\(mount.record)")
+        #expect(mount.record.contains("SETOK Allow") && mount.record.contains("SETNOTOK") && mount.record.contains("SETCANCEL"))
+        #expect(mount.record.contains("Run by:"), "the prompt names what ran the requester: \(mount.record)")
+
+        mount.answer("ok")
+        #expect(mount.run("/usr/bin/head", head + [mount.password]).stdout == "hunter2\n")
+        mount.answer("cancel")
+        #expect(mount.run("/usr/bin/head", head + [mount.password]).status == 1, "allowed once: asked again, denied")
+        #expect(mount.prompts == asked + 2)
+
+        mount.answer("notok")
+        #expect(mount.run("/usr/bin/head", head + [mount.password]).stdout == "hunter2\n")
+        mount.answer("cancel")
+        let before = mount.prompts
+        #expect(mount.run("/usr/bin/head", head + [mount.password]).stdout == "hunter2\n", "always: no prompt")
+        #expect(mount.prompts == before)
+        let trusted = mount.run("/bin/cat", [mount.path("accounts/\(GuardedMount.uuid)/trusted")]).stdout
+        #expect(trusted.contains(" /usr/bin/head\n") && trusted.contains(" /usr/bin/mkdir\n"), "\(trusted)")
+        // Per account: the other one asks (and is denied).
+        #expect(mount.run("/usr/bin/head", head + [mount.path("accounts/\(GuardedMount.other)/password")]).status == 1)
+        #expect(mount.prompts == before + 1)
+
+        // The record: every decision, no value.
+        let decisions = mount.decisions
+        #expect(decisions.contains("denied (denied at the prompt) account=\(GuardedMount.uuid) field=password"), "\(decisions)")
+        #expect(decisions.contains("allowed (allowed once at the prompt)"))
+        #expect(decisions.contains("allowed (trusted)") && decisions.contains("program=/usr/bin/head"))
+        for value in ["hunter2", "other-secret"] {
+            #expect(!decisions.contains(value))
+            #expect(!mount.daemonLog.contains(value))
+        }
+        // Not in clear in the data directory: no path, no hash.
+        let hash = String(trusted.prefix(64))
+        #expect(Run.shell("grep -rlaF -e /usr/bin/head -e \(hash) \(mount.data)").stdout.isEmpty)
+
+        // Survives a remount (and the passphrase).
+        mount.unmount()
+        try mount.mount()
+        #expect(mount.mtmfs("unlock", "--passphrase-file", mount.scratch.sub("pass"), mount.mountPoint).status == 0)
+        let again = mount.prompts
+        #expect(mount.run("/usr/bin/head", head + [mount.password]).stdout == "hunter2\n")
+        #expect(mount.prompts == again)
+        let status = mount.mtmfs("status", mount.mountPoint).stdout
+        #expect(status.contains("guard: on"), "\(status)")
+    }
+
+    /// trust/untrust need the passphrase (a wrong one exits 1 and changes nothing); guard
+    /// off makes every program read as in §3, on again guards.
+    @Test func trustUntrustAndGuardNeedThePassphrase() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        let account = mount.path("accounts/\(GuardedMount.uuid)")
+        let list = { mount.run("/bin/cat", [account + "/trusted"]).stdout }
+        let wrong = mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("wrong"), account, "cat")
+        #expect(wrong.status == 1 && wrong.stderr.contains("wrong passphrase"), "\(wrong)")
+        #expect(!list().contains("/usr/bin/cat"))
+        // Through a view's link, by name in PATH.
+        #expect(mount.run("/bin/ls", [mount.path("accounts/by-label/")]).stdout.contains("mail for"))
+        let trusted = mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"), account, "cat")
+        #expect(trusted.status == 0, "\(trusted)")
+        #expect(list().contains(" /usr/bin/cat\n"))
+        let before = mount.prompts
+        #expect(mount.run("/bin/cat", [mount.password]).stdout == "hunter2\n")
+        #expect(mount.prompts == before)
+
+        #expect(mount.mtmfs("untrust", "--passphrase-file", mount.scratch.sub("wrong"), account, "cat").status == 1)
+        #expect(list().contains(" /usr/bin/cat\n"))
+        #expect(mount.mtmfs("untrust", "--passphrase-file", mount.scratch.sub("pass"), account, "/bin/cat").status == 0)
+        #expect(!list().contains("/usr/bin/cat"))
+        #expect(mount.run("/bin/cat", [mount.password]).status == 1)
+
+        #expect(mount.mtmfs("guard", "off", "--passphrase-file", mount.scratch.sub("wrong"), mount.mountPoint).status == 1)
+        #expect(mount.run("/bin/cat", [mount.password]).status == 1, "a wrong passphrase leaves guarding on")
+        #expect(mount.mtmfs("guard", "off", "--passphrase-file", mount.scratch.sub("pass"), mount.mountPoint).status == 0)
+        let asked = mount.prompts
+        #expect(mount.run("/bin/cat", [mount.password]).stdout == "hunter2\n", "guard off: as §3")
+        #expect(mount.shell("echo other > \(account)/server").status == 0)
+        #expect(mount.prompts == asked)
+        // On again, even locked: the command unlocks with the passphrase first.
+        #expect(mount.mtmfs("lock", mount.mountPoint).status == 0)
+        #expect(mount.mtmfs("guard", "on", "--passphrase-file", mount.scratch.sub("pass"), mount.mountPoint).status == 0)
+        #expect(mount.run("/bin/cat", [mount.password]).status == 1)
+    }
+
+    /// Refused without asking: a traced trusted program, a user-writable copy of a trusted
+    /// binary, a trusted binary with a user-writable LD_PRELOAD library.
+    @Test func suspiciousRequestersAreRefusedWithoutAsking() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"),
+                            mount.path("accounts/\(GuardedMount.uuid)"), "cat").status == 0)
+        #expect(mount.run("/bin/cat", [mount.password]).stdout == "hunter2\n")
+        mount.answer("ok")  // were anyone asked, they would allow: nobody may be
+        let asked = mount.prompts
+
+        let traced = mount.run("/usr/bin/strace", ["-f", "-o", "/dev/null", "/bin/cat", mount.password])
+        #expect(traced.status == 1 && !traced.stdout.contains("hunter2"), "\(traced)")
+        let copy = mount.writable + "/cat"
+        #expect(mount.run("/bin/cp", ["/bin/cat", copy]).status == 0)
+        let copied = mount.run(copy, [mount.password])
+        #expect(copied.status == 1 && !copied.stdout.contains("hunter2"), "\(copied)")
+        let library = mount.writable + "/libm.so.6"
+        let libm = Run.shell("ls /lib/*/libm.so.6 /usr/lib/*/libm.so.6 2>/dev/null | head -1").stdout
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(mount.run("/bin/cp", [libm, library]).status == 0)
+        let preloaded = mount.run("/bin/cat", [mount.password], environment: ["LD_PRELOAD=\(library)"])
+        #expect(preloaded.status == 1 && !preloaded.stdout.contains("hunter2"), "\(preloaded)")
+        #expect(mount.prompts == asked, "nobody was asked")
+
+        let decisions = mount.decisions
+        #expect(decisions.contains("being traced by pid"), "\(decisions)")
+        #expect(decisions.contains("it runs code from \(copy), which its user"), "\(decisions)")
+        #expect(decisions.contains("it runs code from \(library), which its user"), "\(decisions)")
+        // The genuine one still reads.
+        #expect(mount.run("/bin/cat", [mount.password]).stdout == "hunter2\n")
+    }
+
+    /// An untrusted program reads the other fields without a prompt, and cannot change
+    /// `password` or `server`, remove a field or the account.
+    @Test func untrustedWritersAreRefusedAndOtherFieldsStayReadable() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        let account = mount.path("accounts/\(GuardedMount.uuid)")
+        mount.answer("cancel")
+        let asked = mount.prompts
+        #expect(mount.run("/usr/bin/head", ["-c", "100", account + "/label"]).stdout == "mail for \(GuardedMount.uuid)\n")
+        #expect(mount.run("/usr/bin/head", ["-c", "100", account + "/url"]).status == 0)
+        #expect(mount.prompts == asked, "no prompt for other fields")
+        #expect(mount.shell("echo evil.example.org > \(account)/server").status != 0)
+        #expect(mount.shell("echo stolen > \(account)/password").status != 0)
+        #expect(mount.run("/usr/bin/truncate", ["-s", "0", account + "/password"]).status != 0)
+        #expect(mount.run("/bin/rm", ["-f", account + "/comment"]).status != 0)
+        #expect(mount.run("/bin/rm", ["-rf", account]).status != 0)
+        #expect(mount.run("/bin/sed", ["-i", "s/hunter2/stolen/", account + "/password"]).status != 0)
+        mount.answer("notok")
+        #expect(mount.run("/bin/cat", [account + "/password"]).stdout == "hunter2\n", "unchanged")
+        #expect(mount.run("/bin/cat", [account + "/server"]).stdout == "\n")
+        #expect(mount.run("/bin/ls", [account]).stdout.contains("trusted"), "listed while guarding is on")
+        // The list is read-only: written, renamed over or removed by a program not trusted with the account: EACCES.
+        let list = mount.run("/bin/cat", [account + "/trusted"]).stdout
+        #expect(mount.shell("echo x > \(account)/trusted").status != 0)
+        #expect(mount.run("/bin/rm", ["-f", account + "/trusted"]).status != 0)
+        #expect(mount.run("/bin/cat", [account + "/trusted"]).stdout == list)
+        // A program trusted with the account removes it, `trusted` and all.
+        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"), account, "rm").status == 0)
+        let removed = mount.run("/bin/rm", ["-r", account])
+        #expect(removed.status == 0, "\(removed)")
+        #expect(!mount.run("/bin/ls", [mount.path("accounts")]).stdout.contains(GuardedMount.uuid))
+    }
+
+    /// A prompt that never answers stalls nothing else, and a SIGINT of its requester ends
+    /// the wait at once (EINTR; the pinentry is killed).
+    @Test func aHangingPromptStallsNothingAndCtrlCEndsIt() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        try mount.makeAccount(GuardedMount.other, password: "other-secret")
+        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"),
+                            mount.path("accounts/\(GuardedMount.other)"), "cat").status == 0)
+        mount.answer("hang")
+        let waiting = mount.start("/usr/bin/head", ["-c", "100", mount.password])
+        defer { kill(waiting, SIGKILL); Run.wait(waiting, timeout: 5) }
+        #expect(Poll.until(seconds: 10) { mount.record.contains("CONFIRM") }, "the prompt is up")
+        for (program, arguments) in [("/bin/ls", [mount.path("accounts")]),
+                                     ("/bin/cat", [mount.path("accounts/\(GuardedMount.other)/password")]),
+                                     ("/bin/cat", [mount.path("accounts/\(GuardedMount.uuid)/label")]),
+                                     ("/bin/ls", [mount.path("settings")]),
+                                     ("/bin/sh", ["-c", "echo x > \(mount.path("cache/file")) && cat \(mount.path("cache/file"))"])] {
+            let started = ContinuousClock.now
+            let result = mount.run(program, arguments, timeout: 10)
+            #expect(result.status == 0, "\(program) \(arguments): \(result)")
+            #expect(started.secondsElapsed < 3, "\(program) waited \(started.secondsElapsed) s")
+        }
+        let interrupted = ContinuousClock.now
+        kill(waiting, SIGINT)
+        let status = Run.wait(waiting, timeout: 10)
+        #expect(status == 128 + SIGINT || status == 1, "head ended by the interrupt: \(status)")
+        #expect(interrupted.secondsElapsed < 3, "the wait ended at once (\(interrupted.secondsElapsed) s)")
+        #expect(Poll.until(seconds: 5) { mount.decisions.contains("interrupted while asked") }, "\(mount.decisions)")
+        #expect(Poll.until(seconds: 5) { Run.shell("pgrep -f '^/bin/sh \(mount.scratch.sub("pinentry"))'").stdout.isEmpty },
+                "the pinentry is gone")
+    }
+
+    /// No pinentry, or no terminal and no display: EACCES at once, and the log says how to
+    /// trust the program.
+    @Test func noWayToAskIsRefusedAtOnce() throws {
+        for (pinentry, display, reason) in [("/nonexistent/pinentry", true, "no pinentry program"),
+                                            (nil, false, "no terminal or display")] {
+            let mount = try GuardedMount(pinentry: pinentry, display: display)
+            defer { mount.close() }
+            #expect(mount.run("/usr/bin/mkdir", [mount.path("accounts/\(GuardedMount.uuid)")]).status == 0)
+            let started = ContinuousClock.now
+            let denied = mount.run("/bin/cat", [mount.password])
+            #expect(denied.status == 1, "\(denied)")
+            #expect(started.secondsElapsed < 3)
+            #expect(mount.decisions.contains(reason), "\(mount.decisions)")
+            #expect(mount.daemonLog.contains("to trust it: mtmfs trust \(mount.path("accounts/\(GuardedMount.uuid)")) /usr/bin/cat"),
+                    "\(mount.daemonLog)")
+        }
+    }
+}
