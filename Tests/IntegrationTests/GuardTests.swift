@@ -255,6 +255,34 @@ struct GuardTests {
         #expect(mount.run("/bin/cat", [mount.password]).status == 1)
     }
 
+    /// A program is known by its content: replaced by another version at the same path, it
+    /// is asked about again; the account's list still names it by path.
+    @Test func aReplacedProgramIsAskedAboutAgain() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        let bin = mount.scratch.sub("bin")  // the test's (root's): nobody cannot write it
+        mkdir(bin, 0o755)
+        let program = bin + "/reader"
+        #expect(Run.shell("cp /usr/bin/head \(program) && chmod 755 \(program)").status == 0)
+        let account = mount.path("accounts/\(GuardedMount.uuid)")
+        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"), account, program).status == 0)
+        mount.answer("cancel")
+        let asked = mount.prompts
+        #expect(mount.run(program, ["-c", "100", mount.password]).stdout == "hunter2\n")
+        #expect(mount.prompts == asked)
+        #expect(Run.shell("cp /usr/bin/tail \(program).new && mv \(program).new \(program)").status == 0)
+        let replaced = mount.run(program, ["-c", "100", mount.password])
+        #expect(replaced.status == 1 && !replaced.stdout.contains("hunter2"), "\(replaced)")
+        #expect(mount.prompts == asked + 1, "asked again")
+        #expect(mount.run("/bin/cat", [account + "/trusted"]).stdout.contains(" \(program)\n"))
+        // untrust by path takes the old version's entry off.
+        #expect(mount.mtmfs("untrust", "--passphrase-file", mount.scratch.sub("pass"), account, program).status == 0)
+        #expect(!mount.run("/bin/cat", [account + "/trusted"]).stdout.contains(program))
+        // The record names what ran the requester.
+        #expect(mount.decisions.contains(" by="), "\(mount.decisions)")
+    }
+
     /// Refused without asking: a traced trusted program, a user-writable copy of a trusted
     /// binary, a trusted binary with a user-writable LD_PRELOAD library.
     @Test func suspiciousRequestersAreRefusedWithoutAsking() throws {

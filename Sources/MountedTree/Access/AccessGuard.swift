@@ -149,12 +149,14 @@ final class AccessGuard: Sendable {
     // MARK: The record
 
     /// Records a decision (`.mtmfs/access` and the log): time, verdict and why, account,
-    /// field, pid, program. Never a value.
+    /// field, pid, program, and what ran it (up to a session leader). Never a value.
     func record(allowed: Bool, _ why: String, _ requester: Requester, _ access: Access) {
         let time = ISO8601.text(unixSeconds: Double(Timestamp.now().seconds))
         var line = "\(time) \(allowed ? "allowed" : "denied") (\(why)) account=\(access.accountName) field=\(access.what)"
         line += " pid=\(requester.process) program=\(requester.path)"
         if let program = requester.program { line += " sha256=\(program.hexDigest)" }
+        let chain = requester.chain
+        if !chain.isEmpty { line += " by=" + chain.joined(separator: " ← ") }
         decisions.withLock { lines in
             lines.append(line)
             if lines.count > Self.kept { lines.removeFirst(lines.count - Self.kept) }
