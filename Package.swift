@@ -52,6 +52,7 @@ let package = Package(
 
         .testTarget(name: "FuzzTargetsTests", dependencies: ["FuzzTargets"], exclude: ["Corpus"]),
         .testTarget(name: "PosixTests", dependencies: ["Posix"]),
+        .testTarget(name: "FuseLowLevelTests", dependencies: ["FuseLowLevel", "CFuse", "Posix"]),
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),
         .testTarget(name: "CacheStoreTests", dependencies: ["CacheStore", "Posix"]),
         .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault"]),

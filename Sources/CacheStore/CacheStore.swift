@@ -179,11 +179,7 @@ public final class CacheStore: @unchecked Sendable {
     }
 
     /// Free bytes on the data directory's file system (nil when statvfs fails).
-    func freeDiskBytes() -> UInt64? {
-        var fs = statvfs()
-        guard statvfs(path, &fs) == 0 else { return nil }
-        return UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
-    }
+    func freeDiskBytes() -> UInt64? { try? Syscall.availableBytes(onFileSystemOf: path) }
 
     /// Measured once per change (lock held): its headroom check and the decision to keep
     /// grouping share one statvfs.
@@ -301,8 +297,7 @@ public final class CacheStore: @unchecked Sendable {
 
     static func integrityCheck(_ database: SQLiteDatabase, path: String, reason: String,
                                progress: @escaping (String) -> Void) throws {
-        var st = stat()
-        let megabytes = stat(path, &st) == 0 ? Int(st.st_size) >> 20 : 0
+        let megabytes = ((try? Syscall.stat(path)).map { Int($0.st_size) } ?? 0) >> 20
         progress("checking the cache database (\(megabytes) MiB) \(reason)…")
         let started = ContinuousClock.now
         var lastSaid = 0
@@ -607,10 +602,9 @@ public final class CacheStore: @unchecked Sendable {
         try withLock { () throws(Errno) in
             if !dirty.files.isEmpty { try change { () throws(Errno) in try flushAllDirty() } }
             try commitBatch()
-            let fd = Glibc.open(path + "-wal", O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else { return }  // no log: everything is in the database file
-            defer { Glibc.close(fd) }
-            if fsync(fd) != 0 { throw Errno.current }
+            guard let fd = try? Syscall.open(path + "-wal", O_RDONLY) else { return }  // no log: all is in the database file
+            defer { Syscall.close(fd) }
+            try Syscall.fsync(fd)
         }
     }
 

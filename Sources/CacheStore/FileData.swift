@@ -139,15 +139,17 @@ extension CacheStore {
     // MARK: Reading and writing
 
     /// Reads up to `size` bytes at `offset`; holes read as zeros.
+    /// The bytes are copied out under the store's lock and handed to `reply` after it is
+    /// released: no other request of cache/ waits for a reply to reach the kernel.
     public func read(_ ino: Int64, offset: Int64, size: Int, into reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
-        try withLock { () throws(Errno) in
+        let buffer = try withLock { () throws(Errno) -> UnsafeMutableRawBufferPointer? in
             try flushBeforeReading(ino)
             let inode = try fetchInode(ino)
-            guard offset < inode.size, size > 0 else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
-            let buffer = try zeroedBuffer(ino, offset: offset, count: Int(min(Int64(size), inode.size - offset)))
-            defer { buffer.deallocate() }
-            reply(UnsafeRawBufferPointer(buffer))
+            guard offset < inode.size, size > 0 else { return nil }
+            return try zeroedBuffer(ino, offset: offset, count: Int(min(Int64(size), inode.size - offset)))
         }
+        defer { buffer?.deallocate() }
+        reply(buffer.map { UnsafeRawBufferPointer($0) } ?? UnsafeRawBufferPointer(start: nil, count: 0))
     }
 
     /// Writes `data` at `offset` (at the end with `append`); returns the bytes written.

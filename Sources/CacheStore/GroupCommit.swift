@@ -185,7 +185,6 @@ extension CacheStore {
     }
 
     static func fileSize(_ path: String) -> Int64 {
-        var st = stat()
-        return stat(path, &st) == 0 ? Int64(st.st_size) : 0
+        (try? Syscall.stat(path)).map { Int64($0.st_size) } ?? 0
     }
 }

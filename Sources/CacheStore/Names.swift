@@ -29,7 +29,11 @@ extension CacheStore {
     /// The names in a directory with their inodes, in name order (byte order of UTF-8): at
     /// most `limit` of them, those after `name` (from the first with nil). A listing is read
     /// page by page this way, so memory does not grow with the directory.
-    public func list(_ ino: Int64, after name: String? = nil, limit: Int = Int.max) throws(Errno) -> [(name: String, inode: CacheInode)] {
+    /// `referencing`: each entry listed counts one kernel reference (as `lookup(reference:)`),
+    /// in the same visit, so that an unlink before the listing reaches the kernel leaves the
+    /// inode an orphan, not gone.
+    public func list(_ ino: Int64, after name: String? = nil, limit: Int = Int.max,
+                     referencing: Bool = false) throws(Errno) -> [(name: String, inode: CacheInode)] {
         try withLock { () throws(Errno) -> [(name: String, inode: CacheInode)] in
             _ = try directory(ino)
             let statement = try statement("""
@@ -40,6 +44,7 @@ extension CacheStore {
             defer { statement.done() }
             var result: [(name: String, inode: CacheInode)] = []
             while try row(statement) { result.append((statement.text(12), dirty.overlay(Self.inode(statement)))) }
+            if referencing { for entry in result { lookups[entry.inode.ino, default: 0] += 1 } }
             return result
         }
     }

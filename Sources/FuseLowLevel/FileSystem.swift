@@ -265,10 +265,9 @@ public protocol FileSystem: AnyObject, Sendable {
     func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile?
     func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
                 context: RequestContext) throws(Errno) -> (Entry, OpenedFile)
-    func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
-              context: RequestContext) throws(Errno) -> [UInt8]
     /// Reads by handing the bytes to `reply` (called exactly once on success) without a
-    /// copy: secrets answer from secure memory this way. Defaults to the array form.
+    /// copy: secrets answer from secure memory this way. (`read(…) -> [UInt8]` is the same
+    /// as an array, for callers that want one.)
     func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
               reply: (UnsafeRawBufferPointer) -> Void) throws(Errno)
     func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
@@ -286,6 +285,12 @@ public protocol FileSystem: AnyObject, Sendable {
     /// page asked when the kernel reaches it) instead of as one snapshot taken at opendir:
     /// for directories of any size, so that an open listing holds one page, not all.
     func pagesListing(of inode: InodeNumber) -> Bool
+    /// Whether the listings of `inode` count each entry they return as one kernel
+    /// reference, under the same lock as the listing itself: a name unlinked between the
+    /// listing and its reply then keeps its inode for the kernel that is handed it. The
+    /// bridge forgets the entries it does not hand out (and, for a plain READDIR, those it
+    /// does). Otherwise the bridge counts each entry it sends (`countLookup`).
+    func countsListing(of inode: InodeNumber) -> Bool
     /// At most `limit` entries after the one named `name` (from the first with nil), in a
     /// fixed order of names; without "." and "..".
     func listDirectory(_ inode: InodeNumber, after name: String?, limit: Int,
@@ -315,10 +320,12 @@ public protocol FileSystem: AnyObject, Sendable {
 }
 
 public extension FileSystem {
-    func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
-              reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
-        let bytes = try read(inode, handle: handle, offset: offset, size: size, context: context)
-        bytes.withUnsafeBytes { reply($0) }
+    /// A read's bytes as an array (a copy: not for secrets).
+    func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
+              context: RequestContext) throws(Errno) -> [UInt8] {
+        var bytes: [UInt8] = []
+        try read(inode, handle: handle, offset: offset, size: size, context: context) { bytes = Array($0) }
+        return bytes
     }
     func forget(inode: InodeNumber, lookups: UInt64) {}
     func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile? {
@@ -358,6 +365,7 @@ public extension FileSystem {
     func synchronizeDirectory(_ inode: InodeNumber) throws(Errno) {}
     func openDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) {}
     func pagesListing(of inode: InodeNumber) -> Bool { false }
+    func countsListing(of inode: InodeNumber) -> Bool { false }
     func listDirectory(_ inode: InodeNumber, after name: String?, limit: Int,
                        context: RequestContext) throws(Errno) -> [DirectoryEntry] {
         let all = try listDirectory(inode, context: context)

@@ -25,27 +25,37 @@ final class FuseBridge: Sendable {
     /// that page their listings) one page of it at a time, fetched by name when the kernel
     /// reaches its end. Offsets: 0 is ".", 1 is "..", 2 + i is entry i.
     ///
+    /// Counted listings (`countsListing`): every entry fetched carries one kernel reference
+    /// (a credit) until it is sent in a READDIRPLUS reply; a page let go, a rewind or the
+    /// release forgets the credits left, and an entry sent again is counted again.
+    ///
     /// Thread-safety: the kernel sends one READDIR of an open directory at a time.
     final class DirectoryStream {
         static let pageSize = 256
         let inode: InodeNumber
         let paged: Bool
+        let counted: Bool
         /// The entries held: all of them, or the page starting at entry `pageStart`.
         var entries: [DirectoryEntry]
+        /// Per entry of `entries` and `previous`: still holds its fetched reference.
+        var credits: [Bool]
         var pageStart = 0
         /// Paged: the last page was shorter than a page (nothing after it).
         var exhausted: Bool
 
-        init(inode: InodeNumber, entries: [DirectoryEntry], paged: Bool) {
+        init(inode: InodeNumber, entries: [DirectoryEntry], paged: Bool, counted: Bool) {
             self.inode = inode
             self.entries = entries
             self.paged = paged
+            self.counted = counted
+            credits = Array(repeating: counted, count: entries.count)
             exhausted = !paged || entries.count < Self.pageSize
         }
 
         /// The page before `entries` (the kernel asks again from the first entry a reply
         /// could not take, which may lie there).
         var previous: [DirectoryEntry] = []
+        var previousCredits: [Bool] = []
 
         /// Entry `index`, fetching pages as needed; nil past the end. A failed fetch leaves
         /// the pages as they were.
@@ -56,17 +66,67 @@ final class FuseBridge: Sendable {
             guard paged else { return nil }
             if index < previousStart {  // a seek backwards (rewinddir): start over
                 let first = try fs.listDirectory(inode, after: nil, limit: Self.pageSize, context: context)
-                (previous, entries, pageStart) = ([], first, 0)
+                forgetCredits(previous, previousCredits, fs)
+                forgetCredits(entries, credits, fs)
+                (previous, previousCredits, entries, pageStart) = ([], [], first, 0)
+                credits = Array(repeating: counted, count: first.count)
                 exhausted = first.count < Self.pageSize
             }
             while index >= pageStart + entries.count {
                 if exhausted { return nil }
                 let next = try fs.listDirectory(inode, after: entries.last?.name, limit: Self.pageSize, context: context)
-                (previous, entries, pageStart) = (entries, next, pageStart + entries.count)
+                forgetCredits(previous, previousCredits, fs)
+                (previous, previousCredits, entries, pageStart) = (entries, credits, next, pageStart + entries.count)
+                credits = Array(repeating: counted, count: next.count)
                 exhausted = next.count < Self.pageSize
                 if next.isEmpty { return nil }
             }
             return entries[index - pageStart]
+        }
+
+        /// Entry `index` went to the kernel: in a READDIRPLUS reply (`plus`, one reference
+        /// handed out) or a plain READDIR (none). Counts or forgets as the listing needs.
+        func sent(_ index: Int, plus: Bool, to fs: any FileSystem) {
+            guard let entry = entryIfHeld(index) else { return }
+            if !counted {
+                if plus { fs.countLookup(of: entry.entry.inode) }
+                return
+            }
+            let hadCredit = takeCredit(index)
+            if plus && !hadCredit {
+                fs.countLookup(of: entry.entry.inode)  // sent again (a seek back): one more reference
+            } else if !plus && hadCredit {
+                fs.forget(inode: entry.entry.inode, lookups: 1)
+            }
+        }
+
+        /// The directory is closed: references fetched and never sent go.
+        func release(_ fs: any FileSystem) {
+            forgetCredits(previous, previousCredits, fs)
+            forgetCredits(entries, credits, fs)
+            (previousCredits, credits) = (previousCredits.map { _ in false }, credits.map { _ in false })
+        }
+
+        private func entryIfHeld(_ index: Int) -> DirectoryEntry? {
+            if index >= pageStart && index < pageStart + entries.count { return entries[index - pageStart] }
+            let previousStart = pageStart - previous.count
+            if index >= previousStart && index < pageStart { return previous[index - previousStart] }
+            return nil
+        }
+
+        private func takeCredit(_ index: Int) -> Bool {
+            if index >= pageStart && index < pageStart + entries.count {
+                defer { credits[index - pageStart] = false }
+                return credits[index - pageStart]
+            }
+            let previousStart = pageStart - previous.count
+            guard index >= previousStart && index < pageStart else { return false }
+            defer { previousCredits[index - previousStart] = false }
+            return previousCredits[index - previousStart]
+        }
+
+        private func forgetCredits(_ list: [DirectoryEntry], _ credits: [Bool], _ fs: any FileSystem) {
+            for (entry, credit) in zip(list, credits) where credit { fs.forget(inode: entry.entry.inode, lookups: 1) }
         }
     }
 
@@ -214,7 +274,7 @@ final class FuseBridge: Sendable {
                 let paged = fs.pagesListing(of: inode)
                 let first = paged ? try fs.listDirectory(inode, after: nil, limit: DirectoryStream.pageSize, context: context)
                                   : try fs.listDirectory(inode, context: context)
-                let stream = DirectoryStream(inode: inode, entries: first, paged: paged)
+                let stream = DirectoryStream(inode: inode, entries: first, paged: paged, counted: fs.countsListing(of: inode))
                 fi!.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(stream).toOpaque()))
                 _ = fuse_reply_open(req, fi)
             }
@@ -227,7 +287,9 @@ final class FuseBridge: Sendable {
         }
         ops.releasedir = { req, _, fi in
             if let pointer = UnsafeRawPointer(bitPattern: UInt(fi!.pointee.fh)) {
-                Unmanaged<DirectoryStream>.fromOpaque(pointer).release()
+                let stream = Unmanaged<DirectoryStream>.fromOpaque(pointer)
+                stream.takeUnretainedValue().release(FuseBridge.bridge(req).fileSystem)
+                stream.release()
             }
             fuse_reply_err(req, 0)
         }
@@ -413,7 +475,7 @@ final class FuseBridge: Sendable {
         fi.pointee.noflush = opened.noFlush ? 1 : 0
     }
 
-    private static func attributeChanges(_ attr: stat, _ toSet: Int32) -> AttributeChanges {
+    static func attributeChanges(_ attr: stat, _ toSet: Int32) -> AttributeChanges {
         var changes = AttributeChanges()
         if toSet & FUSE_SET_ATTR_MODE != 0 { changes.mode = attr.st_mode }
         if toSet & FUSE_SET_ATTR_UID != 0 { changes.uid = attr.st_uid }
@@ -483,7 +545,7 @@ final class FuseBridge: Sendable {
             }
             if needed > size - used { break }
             used += needed
-            if plus && index >= 2 { fs.countLookup(of: parameters.ino) }
+            if index >= 2 { stream.sent(index - 2, plus: plus, to: fs) }
             index += 1
         }
         _ = fuse_reply_buf(req, buffer, used)

@@ -30,7 +30,7 @@ public enum Spawn {
     public static func start(_ program: String, _ arguments: [String], stdin: Stream = .null,
                              stdout: Stream = .null, stderr: Stream = .null,
                              closing: [Int32] = [], environment: [String]? = nil,
-                             ownProcessGroup: Bool = false) throws(Errno) -> pid_t {
+                             ownProcessGroup: Bool = false, passing: [(Int32, as: Int32)] = []) throws(Errno) -> pid_t {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -60,6 +60,8 @@ public enum Spawn {
                 posix_spawn_file_actions_adddup2(&actions, source, fd)
             }
         }
+        // Descriptors of ours the child gets under other numbers (a daemon's ready pipe as fd 3).
+        for (source, target) in passing { posix_spawn_file_actions_adddup2(&actions, source, target) }
         for fd in closing { posix_spawn_file_actions_addclose(&actions, fd) }
         var cArguments: [UnsafeMutablePointer<CChar>?] = ([program] + arguments).map { strdup($0) } + [nil]
         defer { cArguments.forEach { free($0) } }

@@ -141,6 +141,14 @@ public enum Syscall {
 
     /// Makes the process not dumpable (no core file, no ptrace by other users) and sets the
     /// core-file size limit to zero.
+    /// Bytes available to an unprivileged writer on the file system holding `path`.
+    public static func availableBytes(onFileSystemOf path: String) throws(Errno) -> UInt64 {
+        var fs = Glibc.statvfs()
+        let rc: Int32 = statvfs(path, &fs)
+        guard rc == 0 else { throw Errno.current }
+        return UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
+    }
+
     public static func forbidCoreDumps() throws(Errno) {
         _ = try valueOrErrno { mtmfs_prctl_set_dumpable(0) }
         _ = try valueOrErrno { mtmfs_disable_core_files() }

@@ -40,7 +40,10 @@ extension Bench {
                 throw BenchError("W20: mtmfs init as nobody failed")
             }
             let device = base + "/fuse"
+            // The namespace's copies of the bench's other mounts go first: a copy would keep
+            // their daemons alive after their own unmount (W15 unmounts and remounts).
             let script = """
+                awk '$3 ~ /^fuse/ {print $2}' /proc/self/mounts | while read -r m; do umount -l "$m" 2>/dev/null || true; done
                 [ -e \(device) ] || { mknod \(device) c 10 229 && chmod 0666 \(device); } &&
                 mount --bind \(device) /dev/fuse &&
                 exec \(Bench.nobody.joined(separator: " ")) env HOME=\(base) \(mtmfs) mount -f --auto-lock 0 --data-dir \(data) \(mount)

@@ -105,7 +105,10 @@ final class SecurityChecks {
             tally.record("init as nobody", ["\(made)"])
             return tally
         }
+        // The namespace's copies of the suite's other mounts go first (a copy would keep
+        // their daemons alive after their own unmount).
         let script = """
+            awk '$3 ~ /^fuse/ {print $2}' /proc/self/mounts | while read -r m; do umount -l "$m" 2>/dev/null || true; done
             mknod \(base)/fuse c 10 229 && chmod 0666 \(base)/fuse && mount --bind \(base)/fuse /dev/fuse &&
             exec setpriv --reuid=65534 --regid=65534 --clear-groups env -u DISPLAY -u WAYLAND_DISPLAY HOME=\(base) \
             \(Run.mtmfs) mount -f --data-dir \(data) \(mount)

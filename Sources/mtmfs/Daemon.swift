@@ -32,22 +32,17 @@ enum Daemon {
         for option in options { arguments += ["-o", option] }
         arguments.append(mountPoint)
 
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, pipe.write, 3)
-
-        var cArguments: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
-        defer { cArguments.forEach { free($0) } }
-        var pid: pid_t = 0
-        let rc = posix_spawn(&pid, arguments[0], &actions, nil, &cArguments, environ)
+        let started = Result { () throws(Errno) in
+            try Spawn.start(arguments[0], Array(arguments.dropFirst()), stdin: .null, stdout: .null, stderr: .null,
+                            passing: [(pipe.write, as: 3)])
+        }
         Syscall.close(pipe.write)
         defer { Syscall.close(pipe.read) }
-        guard rc == 0 else {
-            throw CommandFailure("cannot start the daemon \(arguments[0]): \(Errno(rc))")
+        let pid: pid_t
+        do {
+            pid = try started.get()
+        } catch {
+            throw CommandFailure("cannot start the daemon \(arguments[0]): \(error)")
         }
         // Lines: `note: …` (a step that takes long: said on standard error, a terminal's
         // line rewritten in place), then `ready` or `error: …`.
@@ -79,8 +74,7 @@ enum Daemon {
         }
         if noted && isatty(2) == 1 { Terminal.error("") }
         if word == "ready" { return pid }
-        var status: Int32 = 0
-        waitpid(pid, &status, 0)
+        let status = Spawn.wait(pid)
         if word.hasPrefix("error: ") {
             throw CommandFailure(String(word.dropFirst("error: ".count)))
         }

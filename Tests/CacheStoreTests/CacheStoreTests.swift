@@ -254,3 +254,36 @@ func errno(_ body: () throws -> Void) -> Errno? {
         #expect(try f.query("PRAGMA user_version") == "3")
     }
 }
+
+/// A readdirplus listing counts the kernel's references in the same visit to the store as
+/// the listing: a name unlinked before the reply reaches the kernel keeps its inode (an
+/// orphan) until the kernel forgets it — no inode the kernel can reach is lost.
+@Suite struct CountedListingTests {
+    @Test func aListedNameUnlinkedAtOnceKeepsItsInodeUntilForgotten() throws {
+        let f = try StoreFixture()
+        let s = f.store, root = CacheStore.rootInode
+        var inodes: [Int64] = []
+        for index in 0..<20 {
+            let ino = try f.file("f\(index)")
+            try f.write(ino, Array("data \(index)".utf8), at: 0)
+            inodes.append(ino)
+        }
+        let listed = try s.list(root, after: nil, limit: 10, referencing: true)
+        #expect(listed.map(\.name) == (0..<20).map { "f\($0)" }.sorted().prefix(10).map { $0 })
+        // Every name unlinked, as another process would between the listing and its reply.
+        for index in 0..<20 { try s.unlink(parent: root, name: "f\(index)") }
+        for entry in listed {
+            // Still reachable by the kernel's reference: attributes, and its bytes.
+            let inode = try s.inode(entry.inode.ino)
+            #expect(inode.links == 0)
+            #expect(try f.read(entry.inode.ino, 0, 64).starts(with: Array("data ".utf8)))
+        }
+        // The names not listed had no reference: gone at once.
+        let unlisted = Set(inodes).subtracting(listed.map(\.inode.ino))
+        for ino in unlisted { #expect(errno { _ = try s.inode(ino) } == .noSuchFileOrDirectory) }
+        // The kernel forgets them (or the bridge does, for entries it did not send): gone.
+        for entry in listed { s.forgot(entry.inode.ino, count: 1) }
+        for entry in listed { #expect(errno { _ = try s.inode(entry.inode.ino) } == .noSuchFileOrDirectory) }
+        #expect(try s.list(root).isEmpty)
+    }
+}

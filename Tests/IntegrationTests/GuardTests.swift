@@ -16,6 +16,9 @@ final class GuardedMount {
     static let uuid = "6BA7B810-9DAD-11D1-80B4-00C04FD430C8"
     static let other = "F47AC10B-58CC-4372-A567-0E02B2C3D479"
     static let asNobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    /// Run first in a new mount namespace: its copies of the FUSE mounts outside (other
+    /// suites' daemons) go, or each would keep its daemon alive after its own unmount.
+    static let dropOtherFuseMounts = #"awk '$3 ~ /^fuse/ {print $2}' /proc/self/mounts | while read -r m; do umount -l "$m" 2>/dev/null || true; done"#
 
     let scratch = Scratch("guard")
     var data: String { scratch.sub("data") }
@@ -58,6 +61,7 @@ final class GuardedMount {
         let device = scratch.sub("fuse")
         let environment = "HOME=\(scratch.path)" + (display ? " DISPLAY=:mtmfs-test" : "")
         let script = """
+            \(GuardedMount.dropOtherFuseMounts)
             [ -e \(device) ] || { mknod \(device) c 10 229 && chmod 0666 \(device); } &&
             mount --bind \(device) /dev/fuse &&
             exec \(Self.asNobody.joined(separator: " ")) env -u DISPLAY -u WAYLAND_DISPLAY \(environment) \

@@ -22,6 +22,7 @@ import Glibc
         let sbin = URL(fileURLWithPath: "/sbin").resolvingSymlinksInPath().path
         let wrapped = """
             set -eu
+            \(GuardedMount.dropOtherFuseMounts)
             mount -t overlay overlay -o "lowerdir=$2/sbin-extra:\(sbin)" "\(sbin)"
             trap 'for m in $(awk -v p="$2/" '"'"'index($2, p) == 1 && $3 ~ /^fuse/ {print $2}'"'"' /proc/mounts); do fusermount3 -uz "$m"; done' EXIT
             \(script)

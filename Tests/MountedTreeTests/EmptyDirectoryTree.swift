@@ -27,8 +27,8 @@ final class EmptyDirectoryTree: Subtree {
         throw .isDirectory
     }
 
-    func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
-                     context: RequestContext) throws(Errno) -> [UInt8] {
+    func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
+              reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
         throw .isDirectory
     }
 

@@ -349,12 +349,6 @@ public final class AccountsTree: Subtree {
         }
     }
 
-    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
-                     context: RequestContext) throws(Errno) -> [UInt8] {
-        // Never used: the reply-by-pointer form below keeps secrets out of Swift arrays.
-        throw .ioError
-    }
-
     public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
                      reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
         defer { SecureBytes.burnStack() }

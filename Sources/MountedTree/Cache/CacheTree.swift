@@ -247,13 +247,6 @@ public final class CacheTree: Subtree {
                 OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true, noFlush: true))
     }
 
-    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
-                     context: RequestContext) throws(Errno) -> [UInt8] {
-        var bytes: [UInt8] = []
-        try read(inode, handle: handle, offset: offset, size: size, context: context) { bytes = Array($0) }
-        return bytes
-    }
-
     public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
                      reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
         try storeOrEIO().read(ino(inode), offset: Int64(clamping: offset), size: size, into: reply)
@@ -301,10 +294,14 @@ public final class CacheTree: Subtree {
     /// Every directory of cache/ is read page by page from the database, by name.
     public func pagesListing(of inode: InodeNumber) -> Bool { store != nil }
 
+    /// Each entry listed is counted as the kernel's reference in the same visit to the store
+    /// as the listing: a name unlinked before the reply reaches the kernel keeps its inode
+    /// (an orphan) until the kernel forgets it.
+    public func countsListing(of inode: InodeNumber) -> Bool { store != nil }
+
     public func listDirectory(_ inode: InodeNumber, after name: String?, limit: Int,
                               context: RequestContext) throws(Errno) -> [DirectoryEntry] {
-        // readdirplus counts a lookup for each entry it hands out (countLookup).
-        try storeOrEIO().list(ino(inode), after: name, limit: limit).map {
+        try storeOrEIO().list(ino(inode), after: name, limit: limit, referencing: true).map {
             DirectoryEntry(name: $0.name, entry: Entry(attributes: attributes($0.inode), cache: Self.cache))
         }
     }

@@ -104,14 +104,15 @@ public final class ControlTree: Subtree {
         return OpenedFile(handle: handle, directIO: true)
     }
 
-    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
-                     context: RequestContext) throws(Errno) -> [UInt8] {
-        try handles.withLock { (state) throws(Errno) -> [UInt8] in
+    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
+                     reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        let bytes = try handles.withLock { (state) throws(Errno) -> [UInt8] in
             guard let snapshot = state.open[handle] else { throw .badFileDescriptor }
             guard offset < UInt64(snapshot.count) else { return [] }
             let start = Int(offset)
             return Array(snapshot[start..<min(snapshot.count, start + size)])
         }
+        bytes.withUnsafeBytes { reply($0) }
     }
 
     public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,

@@ -142,11 +142,6 @@ public final class RootTree: FileSystem {
                                             context: context)
     }
 
-    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
-                     context: RequestContext) throws(Errno) -> [UInt8] {
-        try owner(of: inode).read(inode, handle: handle, offset: offset, size: size, context: context)
-    }
-
     public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
                      reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
         try owner(of: inode).read(inode, handle: handle, offset: offset, size: size, context: context, reply: reply)
@@ -182,6 +177,10 @@ public final class RootTree: FileSystem {
 
     public func pagesListing(of inode: InodeNumber) -> Bool {
         inode != Self.rootInode && ((try? owner(of: inode))?.pagesListing(of: inode) ?? false)
+    }
+
+    public func countsListing(of inode: InodeNumber) -> Bool {
+        inode != Self.rootInode && ((try? owner(of: inode))?.countsListing(of: inode) ?? false)
     }
 
     public func listDirectory(_ inode: InodeNumber, after name: String?, limit: Int,

@@ -253,15 +253,17 @@ public final class SettingsTree: Subtree {
         }
     }
 
-    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int,
-                     context: RequestContext) throws(Errno) -> [UInt8] {
-        try locked { (s) throws(Errno) in
+    /// The bytes are copied under the lock and replied after it (settings are no secret).
+    public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
+                     reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        let bytes = try locked { (s) throws(Errno) -> [UInt8] in
             try s.engine.withContent(space.local(of: inode), s.keys) { content in
                 guard offset < UInt64(content.count) else { return [] }
                 let start = Int(offset)
                 return Array(content[start..<min(content.count, start + size)])
             }
         }
+        bytes.withUnsafeBytes { reply($0) }
     }
 
     public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
