@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <poll.h>
+#include <sys/vfs.h>
 
 static inline int mtmfs_prctl_set_dumpable(int dumpable) {
     return prctl(PR_SET_DUMPABLE, (unsigned long)dumpable, 0UL, 0UL, 0UL);
@@ -79,6 +80,17 @@ static inline int mtmfs_pidfd_open(int pid) {
 #else
     return (int)syscall(434, pid, 0U);
 #endif
+}
+
+/* statfs(2)'s file system type (f_type) of a path or a descriptor; -1 on failure. */
+static inline long long mtmfs_statfs_type(const char *path) {
+    struct statfs fs;
+    return statfs(path, &fs) == 0 ? (long long)fs.f_type : -1;
+}
+
+static inline long long mtmfs_fstatfs_type(int fd) {
+    struct statfs fs;
+    return fstatfs(fd, &fs) == 0 ? (long long)fs.f_type : -1;
 }
 
 /* Gives the heap's free pages back to the system (glibc keeps them otherwise). */

@@ -75,10 +75,13 @@ public final class PendingOpen: @unchecked Sendable {
         handler?()
     }
 
-    public func reply(_ opened: OpenedFile) {
-        guard take() else { return }
+    /// False when the open was not handed to the kernel (answered already, or the
+    /// requester is gone): the caller then releases what it opened.
+    @discardableResult
+    public func reply(_ opened: OpenedFile) -> Bool {
+        guard take() else { return false }
         FuseBridge.apply(opened, to: &info)
-        _ = fuse_reply_open(request, &info)
+        return fuse_reply_open(request, &info) == 0
     }
 
     public func fail(_ error: Errno) {
@@ -123,4 +126,10 @@ enum PendingOpens {
 
     /// How many OPENs wait for an answer (status, tests).
     static var count: Int { table.withLock { $0.opens.count } }
+
+    /// The session ends: every OPEN still waiting is answered EINTR now, while its request
+    /// can still be answered (a later answer does nothing).
+    static func failAll() {
+        for open in table.withLock({ Array($0.opens.values) }) { open.fail(.interrupted) }
+    }
 }

@@ -144,8 +144,8 @@ public enum ProcessInspection {
     ///
     /// Thread-safety: a value.
     public enum CodeMapping: Hashable, Sendable {
-        /// A file, by the path the kernel shows and the inode it mapped.
-        case file(String, inode: UInt64)
+        /// A file, by the path the kernel shows and the device and inode it mapped.
+        case file(String, device: UInt64, inode: UInt64)
         /// A file that was removed (or replaced) since it was mapped.
         case deletedFile(String)
         /// Code from a memfd (`/memfd:…`): a file that never had a name.
@@ -171,11 +171,18 @@ public enum ProcessInspection {
                 guard field + 3 < end, all[field + 3] == UInt8(ascii: "x") else { continue }
                 // Skip to the inode (fourth field after the address), then the path.
                 var position = field + 1
-                var inode: UInt64 = 0
+                var inode: UInt64 = 0, major: UInt64 = 0, minor: UInt64 = 0, afterColon = false
                 for index in 0..<4 {
-                    while position < end && all[position] != 0x20 { 
-                        if index == 3, all[position] >= 0x30 && all[position] <= 0x39 {
-                            inode = inode &* 10 &+ UInt64(all[position] - 0x30)
+                    while position < end && all[position] != 0x20 {
+                        let byte = all[position]
+                        if index == 2 {  // the device, "major:minor" in hexadecimal
+                            if byte == UInt8(ascii: ":") {
+                                afterColon = true
+                            } else if let digit = hexDigit(byte) {
+                                if afterColon { minor = minor << 4 | digit } else { major = major << 4 | digit }
+                            }
+                        } else if index == 3, byte >= 0x30 && byte <= 0x39 {
+                            inode = inode &* 10 &+ UInt64(byte - 0x30)
                         }
                         position += 1
                     }
@@ -187,7 +194,8 @@ public enum ProcessInspection {
                     mapping = .memfd(path)
                 } else if path.hasPrefix("/") {
                     mapping = path.hasSuffix(" (deleted)") ? .deletedFile(String(path.dropLast(" (deleted)".count)))
-                                                           : .file(path, inode: inode)
+                                                           : .file(path, device: deviceNumber(major: major, minor: minor),
+                                                                   inode: inode)
                 } else {
                     mapping = .anonymous
                 }
@@ -197,6 +205,40 @@ public enum ProcessInspection {
         return mappings
     }
 
+    static func hexDigit(_ byte: UInt8) -> UInt64? {
+        switch byte {
+        case 0x30...0x39: UInt64(byte - 0x30)
+        case 0x61...0x66: UInt64(byte - 0x61 + 10)
+        case 0x41...0x46: UInt64(byte - 0x41 + 10)
+        default: nil
+        }
+    }
+
+    /// `makedev(3)` as glibc encodes it (what `st_dev` holds).
+    public static func deviceNumber(major: UInt64, minor: UInt64) -> UInt64 {
+        (major & 0xfffff000) << 32 | (major & 0xfff) << 8 | (minor & 0xffffff00) << 12 | (minor & 0xff)
+    }
+
+    /// The threads of a process (`/proc/PID/task`).
+    public static func threads(of process: pid_t) -> [pid_t] {
+        ((try? Syscall.listDirectory("/proc/\(process)/task")) ?? []).compactMap { pid_t($0) }
+    }
+
+    /// `statfs(2)`'s file system type of the file at `path` (nil when it cannot be asked).
+    public static func fileSystemType(_ path: String) -> Int64? {
+        let type = mtmfs_statfs_type(path)
+        return type < 0 ? nil : Int64(type)
+    }
+
+    /// The same for an open file.
+    public static func fileSystemType(of fd: Int32) -> Int64? {
+        let type = mtmfs_fstatfs_type(fd)
+        return type < 0 ? nil : Int64(type)
+    }
+
+    /// FUSE's `statfs` magic: a file system whose owner chooses each byte a reader gets.
+    public static let fuseMagic: Int64 = 0x6573_5546
+
     /// The user and groups a process acts as (effective ids, supplementary groups).
     ///
     /// Thread-safety: a value.
@@ -205,11 +247,17 @@ public enum ProcessInspection {
         public var gid: gid_t
         public var groups: [gid_t]
 
-        /// Whether these credentials may write the file `st` describes by its mode bits
-        /// (root may write every file).
+        public init(uid: uid_t, gid: gid_t, groups: [gid_t]) {
+            self.uid = uid
+            self.gid = gid
+            self.groups = groups
+        }
+
+        /// Whether these credentials may write the file `st` describes, now or after a
+        /// `chmod`: root may write every file, an owner may give itself the right.
         public func mayWrite(_ st: stat) -> Bool {
             if uid == 0 { return true }
-            if st.st_uid == uid { return st.st_mode & S_IWUSR != 0 }
+            if st.st_uid == uid { return true }
             if st.st_gid == gid || groups.contains(st.st_gid) { return st.st_mode & S_IWGRP != 0 }
             return st.st_mode & S_IWOTH != 0
         }

@@ -197,6 +197,9 @@ enum ControlCommand {
             }
         }
         guard let candidate else { throw CommandFailure("\(given): no such program in PATH") }
+        guard !candidate.contains("\t") && !candidate.contains("\n") else {
+            throw CommandFailure("\(given): a program path with a tab or a newline cannot be trusted")
+        }
         if let resolved = Paths.resolved(candidate) {
             guard let st = try? Syscall.stat(resolved), st.st_mode & S_IFMT == S_IFREG else {
                 throw CommandFailure("\(given) is not a program (not a regular file)")

@@ -145,9 +145,15 @@ final class GuardedMount {
             CONFIRM*)
               case "$answer" in
                 ok) echo OK ;;
-                notok) echo "ERR 83886194 Not confirmed <Pinentry>" ;;
+                notok|notok-wrong) echo "ERR 83886194 Not confirmed <Pinentry>" ;;
+                close) echo "S BUTTON_INFO close"; echo "ERR 83886194 Not confirmed <Pinentry>" ;;
                 hang) exec sleep 1000 ;;
                 *) echo "ERR 83886179 Operation cancelled <Pinentry>" ;;
+              esac ;;
+            GETPIN*)
+              case "$answer" in
+                notok) echo "D \(Run.passphrase)"; echo OK ;;
+                *) echo "D not the passphrase"; echo OK ;;
               esac ;;
             BYE*) echo OK; exit 0 ;;
             *) echo OK ;;
@@ -184,6 +190,14 @@ struct GuardTests {
         #expect(mount.run("/usr/bin/head", head + [mount.password]).status == 1, "allowed once: asked again, denied")
         #expect(mount.prompts == asked + 2)
 
+        // Always allow needs the passphrase (typed into the pinentry); a wrong one, or the
+        // window closed, is a no.
+        for refusal in ["notok-wrong", "close"] {
+            mount.answer(refusal)
+            #expect(mount.run("/usr/bin/head", head + [mount.password]).status == 1, "\(refusal)")
+        }
+        #expect(mount.record.contains("GETPIN"), "the passphrase was asked")
+        #expect(!mount.run("/bin/cat", [mount.path("accounts/\(GuardedMount.uuid)/trusted")]).stdout.contains("/usr/bin/head"))
         mount.answer("notok")
         #expect(mount.run("/usr/bin/head", head + [mount.password]).stdout == "hunter2\n")
         mount.answer("cancel")
@@ -200,6 +214,7 @@ struct GuardTests {
         let decisions = mount.decisions
         #expect(decisions.contains("denied (denied at the prompt) account=\(GuardedMount.uuid) field=password"), "\(decisions)")
         #expect(decisions.contains("allowed (allowed once at the prompt)"))
+        #expect(decisions.contains("refused: a wrong passphrase"), "\(decisions)")
         #expect(decisions.contains("allowed (trusted)") && decisions.contains("program=/usr/bin/head"))
         for value in ["hunter2", "other-secret"] {
             #expect(!decisions.contains(value))

@@ -10,8 +10,9 @@ import Synchronization
 ///
 /// Thread-safety: a value.
 public struct PromptSettings: Sendable {
-    /// The pinentry program (a name looked up in PATH, or a path).
+    /// The pinentry program's path ("" when none could be used: `problem` says why).
     public var program: String
+    public var problem: String?
     /// The environment the pinentry gets: the daemon's display and locale, never anything else.
     public var environment: [String]
     /// Seconds a prompt waits for an answer.
@@ -19,19 +20,49 @@ public struct PromptSettings: Sendable {
     /// The mount point, for the "how to trust it" hints.
     public var mountPoint: String
 
-    public init(program: String = "pinentry", environment: [String], timeout: Double = 60, mountPoint: String) {
+    public init(program: String = "/usr/bin/pinentry", problem: String? = nil, environment: [String], timeout: Double = 60,
+                mountPoint: String) {
         self.program = program
+        self.problem = problem
         self.environment = environment
         self.timeout = timeout
         self.mountPoint = mountPoint
+    }
+
+    /// Where system programs are: the pinentry is found there, never through the user's
+    /// PATH (a `~/.local/bin/pinentry` that answers "always" would trust anything).
+    static let systemPath = "/usr/local/bin:/usr/bin:/bin"
+
+    /// The pinentry to run: `given` as a path, or found in `systemPath`; refused (nil, and
+    /// why) when it or its directory is one the mount's user can write.
+    public static func resolvePinentry(_ given: String, user: uid_t) -> (path: String?, problem: String?) {
+        let candidates = given.contains("/") ? [given] : systemPath.split(separator: ":").map { "\($0)/\(given)" }
+        guard let found = candidates.first(where: { (try? Syscall.access($0, X_OK)) != nil }) else {
+            return (nil, "no pinentry program \(given)" + (given.contains("/") ? "" : " in \(systemPath)")
+                    + " (mtmfs mount --pinentry PROGRAM; Debian: apt install pinentry-curses)")
+        }
+        let directory = String(found[..<(found.lastIndex(of: "/") ?? found.startIndex)])
+        let credentials = ProcessInspection.Credentials(uid: user, gid: getgid(), groups: [])
+        for path in [found, directory.isEmpty ? "/" : directory] {
+            guard let st = try? Syscall.stat(path) else { continue }
+            let sticky = st.st_mode & S_ISVTX != 0 && path != found
+            if user != 0 && credentials.mayWrite(st) && !sticky {
+                return (nil, "the pinentry \(found) is refused: \(path) can be changed by the mount's user "
+                        + "(a program of theirs could answer for them); use one installed by root")
+            }
+        }
+        return (found, nil)
     }
 
     /// The variables a pinentry needs, taken from `environment` (the daemon's own).
     public static func pinentryEnvironment(from environment: [String]) -> [String] {
         let kept: Set<String> = ["PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", "DISPLAY",
                                  "WAYLAND_DISPLAY", "XAUTHORITY", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS"]
-        var out = environment.filter { entry in kept.contains(String(entry.prefix { $0 != "=" })) }
-        if !out.contains(where: { $0.hasPrefix("PATH=") }) { out.append("PATH=/usr/local/bin:/usr/bin:/bin") }
+        var out = environment.filter { entry in
+            let name = String(entry.prefix { $0 != "=" })
+            return kept.contains(name) && name != "PATH"
+        }
+        out.append("PATH=" + systemPath)
         return out
     }
 
@@ -51,11 +82,16 @@ final class AccessGuard: Sendable {
     private let decisions = Locked<[String]>([])
     /// (run of a program, account UUID): allowed once, for as long as that run lasts.
     private let grants = Locked<Set<Grant>>([])
-    /// The prompts up, by (program, account), each with the requests waiting for its end.
-    private let prompts = Locked<[PromptKey: [@Sendable () -> Void]]>([:])
+    /// The prompts up, by (program, account), each with the requests waiting for its end
+    /// (each called with the prompt's answer).
+    private let prompts = Locked<[PromptKey: [@Sendable (PromptEnd) -> Void]]>([:])
+    /// The dialogs up, cancelled at unmount.
+    private let dialogs = Locked<[ObjectIdentifier: PinentryDialog]>([:])
     static let kept = 200
 
-    struct Grant: Hashable { let run: ProcessRun; let account: [UInt8] }
+    /// "Allow once" for one run of a program and one account (what was asked is kept for
+    /// the record: an editor allowed to read saves in the same run).
+    struct Grant: Hashable { let run: ProcessRun; let account: [UInt8]; let writing: Bool }
     struct PromptKey: Hashable { let sha256: [UInt8]; let account: [UInt8] }
 
     init(settings: PromptSettings) { self.settings = settings }
@@ -83,24 +119,22 @@ final class AccessGuard: Sendable {
         if let refusal = requester.refusal { return .denied(refusal) }
         guard let program = requester.program else { return .denied("its program is unknown") }
         if trusted.contains(where: { $0.sha256 == program.sha256 }) { return .allowed("trusted") }
-        let grant = Grant(run: requester.run, account: access.account)
-        let granted = grants.withLock { grants -> Bool in
-            guard grants.contains(grant) else { return false }
-            return true
-        }
-        if granted {
-            if grant.run.isRunning { return .allowed("allowed once for this run") }
-            _ = grants.withLock { $0.remove(grant) }
-        }
+        // (Either grant: an editor allowed to read the password saves it in the same run,
+        // through files it creates and renames, which do not ask.)
+        let asked = [Grant(run: requester.run, account: access.account, writing: true),
+                     Grant(run: requester.run, account: access.account, writing: false)]
+        guard let grant = grants.withLock({ grants in asked.first { grants.contains($0) } }) else { return .ask }
+        if grant.run.isRunning { return .allowed("allowed once for this run") }
+        _ = grants.withLock { $0.remove(grant) }
         return .ask
     }
 
     /// "Allow once": this run of the program may use the account until it ends.
-    func allowOnce(_ requester: Requester, account: [UInt8]) {
+    func allowOnce(_ requester: Requester, _ access: Access) {
         grants.withLock { grants in
             // Runs that ended go (a pid may come back as another run).
             if grants.count > 64 { grants = grants.filter { $0.run.isRunning } }
-            grants.insert(Grant(run: requester.run, account: account))
+            grants.insert(Grant(run: requester.run, account: access.account, writing: access.writing))
         }
     }
 
@@ -112,9 +146,13 @@ final class AccessGuard: Sendable {
         return nil
     }
 
+    /// How a prompt ended, for the requests that waited for it: a person's no (or no
+    /// answer) holds for them too; anything else and they are decided again.
+    enum PromptEnd: Sendable { case denied(String), other }
+
     /// One prompt at a time per program and account: true when this one may ask now;
     /// otherwise `retry` runs when the prompt up ends.
-    func startPrompt(_ key: PromptKey, orWait retry: @escaping @Sendable () -> Void) -> Bool {
+    func startPrompt(_ key: PromptKey, orWait retry: @escaping @Sendable (PromptEnd) -> Void) -> Bool {
         prompts.withLock { prompts in
             if prompts[key] != nil {
                 prompts[key]!.append(retry)
@@ -125,25 +163,57 @@ final class AccessGuard: Sendable {
         }
     }
 
-    /// The prompt of `key` ended: the requests that waited for it are decided again.
-    func endPrompt(_ key: PromptKey) {
+    /// The prompt of `key` ended: the requests that waited for it hear how.
+    func endPrompt(_ key: PromptKey, _ end: PromptEnd) {
         let waiting = prompts.withLock { $0.removeValue(forKey: key) ?? [] }
-        for retry in waiting { retry() }
+        for retry in waiting { retry(end) }
+    }
+
+    func dialogStarted(_ dialog: PinentryDialog) { dialogs.withLock { $0[ObjectIdentifier(dialog)] = dialog } }
+    func dialogEnded(_ dialog: PinentryDialog) { _ = dialogs.withLock { $0.removeValue(forKey: ObjectIdentifier(dialog)) } }
+
+    /// Unmount: every prompt up is taken down (its request is answered EINTR).
+    func cancelAll() {
+        for dialog in dialogs.withLock({ Array($0.values) }) { dialog.cancel() }
+    }
+
+    /// Programs that print what they read: trusting one lets any program that runs it
+    /// read the password (the same holds for interpreters).
+    static let printers: Set<String> = ["cat", "head", "tail", "dd", "cp", "less", "more", "tee", "base64", "xxd", "od",
+                                        "hexdump", "sed", "grep", "cut", "tr", "sort", "uniq", "nl", "strings", "rev",
+                                        "tac", "paste", "install", "rsync", "scp", "curl", "wget", "nc", "socat", "mtmfs"]
+
+    /// The second question, after "Always allow": the passphrase, so that no program that
+    /// controls the terminal or the display can trust itself.
+    func alwaysAllowText(_ requester: Requester, _ access: AccessGuard.Access) -> String {
+        let account = access.label.isEmpty ? access.accountName : "\(access.label) (\(access.accountName))"
+        return "To always allow \(requester.path) to use the account \(account), enter the vault's passphrase."
     }
 
     /// The question put to the person.
     func promptText(_ requester: Requester, _ access: Access) -> (title: String, description: String) {
-        let program = requester.program.map { "\($0.path) (SHA-256 \(String($0.hexDigest.prefix(16)))…)" } ?? requester.path
-        var lines = ["\(program), pid \(requester.process),",
+        let program = requester.program.map { "\(requester.path) (SHA-256 \(String($0.hexDigest.prefix(16)))…)" } ?? requester.path
+        var lines = ["\(program), pid \(requester.process),"]
+        if let via = requester.via { lines.append("through \(via),") }
+        lines += [
                      "wants to \(access.writing ? "change" : "read") the \(access.what) of the account",
                      access.label.isEmpty ? access.accountName : "\(access.label) (\(access.accountName))."]
         if !requester.chain.isEmpty { lines.append("Run by: " + requester.chain.joined(separator: " ← ")) }
         if let path = requester.program?.path, RequesterInspector.isInterpreter(path) {
-            lines.append("\(path) is an interpreter: trusting it trusts every script it runs.")
+            lines.append("\(requester.path) is an interpreter: trusting it trusts every script it runs.")
+        } else if let path = requester.program?.path, Self.printers.contains(String(path.split(separator: "/").last ?? "")) {
+            lines.append("\(requester.path) prints what it reads: trusting it lets any program that runs it read the password.")
         }
         lines.append("")
-        lines.append("Allow once: this run only. Always allow: add it to the account's trusted programs.")
-        return ("mtmfs: a program asks for a secret", lines.joined(separator: "\n"))
+        lines.append("Allow once: this run only. Always allow: add it to the account's trusted programs (asks for the passphrase).")
+        // Assuan lines are at most 1,000 bytes: a long chain or path is cut, never the question.
+        var description = lines.joined(separator: "\n")
+        while description.utf8.count > 700, lines.count > 4 {
+            lines.remove(at: lines.count - 4)
+            description = lines.joined(separator: "\n")
+        }
+        if description.utf8.count > 700 { description = String(description.utf8.prefix(700)).map { $0 } ?? description }
+        return ("mtmfs: a program asks for a secret", description)
     }
 
     // MARK: The record
@@ -155,6 +225,7 @@ final class AccessGuard: Sendable {
         var line = "\(time) \(allowed ? "allowed" : "denied") (\(why)) account=\(access.accountName) field=\(access.what)"
         line += " pid=\(requester.process) program=\(requester.path)"
         if let program = requester.program { line += " sha256=\(program.hexDigest)" }
+        if let via = requester.via { line += " via=\(via)" }
         let chain = requester.chain
         if !chain.isEmpty { line += " by=" + chain.joined(separator: " ← ") }
         decisions.withLock { lines in

@@ -1,15 +1,18 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CredentialVault
 import Posix
 import Synchronization
 
 /// What a person answered to "may this program read this account's password?".
-enum PinentryAnswer: Equatable, Sendable {
+enum PinentryAnswer: Sendable {
     /// OK: this run of the program, this once.
     case allowOnce
-    /// NOT OK (the third button): add the program to the account's trusted list.
-    case alwaysAllow
+    /// NOT OK (the third button), confirmed with the passphrase typed into the pinentry
+    /// (in secure memory; the caller checks and wipes it): add the program to the
+    /// account's trusted list.
+    case alwaysAllow(SecureBytes)
     /// Cancel.
     case deny
     /// No answer within the time allowed.
@@ -22,7 +25,9 @@ enum PinentryAnswer: Equatable, Sendable {
 
 /// One confirmation dialog through a pinentry program, in the protocol of GnuPG's
 /// pinentry (Assuan): `SETTITLE`, `SETDESC`, `SETOK`, `SETNOTOK`, `SETCANCEL`, `CONFIRM`.
-/// OK answers `OK`; NOT OK answers `ERR …114` (not confirmed); Cancel `ERR …99`.
+/// OK answers `OK`; NOT OK answers `ERR …114` (not confirmed); Cancel `ERR …99`; a window
+/// closed says `S BUTTON_INFO close` first (a no). NOT OK is then confirmed by the vault's
+/// passphrase (`GETPIN`, answered in `D` lines, read into secure memory only).
 ///
 /// `cancel()` (from any thread: the requester's interrupt) ends the dialog at once: the
 /// pinentry's process group is killed.
@@ -44,7 +49,8 @@ final class PinentryDialog: Sendable {
 
     /// Shows the dialog and waits for the answer, at most `timeout` seconds.
     func ask(program: String, terminal: String?, environment: [String], title: String, description: String,
-             timeout: Double) -> PinentryAnswer {
+             timeout: Double, alwaysAllowText: String, unavailable: String? = nil) -> PinentryAnswer {
+        guard !program.isEmpty else { return .failed(unavailable ?? "no pinentry program") }
         let deadline = ContinuousClock.now.advanced(by: .milliseconds(Int64(timeout * 1000)))
         let input: (read: Int32, write: Int32), output: (read: Int32, write: Int32)
         do {
@@ -76,18 +82,24 @@ final class PinentryDialog: Sendable {
         // A pinentry that stops reading must not block a write: the pipe is non-blocking.
         _ = fcntl(input.write, F_SETFL, fcntl(input.write, F_GETFL) | O_NONBLOCK)
         var conversation = Conversation(input: input.write, output: output.read, deadline: deadline, dialog: self)
-        let answer = conversation.run(title: title, description: description, timeout: timeout)
-        if answer == .allowOnce || answer == .alwaysAllow || answer == .deny {
-            conversation.send("BYE")
+        var answer = conversation.run(title: title, description: description, timeout: timeout)
+        if case .alwaysAllow = answer {
+            answer = conversation.passphrase(alwaysAllowText)
         }
+        let answered: Bool
+        switch answer {
+        case .allowOnce, .alwaysAllow, .deny: answered = true
+        default: answered = false
+        }
+        if answered { conversation.send("BYE") }
         Syscall.close(input.write)
         Syscall.close(output.read)
         // Ended by us (cancel, timeout) or by itself: its whole group goes — asked first, so
-        // that a curses pinentry puts the terminal back — then it is reaped.
-        if answer != .allowOnce && answer != .alwaysAllow && answer != .deny {
+        // that a curses pinentry puts the terminal back — before it is reaped.
+        if !answered {
             kill(-pid, SIGTERM)
-            if Spawn.wait(pid, timeout: 0.5) >= 0 { kill(-pid, SIGKILL) }
-            return answer
+            usleep(100_000)
+            kill(-pid, SIGKILL)
         }
         Spawn.wait(pid, timeout: 2)
         return answer
@@ -128,9 +140,88 @@ final class PinentryDialog: Sendable {
                 case .failure(let failure): return failure.answer
                 }
             }
+            closed = false
             switch exchange("CONFIRM") {
             case .success: return .allowOnce
-            case .failure(let failure): return failure.answer
+            case .failure(let failure):
+                // A window closed is a no, whatever code follows it.
+                if closed { return .deny }
+                return failure.answer
+            }
+        }
+
+        /// A window closed by the person (`S BUTTON_INFO close`) during CONFIRM.
+        var closed = false
+
+        /// After NOT OK: the vault's passphrase, typed into the pinentry. Its `D` lines are
+        /// read into secure memory and decoded there; a cancel is a no.
+        mutating func passphrase(_ description: String) -> PinentryAnswer {
+            for command in ["SETDESC " + Self.escape(description), "SETPROMPT " + Self.escape("Passphrase:"),
+                            "SETOK " + Self.escape("_Always allow"), "SETCANCEL " + Self.escape("_Deny")] {
+                if case .failure(let failure) = exchange(command) { return failure.answer }
+            }
+            guard pending.isEmpty, send("GETPIN") else { return .failed("the pinentry stopped reading") }
+            let secret = SecureBytes()
+            let raw = SecureBytes(count: 0)
+            defer { raw.wipe() }
+            while true {
+                // Lines are read byte by byte into secure memory: a passphrase is never in
+                // an ordinary buffer.
+                raw.resize(to: 0)
+                var byte: UInt8 = 0
+                while true {
+                    if dialog.cancelled.load(ordering: .acquiring) { secret.wipe(); return .interrupted }
+                    if ContinuousClock.now >= deadline { secret.wipe(); return .timedOut }
+                    let ready = dialog.wakeup.wait(until: deadline, watching: [output])
+                    guard ready.contains(output) else { continue }
+                    let n = Glibc.read(output, &byte, 1)
+                    if n < 0 && (errno == EINTR || errno == EAGAIN) { continue }
+                    if n <= 0 { secret.wipe(); return .failed("the pinentry ended without an answer") }
+                    if byte == 0x0A { break }
+                    withUnsafeBytes(of: byte) { raw.write($0, at: raw.count) }
+                    if raw.count > 4096 { secret.wipe(); return .failed("the pinentry sent a line too long") }
+                }
+                byte = 0
+                let kind: UInt8 = raw.withUnsafeBytes { $0.first ?? 0 }
+                let second: UInt8 = raw.withUnsafeBytes { $0.count > 1 ? $0[1] : 0 }
+                if kind == UInt8(ascii: "D") && second == UInt8(ascii: " ") {
+                    raw.withUnsafeBytes { Self.percentDecode(UnsafeRawBufferPointer(rebasing: $0[2...]), into: secret) }
+                    continue
+                }
+                let line = raw.withUnsafeBytes { String(decoding: $0.prefix(3), as: UTF8.self) }
+                if line.hasPrefix("OK") {
+                    guard secret.count > 0 else { secret.wipe(); return .deny }
+                    return .alwaysAllow(secret)
+                }
+                if line.hasPrefix("ERR") { secret.wipe(); return .deny }
+                // "S …", "# …": read on.
+            }
+        }
+
+        /// Assuan's %XX decoding, straight into secure memory.
+        static func percentDecode(_ bytes: UnsafeRawBufferPointer, into out: SecureBytes) {
+            var index = 0
+            var one: UInt8 = 0
+            while index < bytes.count {
+                one = bytes[index]
+                if one == UInt8(ascii: "%"), index + 2 < bytes.count,
+                   let high = hex(bytes[index + 1]), let low = hex(bytes[index + 2]) {
+                    one = high << 4 | low
+                    index += 3
+                } else {
+                    index += 1
+                }
+                withUnsafeBytes(of: one) { out.write($0, at: out.count) }
+            }
+            one = 0
+        }
+
+        static func hex(_ c: UInt8) -> UInt8? {
+            switch c {
+            case 0x30...0x39: c - 0x30
+            case 0x41...0x46: c - 0x41 + 10
+            case 0x61...0x66: c - 0x61 + 10
+            default: nil
             }
         }
 
@@ -146,7 +237,7 @@ final class PinentryDialog: Sendable {
                 if line.hasPrefix("ERR") {
                     let code = line.split(separator: " ").dropFirst().first.flatMap { Int($0) } ?? 0
                     switch code & 0xFFFF {
-                    case PinentryDialog.notConfirmed: return .failure(Failure(.alwaysAllow))
+                    case PinentryDialog.notConfirmed: return .failure(Failure(.alwaysAllow(SecureBytes())))
                     case PinentryDialog.canceled: return .failure(Failure(.deny))
                     case PinentryDialog.timeout: return .failure(Failure(.timedOut))
                     default:
@@ -156,6 +247,7 @@ final class PinentryDialog: Sendable {
                     }
                 }
                 if line.hasPrefix("INQUIRE") { _ = send("CAN") }
+                if line.hasPrefix("S BUTTON_INFO close") { closed = true }
                 // "S …" status lines and "# …" comments: read on.
             }
         }

@@ -23,19 +23,39 @@ struct Requester: Sendable {
     let parent: pid_t
     /// Its controlling terminal (`/dev/pts/N`), for the prompt.
     let terminal: String?
+    /// When the request came through mtmfs's own command line (`mtmfs find --print`,
+    /// `git-credential-mtmfs`): that command, "PATH (pid N)". The program decided on is
+    /// then its caller: trusting mtmfs would trust every script that runs it.
+    var via: String? = nil
 
-    var path: String { program?.path ?? "(unknown program)" }
+    /// The program's path as shown (control characters made visible).
+    var path: String { Requester.printable(program?.path ?? "(unknown program)") }
+
+    /// Text from a process (a path, a command name) made safe to show and record: control
+    /// characters and bidirectional overrides become "?", so that no line can be forged.
+    static func printable(_ text: String) -> String {
+        String(String.UnicodeScalarView(text.unicodeScalars.map { scalar in
+            let value = scalar.value
+            let hidden = value < 0x20 || value == 0x7F || (0x80...0x9F).contains(value) || (0x202A...0x202E).contains(value)
+                || (0x2066...0x2069).contains(value) || value == 0x200E || value == 0x200F
+            return hidden ? "?" : scalar
+        }))
+    }
 
     /// What ran it, nearest first, up to a session's leader: "/usr/bin/bash (1234)". Read
     /// when a prompt names it (the requester waits meanwhile, so its parents do too).
-    var chain: [String] { parent > 1 ? RequesterInspector.chain(from: parent) : [] }
+    var chain: [String] { parent > 1 ? RequesterInspector.chain(from: parent).map(Requester.printable) : [] }
 
     /// One process's run of a program: what "Allow once" allows.
     var run: ProcessRun { ProcessRun(process: process, startTime: startTime, sha256: program?.sha256 ?? []) }
 
+    /// Its program is mtmfs itself (the command line).
+    let isMtmfs: Bool
+
     /// A requester denied before anything is known about it.
     static func refused(_ thread: pid_t, _ reason: String) -> Requester {
-        Requester(thread: thread, process: thread, startTime: 0, program: nil, refusal: reason, parent: 0, terminal: nil)
+        Requester(thread: thread, process: thread, startTime: 0, program: nil, refusal: reason, parent: 0, terminal: nil,
+                  isMtmfs: false)
     }
 }
 
@@ -58,10 +78,45 @@ struct ProcessRun: Hashable, Sendable {
 final class RequesterInspector: Sendable {
     private struct FileVersion: Hashable {
         let device: UInt64, inode: UInt64, size: Int64, modified: Int64, changed: Int64
+
+        init(_ st: stat) {
+            device = UInt64(st.st_dev)
+            inode = UInt64(st.st_ino)
+            size = Int64(st.st_size)
+            modified = Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec)
+            changed = Int64(st.st_ctim.tv_sec) * 1_000_000_000 + Int64(st.st_ctim.tv_nsec)
+        }
     }
 
     private let digests = Locked<[FileVersion: [UInt8]]>([:])
     private static let cacheLimit = 512
+    /// The daemon's own program: the same file (or the same bytes) run as a command is
+    /// mtmfs's command line, whose caller is what a decision is about.
+    private let own: (version: FileVersion?, digest: Locked<[UInt8]?>)
+
+    init() {
+        var st = stat()
+        var version: FileVersion?
+        if let fd = try? Syscall.open("/proc/self/exe", O_RDONLY) {
+            if fstat(fd, &st) == 0 { version = FileVersion(st) }
+            Syscall.close(fd)
+        }
+        own = (version, Locked(nil))
+    }
+
+    /// The daemon's own digest, made at the first guarded request that needs it.
+    private func ownDigest() -> [UInt8] {
+        own.digest.withLock { digest in
+            if let digest { return digest }
+            var made: [UInt8] = []
+            if let fd = try? Syscall.open("/proc/self/exe", O_RDONLY) {
+                made = (try? ProgramDigest.sha256(of: fd)) ?? []
+                Syscall.close(fd)
+            }
+            digest = made
+            return made
+        }
+    }
 
     /// Interpreters: trusting one trusts every script it runs (the prompt says so).
     static let interpreters: Set<String> = ["sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "csh", "tcsh", "busybox",
@@ -81,6 +136,19 @@ final class RequesterInspector: Sendable {
     /// exit or exec meanwhile; it is pinned anyway (pidfd), and checked to be the same
     /// process after everything was read.
     func inspect(thread: pid_t) -> Requester {
+        let requester = inspectOne(thread: thread)
+        guard requester.isMtmfs, requester.parent > 1 else { return requester }
+        // mtmfs's command line asks for its caller: the caller is the one decided on, and
+        // both must pass (neither traced, neither running writable code).
+        var caller = inspectOne(thread: requester.parent)
+        caller = Requester(thread: thread, process: requester.process, startTime: requester.startTime,
+                           program: caller.program, refusal: requester.refusal ?? caller.refusal.map { "its caller: " + $0 },
+                           parent: caller.parent, terminal: requester.terminal, isMtmfs: false)
+        caller.via = "\(requester.path) (pid \(requester.process))"
+        return caller
+    }
+
+    private func inspectOne(thread: pid_t) -> Requester {
         guard let status = ProcessInspection.decisionStatus(of: thread) else {
             return .refused(thread, "the requesting process is gone")
         }
@@ -91,14 +159,21 @@ final class RequesterInspector: Sendable {
         guard let stat = ProcessInspection.stat(of: process) else { return .refused(thread, "the requesting process is gone") }
 
         var refusal: String?
-        // Traced (a debugger, strace): its memory and its reads belong to the tracer.
-        // (The thread's, and its process's when another thread asks: a tracer attaches to threads.)
-        let processTracer = process == thread ? status.tracer : ProcessInspection.decisionStatus(of: process)?.tracer ?? 0
-        if let tracer = [status.tracer, processTracer].first(where: { $0 != 0 }) {
-            refusal = "it is being traced by pid \(tracer) (\(ProcessState.name(of: tracer) ?? "?"))"
+        // Traced (a debugger, strace): its memory and its reads belong to the tracer. A
+        // tracer attaches to threads, and any thread's tracer reaches the whole process.
+        var tracer = status.tracer
+        if tracer == 0 {
+            let threads = ProcessInspection.threads(of: process)
+            if threads != [thread] {
+                tracer = threads.lazy.compactMap { ProcessInspection.decisionStatus(of: $0)?.tracer }.first { $0 != 0 } ?? 0
+            }
+        }
+        if tracer != 0 {
+            refusal = "it is being traced by pid \(tracer) (\(Requester.printable(ProcessState.name(of: tracer) ?? "?")))"
         }
 
-        let program = identify(thread)
+        let (program, isMtmfs, exeProblem) = identify(thread)
+        if refusal == nil { refusal = exeProblem }
         if program == nil && refusal == nil {
             refusal = "its program cannot be read (/proc/\(thread)/exe: a process that is not dumpable, or another user's)"
         }
@@ -108,32 +183,41 @@ final class RequesterInspector: Sendable {
         // Still the process all of this was read from (pinned: its pid was not reused).
         guard ProcessInspection.isRunning(pinned: pin) else { return .refused(thread, "the requesting process is gone") }
         return Requester(thread: thread, process: process, startTime: stat.startTime, program: program,
-                         refusal: refusal, parent: stat.parent, terminal: terminal)
+                         refusal: refusal, parent: stat.parent, terminal: terminal, isMtmfs: isMtmfs)
     }
 
     /// The program of a thread: its executable's digest (through /proc/TID/exe, the file
-    /// the kernel runs, even if renamed or removed since) and its path.
-    private func identify(_ thread: pid_t) -> TrustedProgram? {
-        guard let fd = try? Syscall.open("/proc/\(thread)/exe", O_RDONLY) else { return nil }
+    /// the kernel runs, even if renamed or removed since) and its path — checked to name
+    /// that file in the thread's own mount namespace, else marked unverified; whether it
+    /// is mtmfs itself; and why it cannot be trusted, if it cannot (on a FUSE file system,
+    /// whose owner may show the hash other bytes than the kernel runs).
+    private func identify(_ thread: pid_t) -> (TrustedProgram?, isMtmfs: Bool, problem: String?) {
+        guard let fd = try? Syscall.open("/proc/\(thread)/exe", O_RDONLY) else { return (nil, false, nil) }
         defer { Syscall.close(fd) }
         var st = stat()
-        guard fstat(fd, &st) == 0 else { return nil }
-        let version = FileVersion(device: UInt64(st.st_dev), inode: UInt64(st.st_ino), size: Int64(st.st_size),
-                                  modified: Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec),
-                                  changed: Int64(st.st_ctim.tv_sec) * 1_000_000_000 + Int64(st.st_ctim.tv_nsec))
+        guard fstat(fd, &st) == 0 else { return (nil, false, nil) }
+        let version = FileVersion(st)
         let digest: [UInt8]
         if let known = digests.withLock({ $0[version] }) {
             digest = known
         } else {
-            guard let made = try? ProgramDigest.sha256(of: fd) else { return nil }
+            guard let made = try? ProgramDigest.sha256(of: fd) else { return (nil, false, nil) }
             digest = made
             digests.withLock { cache in
-                if cache.count >= Self.cacheLimit { cache.removeAll() }
+                if cache.count >= Self.cacheLimit { cache.remove(at: cache.startIndex) }
                 cache[version] = made
             }
         }
-        let path = ProcessInspection.executablePath(of: thread) ?? "(unknown path)"
-        return TrustedProgram(sha256: digest, path: path)
+        var path = ProcessInspection.executablePath(of: thread) ?? "(unknown path)"
+        if let named = try? Syscall.stat("/proc/\(thread)/root" + path), named.st_dev == st.st_dev, named.st_ino == st.st_ino {
+            // the path names the file the kernel runs
+        } else {
+            path += " (path not verified)"
+        }
+        let isMtmfs = version == own.version || ownDigest() == digest
+        let problem = ProcessInspection.fileSystemType(of: fd) == ProcessInspection.fuseMagic
+            ? "its program is on a FUSE file system (\(Requester.printable(path)))" : nil
+        return (TrustedProgram(sha256: digest, path: path), isMtmfs, problem)
     }
 
     /// Why the code a thread maps makes it untrustworthy, if it does: a mapped file its
@@ -151,12 +235,18 @@ final class RequesterInspector: Sendable {
                 return "it runs code from a file without a name (\(name))"
             case .deletedFile(let path):
                 return "it runs code from a file removed since (\(path))"
-            case .file(let path, let inode):
-                guard let st = try? Syscall.stat(path), UInt64(st.st_ino) == inode else {
-                    return "it runs code from a file replaced since (\(path))"
+            case .file(let path, let device, let inode):
+                // The path as the thread sees it (its mount namespace), and the very file it mapped.
+                let seen = "/proc/\(thread)/root" + path
+                let shown = Requester.printable(path)
+                guard let st = try? Syscall.stat(seen), UInt64(st.st_ino) == inode, UInt64(st.st_dev) == device else {
+                    return "it runs code from a file replaced since (\(shown))"
                 }
-                if credentials.mayWrite(st) {
-                    return "it runs code from \(path), which its user (uid \(credentials.uid)) can write"
+                if credentials.mayWrite(st) || (credentials.uid == geteuid() && (try? Syscall.access(seen, W_OK)) != nil) {
+                    return "it runs code from \(shown), which its user (uid \(credentials.uid)) can write"
+                }
+                if ProcessInspection.fileSystemType(seen) == ProcessInspection.fuseMagic {
+                    return "it runs code from a FUSE file system (\(shown))"
                 }
             }
         }

@@ -9,6 +9,15 @@ import Posix
 /// read-only. Local inodes 2^47 + 2^46 + account serial (layout in `Identities.swift`).
 ///
 /// Thread-safety: a value.
+extension AccountsTree {
+    /// Whether guarding covers an open (`State.guardedAccess`).
+    enum Coverage {
+        case uncovered
+        case covered(AccessGuard.Access, [TrustedProgram])
+        case refused
+    }
+}
+
 struct TrustedListNode: Hashable {
     let account: AccountID
 
@@ -31,7 +40,9 @@ struct TrustedListNode: Hashable {
 /// worker thread serves other requests meanwhile).
 extension AccountsTree {
     /// Who asks, when the vault is guarded (nil: not guarded, nothing to look up).
-    /// Read before the tree's lock is taken: /proc and a program's hash take time.
+    /// Read before the tree's lock is taken: /proc and a program's hash take time. A
+    /// request that finds the vault guarded only once it holds the lock (an unlock or
+    /// `guard on` meanwhile) is looked at then (`requireTrust`).
     func requester(_ context: RequestContext) -> Requester? {
         guarded.load(ordering: .acquiring) ? access.inspector.inspect(thread: context.pid) : nil
     }
@@ -47,14 +58,31 @@ extension AccountsTree {
 
     /// An open of a field that guarding covers: decided now (trusted, allowed once for
     /// this run, refused outright) or by a person (postponed until the prompt's answer).
+    /// Whether it is covered is decided under the lock that opens: an open racing an
+    /// unlock or `guard on` is looked at again, never let through unchecked.
     func guardedOpen(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile? {
-        guard guarded.load(ordering: .acquiring) else { return try open(inode, flags: flags, context: context, guarded: false) }
         let writer = flags & O_ACCMODE != O_RDONLY
-        let question = try locked { (s) throws(Errno) -> (AccessGuard.Access, [TrustedProgram])? in
-            try s.fields.session.requireOpen()
-            return try s.guardedAccess(space.local(of: inode), writing: writer)
+        for _ in 0..<3 {
+            let question = try locked { (s) throws(Errno) -> Coverage in
+                try s.fields.session.requireOpen()
+                return s.guardedAccess(space.local(of: inode), writing: writer)
+            }
+            switch question {
+            case .uncovered:
+                // Opened only if still uncovered under the lock that opens (else asked again).
+                if let opened = try open(inode, flags: flags, context: context, guarded: false, ifUncovered: true) { return opened }
+                continue
+            case .refused:
+                throw .permissionDenied
+            case .covered(let access, let trusted):
+                return try decide(inode, flags: flags, context: context, request: request, access: access, trusted: trusted)
+            }
         }
-        guard let (access, trusted) = question else { return try open(inode, flags: flags, context: context, guarded: false) }
+        throw .tryAgain
+    }
+
+    private func decide(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest,
+                        access: AccessGuard.Access, trusted: [TrustedProgram]) throws(Errno) -> OpenedFile? {
         // Who asks is read outside the lock (/proc, and a program's hash the first time).
         let requester = self.access.inspector.inspect(thread: context.pid)
         switch self.access.verdict(requester, access, trusted: trusted) {
@@ -66,7 +94,8 @@ extension AccountsTree {
             }
             // Answered first: the record (which walks the requester's parents) is not
             // something a trusted program should wait for.
-            request.postpone().reply(opened)
+            let pending = request.postpone()
+            if !pending.reply(opened) { release(inode, handle: opened.handle, flags: flags) }
             self.access.record(allowed: true, why, requester, access)
             return nil
         case .denied(let why):
@@ -82,67 +111,88 @@ extension AccountsTree {
                 throw .permissionDenied
             }
             let pending = request.postpone()
-            ask(requester, access, pending: pending) { [weak self] () throws(Errno) -> OpenedFile in
-                guard let self else { throw .ioError }
-                return try self.open(inode, flags: flags, context: context, guarded: true)
-            }
+            ask(requester, access, pending: pending, inode: inode, flags: flags, context: context)
             return nil
         }
     }
 
     /// Asks a person on a thread of its own (one prompt per program and account at a time;
-    /// a second request of the same pair waits for the first one's end, then is decided
-    /// again), then answers the postponed OPEN.
+    /// a second request of the same pair waits for the first one's end: a no holds for it
+    /// too, anything else and it is decided again), then answers the postponed OPEN. A
+    /// Ctrl-C of the requester ends its wait at once, waiting or asked.
     func ask(_ requester: Requester, _ access: AccessGuard.Access, pending: PendingOpen,
-             open: @escaping @Sendable () throws(Errno) -> OpenedFile) {
+             inode: InodeNumber, flags: Int32, context: RequestContext) {
         let guardian = self.access
         let key = AccessGuard.PromptKey(sha256: requester.program?.sha256 ?? [], account: access.account)
-        let retry: @Sendable () -> Void = { [weak self] in
+        let retry: @Sendable (AccessGuard.PromptEnd) -> Void = { [weak self] end in
             guard let self, !pending.isInterrupted else { return pending.fail(.interrupted) }
+            if case .denied(let why) = end {
+                guardian.record(allowed: false, why + " (the prompt it waited for)", requester, access)
+                return pending.fail(.permissionDenied)
+            }
             // Decided again: the prompt that ended may have trusted this program.
             let trusted = (try? self.locked { (s) throws(Errno) in try s.trustedPrograms(access.account) }) ?? []
             switch guardian.verdict(requester, access, trusted: trusted) {
             case .allowed(let why):
                 guardian.record(allowed: true, why, requester, access)
-                Self.answer(pending, with: open)
+                self.answer(pending, inode: inode, flags: flags, context: context)
             case .denied(let why):
                 guardian.record(allowed: false, why, requester, access)
                 pending.fail(.permissionDenied)
             case .ask:
-                self.ask(requester, access, pending: pending, open: open)
+                self.ask(requester, access, pending: pending, inode: inode, flags: flags, context: context)
             }
         }
-        guard guardian.startPrompt(key, orWait: { _ = Threads.detach(retry) }) else { return }
+        let waits = !guardian.startPrompt(key, orWait: { end in
+            // On a thread of its own (a new prompt may follow); without one, a no.
+            if !Threads.detach({ retry(end) }) { pending.fail(.permissionDenied) }
+        })
+        if waits {
+            pending.onInterrupt { pending.fail(.interrupted) }
+            return
+        }
         let started = Threads.detach { [weak self] in
-            defer { guardian.endPrompt(key) }
             let dialog = PinentryDialog()
+            guardian.dialogStarted(dialog)
+            var end = AccessGuard.PromptEnd.other
+            defer {
+                guardian.dialogEnded(dialog)
+                guardian.endPrompt(key, end)
+            }
             pending.onInterrupt { dialog.cancel() }
             let text = guardian.promptText(requester, access)
             let answer = dialog.ask(program: guardian.settings.program, terminal: requester.terminal,
                                     environment: guardian.settings.environment, title: text.title,
-                                    description: text.description, timeout: guardian.settings.timeout)
+                                    description: text.description, timeout: guardian.settings.timeout,
+                                    alwaysAllowText: guardian.alwaysAllowText(requester, access),
+                                    unavailable: guardian.settings.problem)
             guard let self else { return pending.fail(.ioError) }
             switch answer {
             case .allowOnce:
-                guardian.allowOnce(requester, account: access.account)
+                guardian.allowOnce(requester, access)
                 guardian.record(allowed: true, "allowed once at the prompt", requester, access)
-                Self.answer(pending, with: open)
-            case .alwaysAllow:
+                self.answer(pending, inode: inode, flags: flags, context: context)
+            case .alwaysAllow(let passphrase):
+                defer { passphrase.wipe() }
                 do throws(Errno) {
                     guard let program = requester.program else { throw .permissionDenied }
+                    try self.checkPassphrase(passphrase)
                     try self.trust(program, account: access.account)
-                    guardian.record(allowed: true, "always allowed at the prompt: now trusted", requester, access)
-                    Self.answer(pending, with: open)
+                    guardian.record(allowed: true, "always allowed at the prompt, with the passphrase: now trusted", requester, access)
+                    self.answer(pending, inode: inode, flags: flags, context: context)
                 } catch {
-                    guardian.record(allowed: false, "always allowed at the prompt, but the vault could not record it (\(error))",
-                                    requester, access)
+                    let why = error == .permissionDenied ? "a wrong passphrase" : "\(error)"
+                    guardian.record(allowed: false, "always allowed at the prompt, refused: \(why)", requester, access)
+                    end = .denied("always allowed at the prompt, refused: \(why)")
                     pending.fail(.permissionDenied)
                 }
             case .deny:
                 guardian.record(allowed: false, "denied at the prompt", requester, access)
+                end = .denied("denied at the prompt")
                 pending.fail(.permissionDenied)
             case .timedOut:
                 guardian.record(allowed: false, "no answer within \(Int(guardian.settings.timeout)) s", requester, access)
+                end = .denied("no answer within \(Int(guardian.settings.timeout)) s")
                 pending.fail(.permissionDenied)
             case .interrupted:
                 guardian.record(allowed: false, "the requester was interrupted while asked", requester, access)
@@ -153,15 +203,20 @@ extension AccountsTree {
             }
         }
         if !started {
-            guardian.endPrompt(key)
+            guardian.endPrompt(key, .other)
             guardian.record(allowed: false, "could not ask: no thread for the prompt", requester, access)
             pending.fail(.permissionDenied)
         }
     }
 
-    private static func answer(_ pending: PendingOpen, with open: () throws(Errno) -> OpenedFile) {
+    /// Opens for a postponed request that was allowed, and replies; an open whose
+    /// requester was interrupted meanwhile (or whose reply the kernel no longer takes) is
+    /// not left behind.
+    private func answer(_ pending: PendingOpen, inode: InodeNumber, flags: Int32, context: RequestContext) {
+        guard !pending.isInterrupted else { return pending.fail(.interrupted) }
         do {
-            pending.reply(try open())
+            let opened = try open(inode, flags: flags, context: context, guarded: true)
+            if !pending.reply(opened) { release(inode, handle: opened.handle, flags: flags) }
         } catch {
             pending.fail(error)
         }
@@ -188,10 +243,13 @@ extension AccountsTree {
     /// For a request that changes an account (a write, an editor's file, a rename, an
     /// unlink, a truncation, a removal) without a prompt: trusted, or allowed once for this
     /// run, or EACCES.
-    func requireTrust(_ s: inout State, directory: LocalInode, _ requester: Requester?, what: String) throws(Errno) {
-        guard let requester, s.fields.session.isOpen, let vault = s.fields.vault,
+    func requireTrust(_ s: inout State, directory: LocalInode, _ looked: Requester?, context: RequestContext,
+                      what: String) throws(Errno) {
+        guard s.fields.session.isOpen, let vault = s.fields.vault,
               (try? vault.isGuarded()) == true, let id = s.fields.account(at: directory),
               let uuid = s.fields.uuid(of: id) else { return }
+        // Guarded only since the request was looked at (an unlock, `guard on`): looked at now.
+        let requester = looked ?? access.inspector.inspect(thread: context.pid)
         let access = s.accessDescription(uuid, what: what, writing: true)
         let trusted = (try? vault.trustedPrograms(of: uuid)) ?? []
         switch self.access.verdict(requester, access, trusted: trusted) {
@@ -222,6 +280,10 @@ extension AccountsTree {
     }
 
     func readTrustedList(handle: UInt64, offset: UInt64, size: Int, reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
+        try state.withLock { (s) throws(Errno) in
+            // Opened before a lock: refused, as a field's descriptor is.
+            guard s.fields.session.isCurrent(FileHandle(raw: handle)), s.fields.session.isOpen else { throw .permissionDenied }
+        }
         try trustedLists.withLock { (lists) throws(Errno) in
             guard let text = lists[handle] else { throw .badFileDescriptor }
             guard offset < UInt64(text.count) else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
@@ -241,6 +303,12 @@ extension AccountsTree {
             guard let vault = s.fields.vault else { throw .ioError }
             do throws(VaultError) { try vault.setGuarded(on) } catch { throw error.errno }
             noteGuarding(s)
+            if on {
+                // Descriptors opened before were never decided: they end here (EACCES).
+                s.fields.session.retireHandles()
+            } else {
+                guardingTurnedOff.store(true, ordering: .relaxed)
+            }
             Log.info("guarding turned \(on ? "on" : "off")")
             return Array(s.engine.files.keys)
         }
@@ -317,16 +385,18 @@ extension AccountsTree {
 
 extension AccountsTree.State {
     /// What opening `local` would touch, when guarding covers it: the password (read or
-    /// written), any field written, any editor's file of an account. Nil: not covered
-    /// (guarding off, another field read, not an account's file).
-    func guardedAccess(_ local: LocalInode, writing: Bool) throws(Errno) -> (AccessGuard.Access, [TrustedProgram])? {
+    /// written), any field written, any editor's file of an account. Uncovered: guarding
+    /// off, another field read, not an account's file. Refused: a file of accounts/ that
+    /// belongs to no account any more (the old text of a field replaced while open, which
+    /// another program could reopen through /proc/PID/fd).
+    func guardedAccess(_ local: LocalInode, writing: Bool) -> AccountsTree.Coverage {
         guard let vault = fields.vault, (try? vault.isGuarded()) == true, local.isFile, let file = engine.files[local] else {
-            return nil
+            return .uncovered
         }
         let what: String
         let directory: LocalInode?
         if let key = file.key {
-            guard writing || key.field == .password else { return nil }
+            guard writing || key.field == .password else { return .uncovered }
             what = AccountFields.names[key.index]
             directory = key.account.directory
         } else {
@@ -338,8 +408,9 @@ extension AccountsTree.State {
                 directory = (file.intendedKey ?? file.detachedFrom)?.account.directory
             }
         }
-        guard let directory, let id = fields.account(at: directory), let uuid = fields.uuid(of: id) else { return nil }
-        return (accessDescription(uuid, what: what, writing: writing), try trustedPrograms(uuid))
+        guard let directory, let id = fields.account(at: directory), let uuid = fields.uuid(of: id),
+              let trusted = try? trustedPrograms(uuid) else { return .refused }
+        return .covered(accessDescription(uuid, what: what, writing: writing), trusted)
     }
 
     func accessDescription(_ uuid: [UInt8], what: String, writing: Bool) -> AccessGuard.Access {

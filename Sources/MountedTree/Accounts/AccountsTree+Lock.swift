@@ -93,6 +93,17 @@ extension AccountsTree {
                 Log.warning(error == .wrongPassphrase ? "unlock refused: wrong passphrase" : error.description)
                 throw error.errno
             }
+            // Guarding seen on by this mount and off in the file now, without `mtmfs guard
+            // off` here: an older copy of the vault was put back. Not taken.
+            if lastKnownGuarding.load(ordering: .relaxed) == 2, !guardingTurnedOff.load(ordering: .relaxed),
+               (try? vault.isGuarded()) == false {
+                vault.lock()
+                let message = "the vault file now has guarding off, which this mount saw on: an older copy put back? "
+                    + "Not unlocked; remount to accept it"
+                Log.error(message)
+                s.fields.session.problem = message
+                throw .permissionDenied
+            }
             s.fields.session.touched()
             s.fields.session.revealing = true
             noteGuarding(s)
@@ -128,6 +139,7 @@ extension AccountsTree {
             let viewNames = s.viewNamesToForget()
             s.fields.session.lock()
             noteGuarding(s)
+            trustedLists.withLock { $0.removeAll() }
             let files = s.engine.wipeAll().map(Invalidation.inode) + s.takeInvalidations() + viewNames
             if wasUnlocked { Log.info("accounts locked (\(reason))") }
             return files

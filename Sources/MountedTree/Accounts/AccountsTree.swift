@@ -50,8 +50,12 @@ public final class AccountsTree: Subtree {
     let guarded = Atomic<Bool>(false)
     /// Guarding as last seen unlocked: 0 never seen, 1 off, 2 on (status while locked).
     let lastKnownGuarding = Atomic<Int>(0)
-    /// The text of each open `trusted` file, by handle.
+    /// The text of each open `trusted` file, by handle (its lock generation is in it: a
+    /// lock empties the table and refuses the handles of before).
     let trustedLists = Locked<[UInt64: [UInt8]]>([:])
+    /// Guarding was turned off by `mtmfs guard off` on this mount (then a vault read again
+    /// with guarding off is no roll-back).
+    let guardingTurnedOff = Atomic<Bool>(false)
 
     static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     /// Field attributes (sizes) may be cached while unlocked: every commit and every lock
@@ -74,6 +78,7 @@ public final class AccountsTree: Subtree {
 
     public func shutDown() {
         running.store(false, ordering: .relaxed)
+        access.cancelAll()
         lock(reason: "unmount")
         wakeup.wake()
     }
@@ -173,7 +178,7 @@ public final class AccountsTree: Subtree {
             if changes.size != nil, handle == nil, let file = s.engine.files[local] {
                 // truncate(2) by name: a write without an open (one through a handle was decided at its open).
                 let directory: LocalInode? = if case .scratch(let parent, _) = file.role { parent } else { file.key?.account.directory }
-                if let directory { try requireTrust(&s, directory: directory, requester, what: "fields") }
+                if let directory { try requireTrust(&s, directory: directory, requester, context: context, what: "fields") }
             }
             _ = try s.attributes(local, space)
             // Through a descriptor from before a lock: refused, like its reads and writes.
@@ -222,7 +227,7 @@ public final class AccountsTree: Subtree {
         let requester = self.requester(context)
         try locked { (s) throws(Errno) in
             if let account = s.fields.account(named: name) {
-                try requireTrust(&s, directory: s.fields.id(of: account.uuid).directory, requester, what: "account")
+                try requireTrust(&s, directory: s.fields.id(of: account.uuid).directory, requester, context: context, what: "account")
             }
             try s.removeAccount(name)
         }
@@ -238,7 +243,7 @@ public final class AccountsTree: Subtree {
         }
         let requester = parentLocal == .top ? nil : self.requester(context)
         try locked { (s) throws(Errno) in
-            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, what: name) }
+            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: name) }
             // `rm -r` of an account unlinks its `trusted` too: nothing changes (only the
             // passphrase changes the list; it goes with the account).
             if name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil {
@@ -260,7 +265,7 @@ public final class AccountsTree: Subtree {
         let requester = parentLocal == .top ? nil : self.requester(context)
         return try locked { (s) throws(Errno) in
             if parentLocal != .top && name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil { throw .fileExists }
-            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, what: "files") }
+            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: "files") }
             let made = try s.makeSymbolicLink(target, in: parentLocal, name)
             return try entry(s, made)
         }
@@ -291,8 +296,8 @@ public final class AccountsTree: Subtree {
             for (directory, fileName) in [(from, name), (to, newName)] where directory != .top {
                 if fileName == TrustedListNode.name && s.fields.account(at: directory) != nil { throw .permissionDenied }
             }
-            if from != .top { try requireTrust(&s, directory: from, requester, what: newName) }
-            if to != .top && to != from { try requireTrust(&s, directory: to, requester, what: newName) }
+            if from != .top { try requireTrust(&s, directory: from, requester, context: context, what: newName) }
+            if to != .top && to != from { try requireTrust(&s, directory: to, requester, context: context, what: newName) }
             try s.rename(from, name, to, newName, flags: flags)
         }
     }
@@ -315,11 +320,21 @@ public final class AccountsTree: Subtree {
     /// The open itself, once guarding (if on) has allowed it. A guarded open is never
     /// served from the kernel's pages: what one program was allowed, another cannot read.
     func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, guarded: Bool) throws(Errno) -> OpenedFile {
+        // (Always opens: `ifUncovered` false.)
+        try open(inode, flags: flags, context: context, guarded: guarded, ifUncovered: false)!
+    }
+
+    /// `ifUncovered`: nil instead of an open when guarding covers it now (it became
+    /// guarded since the caller looked): the caller decides again.
+    func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, guarded: Bool,
+              ifUncovered: Bool) throws(Errno) -> OpenedFile? {
         defer { SecureBytes.burnStack() }
-        let opened = try locked { (s) throws(Errno) -> OpenedFile in
+        let opened = try locked { (s) throws(Errno) -> OpenedFile? in
             let local = space.local(of: inode)
             try s.fields.session.requireOpen()
             guard local.isFile else { throw .isDirectory }
+            if ifUncovered, case .covered = s.guardedAccess(local, writing: flags & O_ACCMODE != O_RDONLY) { return nil }
+            if ifUncovered, case .refused = s.guardedAccess(local, writing: flags & O_ACCMODE != O_RDONLY) { throw .permissionDenied }
             let handle = s.fields.session.newHandle()
             let writer = flags & O_ACCMODE != O_RDONLY
             try s.engine.open(local, handle: handle, truncate: flags & O_TRUNC != 0 && writer, s.fields)
@@ -332,7 +347,7 @@ public final class AccountsTree: Subtree {
             // lock drops them all), and its close commits nothing: no READ, no FLUSH.
             return OpenedFile(handle: handle.raw, keepCache: true, noFlush: true)
         }
-        if opened.keepCache { pageCache.admit(inode, notifier: notifier) }
+        if let opened, opened.keepCache { pageCache.admit(inode, notifier: notifier) }
         return opened
     }
 
@@ -342,7 +357,7 @@ public final class AccountsTree: Subtree {
         let requester = parentLocal == .top ? nil : self.requester(context)
         return try locked { (s) throws(Errno) in
             if parentLocal != .top && name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil { throw .fileExists }
-            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, what: name) }
+            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: name) }
             let handle = s.fields.session.newHandle()
             let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle)
             return (try entry(s, local), OpenedFile(handle: handle.raw, directIO: true))

@@ -72,6 +72,12 @@ struct VaultSession {
     /// Made under the current lock generation.
     func isCurrent(_ handle: FileHandle) -> Bool { handle.generation == generation }
 
+    /// Starts a new generation without locking: every earlier handle is refused (guarding
+    /// turned on: none of them was decided).
+    mutating func retireHandles() {
+        generation = FileHandle.nextGeneration(after: generation)
+    }
+
     /// Zeroes the keys and starts a new generation: every earlier handle is refused.
     mutating func lock() {
         vault?.lock()

@@ -50,8 +50,7 @@ public final class MtmfsMount: Sendable {
             active: ActiveAccountLink(get: { settings.stringValue(forKey: activeKey) },
                                       set: { (value) throws(Errno) in try settings.setString(value, forKey: activeKey) }),
             autoLockSeconds: autoLockSeconds,
-            prompts: PromptSettings(program: pinentry, environment: PromptSettings.pinentryEnvironment(from: Self.environment()),
-                                    mountPoint: mountPoint))
+            prompts: Self.prompts(pinentry, mountPoint: mountPoint))
         let cache = CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership, notifier: notifier, limit: cacheLimit,
                               progress: progress)
         let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts, cache: cache)
@@ -126,6 +125,15 @@ public final class MtmfsMount: Sendable {
         let passphrase = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: rest[0..<length]))
         defer { passphrase.wipe() }
         try body(words, passphrase)
+    }
+
+    /// How guarded opens ask: the pinentry found in the system's directories (a problem is
+    /// logged, and then every prompt is refused, saying why).
+    static func prompts(_ pinentry: String, mountPoint: String) -> PromptSettings {
+        let (path, problem) = PromptSettings.resolvePinentry(pinentry, user: getuid())
+        if let problem { Log.warning(problem + ": guarded accounts cannot ask, only trusted programs read passwords") }
+        return PromptSettings(program: path ?? "", problem: problem,
+                              environment: PromptSettings.pinentryEnvironment(from: environment()), mountPoint: mountPoint)
     }
 
     /// The daemon's environment, as "NAME=value" strings.
