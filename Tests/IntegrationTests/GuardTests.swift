@@ -233,6 +233,14 @@ struct GuardTests {
         #expect(mount.prompts == again)
         let status = mount.mtmfs("status", mount.mountPoint).stdout
         #expect(status.contains("guard: on"), "\(status)")
+        // Where any program of the user may trace another, status says so.
+        let scope = (try? String(contentsOfFile: "/proc/sys/kernel/yama/ptrace_scope", encoding: .utf8))?
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        if scope == nil || scope == "0" {
+            #expect(status.contains("warning: kernel.yama.ptrace_scope is"), "\(status)")
+        } else {
+            #expect(!status.contains("ptrace_scope"), "\(status)")
+        }
     }
 
     /// trust/untrust need the passphrase (a wrong one exits 1 and changes nothing); guard
