@@ -323,21 +323,8 @@ public final class Vault: @unchecked Sendable {
     /// The fast half of an unlock: unwraps the master key with `kek` (which it wipes) and
     /// opens every record.
     public func unlock(withPassphraseKey kek: SecureBytes) throws(VaultError) {
-        let key = SecureBytes(count: VaultFormat.keySize)
-        let unwrapped = wrappedKey.withUnsafeBytes { sealed in
-            key.withUnsafeMutableBytes { out in
-                kek.withUnsafeBytes { k in
-                    crypto_aead_xchacha20poly1305_ietf_decrypt(
-                        out.baseAddress!.assumingMemoryBound(to: UInt8.self), nil, nil,
-                        sealed.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(sealed.count),
-                        headerPrefix(), UInt64(VaultFormat.headerPrefixSize),
-                        wrapNonce, k.baseAddress!.assumingMemoryBound(to: UInt8.self))
-                }
-            }
-        }
-        guard unwrapped == 0 else {
+        guard let key = unwrapMasterKey(with: kek) else {
             kek.wipe()
-            key.wipe()
             throw .wrongPassphrase
         }
         // Version 1: the key is wrapped for version 2 now, written at the first change.
@@ -368,8 +355,15 @@ public final class Vault: @unchecked Sendable {
     public func checkPassphraseKey(_ kek: SecureBytes) throws(VaultError) {
         defer { kek.wipe() }
         let current = try requireKey()
-        let key = SecureBytes(count: VaultFormat.keySize)
+        guard let key = unwrapMasterKey(with: kek) else { throw .wrongPassphrase }
         defer { key.wipe() }
+        guard key.equals(current) else { throw .wrongPassphrase }
+    }
+
+    /// The master key, unwrapped with a passphrase's key; nil when it does not open (a
+    /// wrong passphrase: the checksum already ruled out damage).
+    private func unwrapMasterKey(with kek: SecureBytes) -> SecureBytes? {
+        let key = SecureBytes(count: VaultFormat.keySize)
         let unwrapped = wrappedKey.withUnsafeBytes { sealed in
             key.withUnsafeMutableBytes { out in
                 kek.withUnsafeBytes { k in
@@ -381,7 +375,11 @@ public final class Vault: @unchecked Sendable {
                 }
             }
         }
-        guard unwrapped == 0, key.equals(current) else { throw .wrongPassphrase }
+        guard unwrapped == 0 else {
+            key.wipe()
+            return nil
+        }
+        return key
     }
 
     /// Zeroes and frees the master key and every decrypted field.
@@ -834,36 +832,6 @@ public final class Vault: @unchecked Sendable {
     }
 }
 
-/// Which file a path holds, and which version of it: device, inode, size and times. Two
-/// saves of the same size within a clock tick share a modification time, but not an
-/// inode: every save renames a new file into place.
-///
-/// Thread-safety: a value.
-public struct FileIdentity: Equatable, Sendable {
-    let device: UInt64, inode: UInt64, size: Int64
-    let modified: Int64, changed: Int64
-
-    init(_ st: stat) {
-        device = UInt64(st.st_dev)
-        inode = UInt64(st.st_ino)
-        size = Int64(st.st_size)
-        modified = Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec)
-        changed = Int64(st.st_ctim.tv_sec) * 1_000_000_000 + Int64(st.st_ctim.tv_nsec)
-    }
-
-    /// The file at `path` now; nil when there is none.
-    public init?(of path: String) {
-        guard let st = try? Syscall.stat(path) else { return nil }
-        self.init(st)
-    }
-
-    init?(of fd: Int32) {
-        var st = stat()
-        guard fstat(fd, &st) == 0 else { return nil }
-        self.init(st)
-    }
-}
-
 /// Account directory names: a UUID in any case, kept as given.
 public enum AccountName {
     /// The 16 bytes of a UUID in the 8-4-4-4-12 hex form, or nil.
@@ -885,12 +853,5 @@ public enum AccountName {
         return bytes
     }
 
-    static func hex(_ c: UInt8) -> UInt8? {
-        switch c {
-        case 0x30...0x39: c - 0x30
-        case 0x41...0x46: c - 0x41 + 10
-        case 0x61...0x66: c - 0x61 + 10
-        default: nil
-        }
-    }
+    static func hex(_ c: UInt8) -> UInt8? { ASCIIHex.value(c) }
 }

@@ -205,14 +205,7 @@ public enum ProcessInspection {
         return mappings
     }
 
-    static func hexDigit(_ byte: UInt8) -> UInt64? {
-        switch byte {
-        case 0x30...0x39: UInt64(byte - 0x30)
-        case 0x61...0x66: UInt64(byte - 0x61 + 10)
-        case 0x41...0x46: UInt64(byte - 0x41 + 10)
-        default: nil
-        }
-    }
+    static func hexDigit(_ byte: UInt8) -> UInt64? { ASCIIHex.value(byte).map { UInt64($0) } }
 
     /// `makedev(3)` as glibc encodes it (what `st_dev` holds).
     public static func deviceNumber(major: UInt64, minor: UInt64) -> UInt64 {

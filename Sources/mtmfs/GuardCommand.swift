@@ -149,18 +149,7 @@ enum ControlCommand {
         defer { message.wipe() }
         Array((words.joined(separator: "\t") + "\n").utf8).withUnsafeBytes { message.write($0, at: 0) }
         passphrase.withUnsafeBytes { message.write($0, at: message.count) }
-        let path = mountPoint + "/.mtmfs/" + file
-        let fd: Int32
-        do {
-            fd = try Syscall.open(path, O_WRONLY)
-        } catch {
-            throw CommandFailure("cannot open \(path): \(error) (a daemon of an older mtmfs? remount it)")
-        }
-        defer { Syscall.close(fd) }
-        let result: Errno? = message.withUnsafeBytes { bytes -> Errno? in
-            do throws(Errno) { try Syscall.writeAll(fd, bytes); return nil } catch { return error }
-        }
-        switch result {
+        switch try ControlFile.write(mountPoint, file, message) {
         case nil: return
         case .permissionDenied?: throw CommandFailure(refused)
         case .noSuchFileOrDirectory?: throw CommandFailure("no such account or program (see the mount's log)")

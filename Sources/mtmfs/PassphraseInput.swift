@@ -71,17 +71,7 @@ enum PassphraseInput {
 
     /// Writes a passphrase to a mount's `.mtmfs/unlock`; maps the answer to a message.
     static func unlock(mountPoint: String, with passphrase: SecureBytes) throws(CommandFailure) {
-        let fd: Int32
-        do {
-            fd = try Syscall.open(mountPoint + "/.mtmfs/unlock", O_WRONLY)
-        } catch {
-            throw CommandFailure("cannot open \(mountPoint)/.mtmfs/unlock: \(error)")
-        }
-        defer { Syscall.close(fd) }
-        let result: Errno? = passphrase.withUnsafeBytes { bytes -> Errno? in
-            do throws(Errno) { try Syscall.writeAll(fd, bytes); return nil } catch { return error }
-        }
-        switch result {
+        switch try ControlFile.write(mountPoint, "unlock", passphrase) {
         case nil: return
         case .permissionDenied?:
             // Another unlock may have come first meanwhile: say what the accounts are now.
@@ -89,6 +79,24 @@ enum PassphraseInput {
             throw CommandFailure("wrong passphrase; the accounts stay \(state)")
         case .ioError?: throw CommandFailure("the vault is damaged: see `mtmfs status \(mountPoint)` and the log")
         case let error?: throw CommandFailure("unlock failed: \(error)")
+        }
+    }
+}
+
+/// A mount's control file written in one write from secure memory (a passphrase, or a
+/// command with its passphrase): nil when taken, else the errno the daemon answered.
+enum ControlFile {
+    static func write(_ mountPoint: String, _ name: String, _ bytes: SecureBytes) throws(CommandFailure) -> Errno? {
+        let path = mountPoint + "/.mtmfs/" + name
+        let fd: Int32
+        do {
+            fd = try Syscall.open(path, O_WRONLY)
+        } catch {
+            throw CommandFailure("cannot open \(path): \(error)" + (error == .noSuchFileOrDirectory ? " (a daemon of an older mtmfs? remount it)" : ""))
+        }
+        defer { Syscall.close(fd) }
+        return bytes.withUnsafeBytes { raw -> Errno? in
+            do throws(Errno) { try Syscall.writeAll(fd, raw); return nil } catch { return error }
         }
     }
 }

@@ -216,14 +216,7 @@ final class PinentryDialog: Sendable {
             one = 0
         }
 
-        static func hex(_ c: UInt8) -> UInt8? {
-            switch c {
-            case 0x30...0x39: c - 0x30
-            case 0x41...0x46: c - 0x41 + 10
-            case 0x61...0x66: c - 0x61 + 10
-            default: nil
-            }
-        }
+        static func hex(_ c: UInt8) -> UInt8? { ASCIIHex.value(c) }
 
         enum Outcome { case line(String), timedOut, interrupted, ended }
 

@@ -76,29 +76,17 @@ struct ProcessRun: Hashable, Sendable {
 ///
 /// Thread-safety: the digest cache is behind a mutex; /proc is read without it.
 final class RequesterInspector: Sendable {
-    private struct FileVersion: Hashable {
-        let device: UInt64, inode: UInt64, size: Int64, modified: Int64, changed: Int64
-
-        init(_ st: stat) {
-            device = UInt64(st.st_dev)
-            inode = UInt64(st.st_ino)
-            size = Int64(st.st_size)
-            modified = Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec)
-            changed = Int64(st.st_ctim.tv_sec) * 1_000_000_000 + Int64(st.st_ctim.tv_nsec)
-        }
-    }
-
-    private let digests = Locked<[FileVersion: [UInt8]]>([:])
+    private let digests = Locked<[FileIdentity: [UInt8]]>([:])
     private static let cacheLimit = 512
     /// The daemon's own program: the same file (or the same bytes) run as a command is
     /// mtmfs's command line, whose caller is what a decision is about.
-    private let own: (version: FileVersion?, digest: Locked<[UInt8]?>)
+    private let own: (version: FileIdentity?, digest: Locked<[UInt8]?>)
 
     init() {
         var st = stat()
-        var version: FileVersion?
+        var version: FileIdentity?
         if let fd = try? Syscall.open("/proc/self/exe", O_RDONLY) {
-            if fstat(fd, &st) == 0 { version = FileVersion(st) }
+            if fstat(fd, &st) == 0 { version = FileIdentity(st) }
             Syscall.close(fd)
         }
         own = (version, Locked(nil))
@@ -196,7 +184,7 @@ final class RequesterInspector: Sendable {
         defer { Syscall.close(fd) }
         var st = stat()
         guard fstat(fd, &st) == 0 else { return (nil, false, nil) }
-        let version = FileVersion(st)
+        let version = FileIdentity(st)
         let digest: [UInt8]
         if let known = digests.withLock({ $0[version] }) {
             digest = known
