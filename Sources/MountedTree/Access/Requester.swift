@@ -242,16 +242,32 @@ final class RequesterInspector: Sendable {
     }
 
     /// What ran a process: its parent, the parent's parent … up to the session leader.
+    /// Ancestors live long and are asked about again and again (every `cat` of a script
+    /// has the same shell): the chain above a process is kept a few seconds, by its pid
+    /// and start time (a pid reused is another process).
     static func chain(from parent: pid_t) -> [String] {
+        guard let stat = ProcessInspection.stat(of: parent) else { return [] }
+        let now = ContinuousClock.now
+        if let kept = chains.withLock({ $0[parent] }), kept.startTime == stat.startTime,
+           kept.at.duration(to: now) < .seconds(5) {
+            return kept.chain
+        }
         var chain: [String] = []
         var next = parent
-        while next > 1 && chain.count < 12 {
-            guard let parent = ProcessInspection.stat(of: next) else { break }
-            let program = ProcessInspection.executablePath(of: next) ?? parent.command
+        var current: ProcessInspection.Stat? = stat
+        while next > 1, chain.count < 12, let process = current {
+            let program = ProcessInspection.executablePath(of: next) ?? process.command
             chain.append("\(program) (\(next))")
-            if next == parent.session { break }  // a session leader (the login shell, a terminal's)
-            next = parent.parent
+            if next == process.session { break }  // a session leader (the login shell, a terminal's)
+            next = process.parent
+            current = ProcessInspection.stat(of: next)
+        }
+        chains.withLock { kept in
+            if kept.count >= 64 { kept.removeAll() }
+            kept[parent] = (stat.startTime, now, chain)
         }
         return chain
     }
+
+    private static let chains = Locked<[pid_t: (startTime: UInt64, at: ContinuousClock.Instant, chain: [String])]>([:])
 }
