@@ -38,7 +38,7 @@ let package = Package(
         // Command line only.
         .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "CacheStore", "CredentialVault", "Posix"]),
         // Side-by-side measurements against a native directory and peers.
-        .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "CredentialVault"]),
+        .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "CredentialVault", "CSQLite"]),
         // Faults, bad input and attackers: crash, full disk, damaged stores, concurrency, security.
         .executableTarget(name: "mtmfs-reliability",
                           dependencies: ["Posix", "CPosixShims", "CSodium", "CredentialVault", "SettingsStore", "TestSupport"]),

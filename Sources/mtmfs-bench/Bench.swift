@@ -374,9 +374,9 @@ final class Bench {
     /// W7 (and W12): postmark's small-file transactions in the cache directory, with its
     /// default file sizes (500 B–10 KB) or those given; transactions per second.
     func postmark(_ system: String, _ directory: String, sizes: (Int, Int)? = nil, subdirectories: Int = 0,
-                  workload: String = "W7 postmark") throws {
+                  workload: String = "W7 postmark", counts: (files: Int, transactions: Int)? = nil) throws {
         mkdir(directory, 0o755)
-        let (files, transactions) = postmarkFiles
+        let (files, transactions) = counts ?? postmarkFiles
         var script = "set location \(directory)\nset number \(files)\nset transactions \(transactions)\n"
         if let sizes { script += "set size \(sizes.0) \(sizes.1)\n" }
         if subdirectories > 0 { script += "set subdirectories \(subdirectories)\n" }
@@ -410,7 +410,7 @@ final class Bench {
             ("W12 ", "≥ best peer"), ("W13 largest", "≤ 64 MiB"), ("W13 ", "≥ best peer"),
             ("W14 longest", "≤ 100 ms"), ("W14 space", "≤ 60 s"), ("W15 ", "≤ 0.5 s"),
             ("W17 ", "same at every size"), ("W18 ", "≤ 1"), ("W19 ", "same at every size"),
-            ("W20 guard on ÷", "≤ 1.2×"),
+            ("W20 guard on ÷", "≤ 1.2×"), ("W21 ", "≤ best peer"), ("W22 ", "≤ best peer"), ("W23 ", "≥ best peer"),
         ]
         return byPrefix.first { workload.hasPrefix($0.0) }?.1 ?? "report"
     }

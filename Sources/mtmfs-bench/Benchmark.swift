@@ -28,7 +28,7 @@ enum Benchmark {
         var quick = false
         var rounds = 5
         var json: String?
-        /// Only the cache-engine workloads (W10–W15), after the set-up they need.
+        /// Only the cache-engine workloads (W10–W15, W21–W23), after the set-up they need.
         var engineOnly = false
         /// Only the vault workloads (W16, W17), after the set-up they need.
         var vaultOnly = false
@@ -63,7 +63,9 @@ enum Benchmark {
                 skipped when absent) — side by side on the same disk, interleaved round by round.
                 --quick: few iterations, for a smoke run. --engine: only the cache-engine
                 workloads (W10–W15: 4 KiB writes, random writes + fsync, postmark with big files,
-                a big write and its log, a big delete under load, mounting with data stored).
+                a big write and its log, a big delete under load, mounting with data stored;
+                W21–W23: random writes into a sparse file, a SQLite database inside, postmark
+                with an app's file sizes).
                 --vault: only W16 and W17, the cost of one field change and of finding an account
                 (by-server view, `mtmfs find`) with 10, 1,000 and 10,000 fully filled accounts
                 (`pass` beside them). --daemon: only W18 and W19, idle wakeups a minute (bindfs

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CSQLite
 import Foundation
 import Posix
 
@@ -28,6 +29,22 @@ extension Bench {
                              workload: "W12 postmark, 512 B–64 KiB in 10 subdirectories")
             }
         }
+        // The rows of the issue "cache/: writes that store what they cover", as programs do them.
+        for (system, directory) in rotate(paths("cache")) {
+            record("W21 \(engineSparseWrites) random 4 KiB pwrites into a new 32 MiB sparse file, then fsync (µs per write)", system,
+                   try sparseRandomWrites(directory + "/sparse\(round)") * 1e6)
+        }
+        for (system, directory) in rotate(paths("cache")) {
+            record("W22 SQLite inside (WAL, synchronous=FULL), one 700-byte row a transaction (µs)", system,
+                   try sqliteInside(directory + "/inner\(round).sqlite") * 1e6)
+        }
+        if Shell.exists("postmark") {
+            for (system, directory) in rotate(paths("cache")) {
+                try postmark(system, directory + "/postmark-app\(round)", sizes: (512, 65536), subdirectories: 10,
+                             workload: "W23 postmark, 512 B–64 KiB in 10 subdirectories",
+                             counts: options.quick ? (200, 500) : (2_000, 8_000))
+            }
+        }
         for (system, directory) in rotate(paths("cache")) {
             let path = directory + "/big\(round)"
             let (rate, log) = try bigWriteWithLog(path, watching: system == "mtmfs" ? dataDirectory + "/cache.sqlite-wal" : nil)
@@ -42,6 +59,66 @@ extension Bench {
             record("W14 longest wait of a stat/create loop during the rm (ms)", system, longest * 1000)
             if let back { record("W14 space back on the host file system after (s)", system, back) }
         }
+    }
+
+    var engineSparseWrites: Int { options.quick ? 256 : 1_000 }
+    var engineInnerTransactions: Int { options.quick ? 50 : 500 }
+
+    /// Seconds per random 4 KiB pwrite into a new sparse 32 MiB file (never written
+    /// before: every write lands in a hole), the final fsync included.
+    func sparseRandomWrites(_ path: String) throws -> Double {
+        let fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0o644)
+        guard fd >= 0 else { throw BenchError("create \(path): \(Errno.current)") }
+        defer { close(fd); unlink(path) }
+        guard ftruncate(fd, 32 << 20) == 0 else { throw BenchError("ftruncate \(path): \(Errno.current)") }
+        var generator = SystemRandomNumberGenerator()
+        let block = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        let count = engineSparseWrites
+        let offsets = (0..<count).map { _ in off_t(Int.random(in: 0..<8192, using: &generator) * 4096) }
+        let total = seconds {
+            for offset in offsets { _ = pwrite(fd, block, block.count, offset) }
+            fsync(fd)
+        }
+        return total / Double(count)
+    }
+
+    /// Seconds per transaction of a SQLite database living in the directory, as an app's
+    /// cache holds one: WAL, synchronous=FULL, one 700-byte row per transaction.
+    func sqliteInside(_ path: String) throws -> Double {
+        var db: OpaquePointer?
+        guard sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nil) == SQLITE_OK, let db else {
+            throw BenchError("W22: cannot open \(path)")
+        }
+        defer {
+            sqlite3_close_v2(db)
+            for suffix in ["", "-wal", "-shm"] { unlink(path + suffix) }
+        }
+        for sql in ["PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB)"] {
+            guard sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK else {
+                throw BenchError("W22: \(sql): \(String(cString: sqlite3_errmsg(db)))")
+            }
+        }
+        var statement: OpaquePointer?
+        guard sqlite3_prepare_v2(db, "INSERT INTO t(v) VALUES (?)", -1, &statement, nil) == SQLITE_OK, let statement else {
+            throw BenchError("W22: prepare")
+        }
+        defer { sqlite3_finalize(statement) }
+        let row = [UInt8](repeating: 0x61, count: 700)
+        let count = engineInnerTransactions
+        var failure: String?
+        let total = seconds {
+            for _ in 0..<count {
+                // SQLITE_TRANSIENT (a macro): SQLite copies the row before the call returns.
+                row.withUnsafeBytes {
+                    _ = sqlite3_bind_blob(statement, 1, $0.baseAddress, Int32($0.count),
+                                          unsafeBitCast(-1, to: sqlite3_destructor_type.self))
+                }
+                if sqlite3_step(statement) != SQLITE_DONE { failure = String(cString: sqlite3_errmsg(db)); break }
+                sqlite3_reset(statement)
+            }
+        }
+        if let failure { throw BenchError("W22: insert: \(failure)") }
+        return total / Double(count)
     }
 
     /// Seconds per 4 KiB write of a new file written sequentially (as `dd bs=4k`), close included.
