@@ -34,8 +34,9 @@ final class GuardedMount {
 
     /// `pinentry`: nil for the test's own; `display`: whether the daemon has a DISPLAY
     /// (the requesters here have no terminal, so without one nothing can be asked).
-    init(pinentry: String? = nil, display: Bool = true, guarded: Bool = true) throws {
-        self.pinentry = pinentry ?? scratch.sub("pinentry")
+    /// `writablePinentry`: the test's pinentry copied where the mount's user can change it.
+    init(pinentry: String? = nil, display: Bool = true, guarded: Bool = true, writablePinentry: Bool = false) throws {
+        self.pinentry = writablePinentry ? scratch.sub("w") + "/pinentry" : pinentry ?? scratch.sub("pinentry")
         self.display = display
         for directory in [data, mountPoint, writable] {
             mkdir(directory, 0o700)
@@ -43,6 +44,11 @@ final class GuardedMount {
         }
         try Self.pinentryScript(answers: answerFile, record: asked).write(toFile: scratch.sub("pinentry"), atomically: true, encoding: .utf8)
         chmod(scratch.sub("pinentry"), 0o755)
+        if writablePinentry {
+            try Self.pinentryScript(answers: answerFile, record: asked).write(toFile: self.pinentry, atomically: true, encoding: .utf8)
+            chmod(self.pinentry, 0o755)
+            chown(self.pinentry, 65534, 65534)
+        }
         try (Run.passphrase + "\n").write(toFile: scratch.sub("pass"), atomically: true, encoding: .utf8)
         try "wrong\n".write(toFile: scratch.sub("wrong"), atomically: true, encoding: .utf8)
         chmod(scratch.sub("pass"), 0o644)
@@ -415,8 +421,12 @@ struct GuardTests {
     /// trust the program.
     @Test func noWayToAskIsRefusedAtOnce() throws {
         for (pinentry, display, reason) in [("/nonexistent/pinentry", true, "no pinentry program"),
-                                            (nil, false, "no terminal or display")] {
-            let mount = try GuardedMount(pinentry: pinentry, display: display)
+                                            (nil, false, "no terminal or display"),
+                                            ("writable", true, "can be changed by the mount's user")] {
+            // A pinentry its user can change would answer for them (it could be anything's).
+            let mount = try GuardedMount(pinentry: pinentry == "writable" ? nil : pinentry, display: display,
+                                         writablePinentry: pinentry == "writable")
+            mount.answer("ok")
             defer { mount.close() }
             #expect(mount.run("/usr/bin/mkdir", [mount.path("accounts/\(GuardedMount.uuid)")]).status == 0)
             let started = ContinuousClock.now
@@ -426,6 +436,26 @@ struct GuardTests {
             #expect(mount.decisions.contains(reason), "\(mount.decisions)")
             #expect(mount.daemonLog.contains("to trust it: mtmfs trust \(mount.path("accounts/\(GuardedMount.uuid)")) /usr/bin/cat"),
                     "\(mount.daemonLog)")
+            #expect(mount.prompts == 0, "nothing was asked")
         }
+    }
+
+    /// mtmfs's own command line asks for its caller: `mtmfs find --print password` run by a
+    /// shell is decided on the shell (trusting mtmfs would trust every script that runs it).
+    @Test func mtmfsItselfIsDecidedOnItsCaller() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        let find = "\(Run.mtmfs) find \(mount.mountPoint) --label 'mail for \(GuardedMount.uuid)' --print password; true"
+        mount.answer("cancel")
+        #expect(!mount.shell(find).stdout.contains("hunter2"))
+        let decisions = mount.decisions
+        #expect(decisions.contains("program=/usr/bin/dash") && decisions.contains("via=\(Run.mtmfs) (pid"), "\(decisions)")
+        // Trusting mtmfs changes nothing; trusting the shell does.
+        let account = mount.path("accounts/\(GuardedMount.uuid)")
+        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"), account, Run.mtmfs).status == 0)
+        #expect(!mount.shell(find).stdout.contains("hunter2"))
+        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"), account, "/bin/sh").status == 0)
+        #expect(mount.shell(find).stdout.contains("hunter2"))
     }
 }
