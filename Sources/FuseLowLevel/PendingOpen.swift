@@ -45,7 +45,7 @@ public final class PendingOpen: @unchecked Sendable {
     fileprivate init(request: fuse_req_t, info: fuse_file_info) {
         self.request = request
         self.info = info
-        id = PendingOpens.register(nil)
+        id = PendingOpens.newNumber()
         PendingOpens.attach(self, id: id)
         // Runs at once (on this thread) when the requester was interrupted already.
         fuse_req_interrupt_func(request, { _, data in
@@ -104,7 +104,7 @@ public final class PendingOpen: @unchecked Sendable {
 enum PendingOpens {
     private static let table = Mutex<(next: UInt64, opens: [UInt64: PendingOpen])>((1, [:]))
 
-    static func register(_ open: PendingOpen?) -> UInt64 {
+    static func newNumber() -> UInt64 {
         table.withLock { state in
             let id = state.next
             state.next += 1
@@ -123,9 +123,6 @@ enum PendingOpens {
     static func interrupted(_ id: UInt64) {
         table.withLock { $0.opens[id] }?.interrupt()
     }
-
-    /// How many OPENs wait for an answer (status, tests).
-    static var count: Int { table.withLock { $0.opens.count } }
 
     /// The session ends: every OPEN still waiting is answered EINTR now, while its request
     /// can still be answered (a later answer does nothing).

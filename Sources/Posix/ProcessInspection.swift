@@ -69,22 +69,6 @@ public enum ProcessInspection {
         return out
     }
 
-    /// The lines of `/proc/ID/status` as name → value (ID may be a thread id).
-    /// Parsed as bytes: an access decision reads it on every guarded open, and Swift's
-    /// character-wise string handling costs more than the kernel's read.
-    public static func status(of id: pid_t) -> [String: String]? {
-        guard let bytes = readBytes("/proc/\(id)/status") else { return nil }
-        var fields: [String: String] = [:]
-        for line in bytes.split(separator: UInt8(ascii: "\n")) {
-            guard let colon = line.firstIndex(of: UInt8(ascii: ":")) else { continue }
-            var value = line[(colon + 1)...]
-            while let first = value.first, first == 0x20 || first == 0x09 { value = value.dropFirst() }
-            while let last = value.last, last == 0x20 || last == 0x09 { value = value.dropLast() }
-            fields[String(decoding: line[..<colon], as: UTF8.self)] = String(decoding: value, as: UTF8.self)
-        }
-        return fields
-    }
-
     /// The fields of `/proc/ID/stat` that matter here.
     ///
     /// Thread-safety: a value.
@@ -254,16 +238,6 @@ public enum ProcessInspection {
             if st.st_gid == gid || groups.contains(st.st_gid) { return st.st_mode & S_IWGRP != 0 }
             return st.st_mode & S_IWOTH != 0
         }
-    }
-
-    public static func credentials(from status: [String: String]) -> Credentials? {
-        func second(_ name: String) -> UInt32? {
-            let parts = status[name]?.split(whereSeparator: { $0 == "\t" || $0 == " " }) ?? []
-            return parts.count >= 2 ? UInt32(parts[1]) : nil
-        }
-        guard let uid = second("Uid"), let gid = second("Gid") else { return nil }
-        let groups = (status["Groups"] ?? "").split(whereSeparator: { $0 == " " || $0 == "\t" }).compactMap { UInt32($0) }
-        return Credentials(uid: uid, gid: gid, groups: groups)
     }
 
     /// The target of `/proc/ID/exe` (the program's path; " (deleted)" when replaced).

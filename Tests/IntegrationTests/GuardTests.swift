@@ -282,6 +282,10 @@ struct GuardTests {
         #expect(mount.run("/bin/cat", [mount.password]).stdout == "hunter2\n", "guard off: as §3")
         #expect(mount.shell("echo other > \(account)/server").status == 0)
         #expect(mount.prompts == asked)
+        // A descriptor opened while guarding was off ends when it goes on (never decided).
+        let held = mount.shell("exec 3< \(mount.password); \(Run.mtmfs) guard on --passphrase-file \(mount.scratch.sub("pass")) "
+                               + "\(mount.mountPoint) >/dev/null && cat <&3")
+        #expect(held.status != 0 && !held.stdout.contains("hunter2"), "\(held)")
         // On again, even locked: the command unlocks with the passphrase first.
         #expect(mount.mtmfs("lock", mount.mountPoint).status == 0)
         #expect(mount.mtmfs("guard", "on", "--passphrase-file", mount.scratch.sub("pass"), mount.mountPoint).status == 0)
@@ -394,9 +398,21 @@ struct GuardTests {
         #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"),
                             mount.path("accounts/\(GuardedMount.other)"), "cat").status == 0)
         mount.answer("hang")
+        let before = mount.prompts
         let waiting = mount.start("/usr/bin/head", ["-c", "100", mount.password])
         defer { kill(waiting, SIGKILL); Run.wait(waiting, timeout: 5) }
-        #expect(Poll.until(seconds: 10) { mount.record.contains("CONFIRM") }, "the prompt is up")
+        #expect(Poll.until(seconds: 10) { mount.prompts == before + 1 }, "the prompt is up")
+        // One prompt at a time per program and account: a second head waits for the first's.
+        let second = mount.start("/usr/bin/head", ["-c", "100", mount.password])
+        defer { kill(second, SIGKILL); Run.wait(second, timeout: 5) }
+        usleep(500_000)
+        #expect(mount.prompts == before + 1, "no second prompt")
+        // Ctrl-C ends a waiting request at once too.
+        let waited = ContinuousClock.now
+        kill(second, SIGINT)
+        let secondStatus = Run.wait(second, timeout: 10)
+        #expect(secondStatus == 128 + SIGINT || secondStatus == 1, "\(secondStatus)")
+        #expect(waited.secondsElapsed < 3, "the waiting request ended at once (\(waited.secondsElapsed) s)")
         for (program, arguments) in [("/bin/ls", [mount.path("accounts")]),
                                      ("/bin/cat", [mount.path("accounts/\(GuardedMount.other)/password")]),
                                      ("/bin/cat", [mount.path("accounts/\(GuardedMount.uuid)/label")]),
@@ -415,6 +431,31 @@ struct GuardTests {
         #expect(Poll.until(seconds: 5) { mount.decisions.contains("interrupted while asked") }, "\(mount.decisions)")
         #expect(Poll.until(seconds: 5) { Run.shell("pgrep -f '^/bin/sh \(mount.scratch.sub("pinentry"))'").stdout.isEmpty },
                 "the pinentry is gone")
+    }
+
+    /// A vault put back from an older copy with guarding off is not unlocked by a mount
+    /// that saw guarding on; a new mount takes it as it is.
+    @Test func aVaultRolledBackToGuardingOffIsNotUnlocked() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        let pass = mount.scratch.sub("pass")
+        #expect(mount.mtmfs("guard", "off", "--passphrase-file", pass, mount.mountPoint).status == 0)
+        #expect(mount.run("/bin/cp", ["-p", mount.data + "/vault", mount.writable + "/vault-old"]).status == 0)
+        #expect(mount.mtmfs("guard", "on", "--passphrase-file", pass, mount.mountPoint).status == 0)
+        // Put back by another program, as a restore from a backup does: read again, locked.
+        let restore = "cp -p \(mount.writable)/vault-old \(mount.data)/vault.new && mv \(mount.data)/vault.new \(mount.data)/vault"
+        #expect(mount.shell(restore).status == 0)
+        #expect(Poll.until(seconds: 5) { mount.mtmfs("status", mount.mountPoint).stdout.contains("accounts: locked") })
+        let unlock = mount.mtmfs("unlock", "--passphrase-file", pass, mount.mountPoint)
+        #expect(unlock.status == 1, "\(unlock)")
+        #expect(mount.run("/bin/cat", [mount.password]).status == 1)
+        #expect(mount.mtmfs("status", mount.mountPoint).stdout.contains("older copy put back"))
+        // A new mount takes the file as it is (guarding off).
+        mount.unmount()
+        try mount.mount()
+        #expect(mount.mtmfs("unlock", "--passphrase-file", pass, mount.mountPoint).status == 0)
+        #expect(mount.run("/bin/cat", [mount.password]).stdout == "hunter2\n")
     }
 
     /// No pinentry, or no terminal and no display: EACCES at once, and the log says how to

@@ -10,8 +10,7 @@ import Posix
 ///
 /// Thread-safety: a value.
 struct Requester: Sendable {
-    /// The requesting thread (FUSE's "pid") and its process.
-    let thread: pid_t
+    /// The requesting thread's process (FUSE's "pid" is the thread).
     let process: pid_t
     /// With `process`, names this process for good (pids are reused).
     let startTime: UInt64
@@ -54,7 +53,7 @@ struct Requester: Sendable {
 
     /// A requester denied before anything is known about it.
     static func refused(_ thread: pid_t, _ reason: String) -> Requester {
-        Requester(thread: thread, process: thread, startTime: 0, program: nil, refusal: reason, parent: 0, terminal: nil,
+        Requester(process: thread, startTime: 0, program: nil, refusal: reason, parent: 0, terminal: nil,
                   isMtmfs: false)
     }
 }
@@ -129,7 +128,7 @@ final class RequesterInspector: Sendable {
         // mtmfs's command line asks for its caller: the caller is the one decided on, and
         // both must pass (neither traced, neither running writable code).
         var caller = inspectOne(thread: requester.parent)
-        caller = Requester(thread: thread, process: requester.process, startTime: requester.startTime,
+        caller = Requester(process: requester.process, startTime: requester.startTime,
                            program: caller.program, refusal: requester.refusal ?? caller.refusal.map { "its caller: " + $0 },
                            parent: caller.parent, terminal: requester.terminal, isMtmfs: false)
         caller.via = "\(requester.path) (pid \(requester.process))"
@@ -170,7 +169,7 @@ final class RequesterInspector: Sendable {
         let terminal = ProcessInspection.terminalPath(stat.terminal)
         // Still the process all of this was read from (pinned: its pid was not reused).
         guard ProcessInspection.isRunning(pinned: pin) else { return .refused(thread, "the requesting process is gone") }
-        return Requester(thread: thread, process: process, startTime: stat.startTime, program: program,
+        return Requester(process: process, startTime: stat.startTime, program: program,
                          refusal: refusal, parent: stat.parent, terminal: terminal, isMtmfs: isMtmfs)
     }
 

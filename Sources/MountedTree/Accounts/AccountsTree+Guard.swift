@@ -56,29 +56,16 @@ extension AccountsTree {
 
     // MARK: Opening
 
-    /// An open of a field that guarding covers: decided now (trusted, allowed once for
-    /// this run, refused outright) or by a person (postponed until the prompt's answer).
-    /// Whether it is covered is decided under the lock that opens: an open racing an
-    /// unlock or `guard on` is looked at again, never let through unchecked.
+    /// An open: one visit under the tree's lock when guarding does not cover it; else
+    /// decided now (trusted, allowed once for this run, refused outright) or by a person
+    /// (postponed until the prompt's answer), and opened then.
     func guardedOpen(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile? {
-        let writer = flags & O_ACCMODE != O_RDONLY
-        for _ in 0..<3 {
-            let question = try locked { (s) throws(Errno) -> Coverage in
-                try s.fields.session.requireOpen()
-                return s.guardedAccess(space.local(of: inode), writing: writer)
-            }
-            switch question {
-            case .uncovered:
-                // Opened only if still uncovered under the lock that opens (else asked again).
-                if let opened = try open(inode, flags: flags, context: context, guarded: false, ifUncovered: true) { return opened }
-                continue
-            case .refused:
-                throw .permissionDenied
-            case .covered(let access, let trusted):
-                return try decide(inode, flags: flags, context: context, request: request, access: access, trusted: trusted)
-            }
+        switch try open(inode, flags: flags, decided: false) {
+        case .opened(let opened):
+            return opened
+        case .covered(let access, let trusted):
+            return try decide(inode, flags: flags, context: context, request: request, access: access, trusted: trusted)
         }
-        throw .tryAgain
     }
 
     private func decide(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest,
@@ -87,7 +74,7 @@ extension AccountsTree {
         let requester = self.access.inspector.inspect(thread: context.pid)
         switch self.access.verdict(requester, access, trusted: trusted) {
         case .allowed(let why):
-            let opened = try open(inode, flags: flags, context: context, guarded: true)
+            let opened = try openDecided(inode, flags: flags)
             guard request.canPostpone else {
                 self.access.record(allowed: true, why, requester, access)
                 return opened
@@ -111,7 +98,7 @@ extension AccountsTree {
                 throw .permissionDenied
             }
             let pending = request.postpone()
-            ask(requester, access, pending: pending, inode: inode, flags: flags, context: context)
+            ask(requester, access, pending: pending, inode: inode, flags: flags)
             return nil
         }
     }
@@ -121,7 +108,7 @@ extension AccountsTree {
     /// too, anything else and it is decided again), then answers the postponed OPEN. A
     /// Ctrl-C of the requester ends its wait at once, waiting or asked.
     func ask(_ requester: Requester, _ access: AccessGuard.Access, pending: PendingOpen,
-             inode: InodeNumber, flags: Int32, context: RequestContext) {
+             inode: InodeNumber, flags: Int32) {
         let guardian = self.access
         let key = AccessGuard.PromptKey(sha256: requester.program?.sha256 ?? [], account: access.account)
         let retry: @Sendable (AccessGuard.PromptEnd) -> Void = { [weak self] end in
@@ -135,12 +122,12 @@ extension AccountsTree {
             switch guardian.verdict(requester, access, trusted: trusted) {
             case .allowed(let why):
                 guardian.record(allowed: true, why, requester, access)
-                self.answer(pending, inode: inode, flags: flags, context: context)
+                self.answer(pending, inode: inode, flags: flags)
             case .denied(let why):
                 guardian.record(allowed: false, why, requester, access)
                 pending.fail(.permissionDenied)
             case .ask:
-                self.ask(requester, access, pending: pending, inode: inode, flags: flags, context: context)
+                self.ask(requester, access, pending: pending, inode: inode, flags: flags)
             }
         }
         let waits = !guardian.startPrompt(key, orWait: { end in
@@ -171,7 +158,7 @@ extension AccountsTree {
             case .allowOnce:
                 guardian.allowOnce(requester, access)
                 guardian.record(allowed: true, "allowed once at the prompt", requester, access)
-                self.answer(pending, inode: inode, flags: flags, context: context)
+                self.answer(pending, inode: inode, flags: flags)
             case .alwaysAllow(let passphrase):
                 defer { passphrase.wipe() }
                 do throws(Errno) {
@@ -179,7 +166,7 @@ extension AccountsTree {
                     try self.checkPassphrase(passphrase)
                     try self.trust(program, account: access.account)
                     guardian.record(allowed: true, "always allowed at the prompt, with the passphrase: now trusted", requester, access)
-                    self.answer(pending, inode: inode, flags: flags, context: context)
+                    self.answer(pending, inode: inode, flags: flags)
                 } catch {
                     let why = error == .permissionDenied ? "a wrong passphrase" : "\(error)"
                     guardian.record(allowed: false, "always allowed at the prompt, refused: \(why)", requester, access)
@@ -212,10 +199,10 @@ extension AccountsTree {
     /// Opens for a postponed request that was allowed, and replies; an open whose
     /// requester was interrupted meanwhile (or whose reply the kernel no longer takes) is
     /// not left behind.
-    private func answer(_ pending: PendingOpen, inode: InodeNumber, flags: Int32, context: RequestContext) {
+    private func answer(_ pending: PendingOpen, inode: InodeNumber, flags: Int32) {
         guard !pending.isInterrupted else { return pending.fail(.interrupted) }
         do {
-            let opened = try open(inode, flags: flags, context: context, guarded: true)
+            let opened = try openDecided(inode, flags: flags)
             if !pending.reply(opened) { release(inode, handle: opened.handle, flags: flags) }
         } catch {
             pending.fail(error)
@@ -303,12 +290,9 @@ extension AccountsTree {
             guard let vault = s.fields.vault else { throw .ioError }
             do throws(VaultError) { try vault.setGuarded(on) } catch { throw error.errno }
             noteGuarding(s)
-            if on {
-                // Descriptors opened before were never decided: they end here (EACCES).
-                s.fields.session.retireHandles()
-            } else {
-                guardingTurnedOff.store(true, ordering: .relaxed)
-            }
+            // Descriptors opened before were never decided: they end here (EACCES).
+            if on { s.fields.session.retireHandles() }
+            guardingTurnedOff.store(!on, ordering: .relaxed)
             Log.info("guarding turned \(on ? "on" : "off")")
             return Array(s.engine.files.keys)
         }

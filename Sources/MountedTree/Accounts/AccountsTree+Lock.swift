@@ -102,7 +102,7 @@ extension AccountsTree {
                     + "Not unlocked; remount to accept it"
                 Log.error(message)
                 s.fields.session.problem = message
-                throw .permissionDenied
+                throw .ioError  // not a wrong passphrase: `mtmfs unlock` points to the status
             }
             s.fields.session.touched()
             s.fields.session.revealing = true

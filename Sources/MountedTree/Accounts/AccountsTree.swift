@@ -53,8 +53,8 @@ public final class AccountsTree: Subtree {
     /// The text of each open `trusted` file, by handle (its lock generation is in it: a
     /// lock empties the table and refuses the handles of before).
     let trustedLists = Locked<[UInt64: [UInt8]]>([:])
-    /// Guarding was turned off by `mtmfs guard off` on this mount (then a vault read again
-    /// with guarding off is no roll-back).
+    /// The last guarding change on this mount turned it off (`mtmfs guard off`): then a
+    /// vault read again with guarding off is no roll-back.
     let guardingTurnedOff = Atomic<Bool>(false)
 
     static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
@@ -317,38 +317,49 @@ public final class AccountsTree: Subtree {
         return opened
     }
 
-    /// The open itself, once guarding (if on) has allowed it. A guarded open is never
-    /// served from the kernel's pages: what one program was allowed, another cannot read.
-    func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, guarded: Bool) throws(Errno) -> OpenedFile {
-        // (Always opens: `ifUncovered` false.)
-        try open(inode, flags: flags, context: context, guarded: guarded, ifUncovered: false)!
+    /// What an open came to: opened, or covered by guarding and to be decided.
+    enum OpenAttempt {
+        case opened(OpenedFile)
+        case covered(AccessGuard.Access, [TrustedProgram])
     }
 
-    /// `ifUncovered`: nil instead of an open when guarding covers it now (it became
-    /// guarded since the caller looked): the caller decides again.
-    func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, guarded: Bool,
-              ifUncovered: Bool) throws(Errno) -> OpenedFile? {
+    /// An open that guarding has allowed. It is never served from the kernel's pages: what
+    /// one program was allowed, another cannot read.
+    func openDecided(_ inode: InodeNumber, flags: Int32) throws(Errno) -> OpenedFile {
+        guard case .opened(let opened) = try open(inode, flags: flags, decided: true) else { throw .permissionDenied }
+        return opened
+    }
+
+    /// The open itself, in one visit under the tree's lock. Not yet `decided`, guarding is
+    /// asked first under that same lock (an open racing an unlock or `guard on` is never
+    /// let through unchecked): an open it covers comes back to be decided, opening nothing.
+    func open(_ inode: InodeNumber, flags: Int32, decided: Bool) throws(Errno) -> OpenAttempt {
         defer { SecureBytes.burnStack() }
-        let opened = try locked { (s) throws(Errno) -> OpenedFile? in
+        let writer = flags & O_ACCMODE != O_RDONLY
+        let attempt = try locked { (s) throws(Errno) -> OpenAttempt in
             let local = space.local(of: inode)
             try s.fields.session.requireOpen()
             guard local.isFile else { throw .isDirectory }
-            if ifUncovered, case .covered = s.guardedAccess(local, writing: flags & O_ACCMODE != O_RDONLY) { return nil }
-            if ifUncovered, case .refused = s.guardedAccess(local, writing: flags & O_ACCMODE != O_RDONLY) { throw .permissionDenied }
+            if !decided {
+                switch s.guardedAccess(local, writing: writer) {
+                case .uncovered: break
+                case .refused: throw .permissionDenied
+                case .covered(let access, let trusted): return .covered(access, trusted)
+                }
+            }
             let handle = s.fields.session.newHandle()
-            let writer = flags & O_ACCMODE != O_RDONLY
             try s.engine.open(local, handle: handle, truncate: flags & O_TRUNC != 0 && writer, s.fields)
             s.fields.session.touched()
-            guard !writer else { return OpenedFile(handle: handle.raw, directIO: true) }
-            // A guarded reader: never the page cache (another program would read it too);
+            guard !writer else { return .opened(OpenedFile(handle: handle.raw, directIO: true)) }
+            // A decided reader: never the page cache (another program would read it too);
             // its close commits nothing either.
-            guard !guarded else { return OpenedFile(handle: handle.raw, directIO: true, noFlush: true) }
+            guard !decided else { return .opened(OpenedFile(handle: handle.raw, directIO: true, noFlush: true)) }
             // A reader reads the kernel's pages of the field while it has not changed (every
             // lock drops them all), and its close commits nothing: no READ, no FLUSH.
-            return OpenedFile(handle: handle.raw, keepCache: true, noFlush: true)
+            return .opened(OpenedFile(handle: handle.raw, keepCache: true, noFlush: true))
         }
-        if let opened, opened.keepCache { pageCache.admit(inode, notifier: notifier) }
-        return opened
+        if case .opened(let opened) = attempt, opened.keepCache { pageCache.admit(inode, notifier: notifier) }
+        return attempt
     }
 
     public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
