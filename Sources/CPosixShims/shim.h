@@ -15,6 +15,8 @@
 #include <sys/inotify.h>
 #include <poll.h>
 #include <sys/vfs.h>
+#include <sys/ioctl.h>
+#include <errno.h>
 
 static inline int mtmfs_prctl_set_dumpable(int dumpable) {
     return prctl(PR_SET_DUMPABLE, (unsigned long)dumpable, 0UL, 0UL, 0UL);
@@ -82,6 +84,23 @@ static inline int mtmfs_pidfd_open(int pid) {
 #endif
 }
 
+/* PIDFD_GET_INFO (Linux 6.13, <linux/pidfd.h>; declared here for older headers): the
+   parent of the process a pidfd names, or -1 with errno (ENOTTY: an older kernel). */
+struct mtmfs_pidfd_info {
+    uint64_t mask;
+    uint64_t cgroupid;
+    uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid, spare0;
+};
+
+static inline long long mtmfs_pidfd_parent(int pidfd) {
+    struct mtmfs_pidfd_info info = {0};
+    info.mask = 1; /* PIDFD_INFO_PID */
+    unsigned long request = (3UL << 30) | ((unsigned long)sizeof(info) << 16) | (0xFFUL << 8) | 11; /* _IOWR(0xFF, 11, …) */
+    if (ioctl(pidfd, request, &info) != 0) return -1;
+    if (!(info.mask & 1)) { errno = ENOTTY; return -1; }
+    return (long long)info.ppid;
+}
+
 /* statfs(2)'s file system type (f_type) of a path or a descriptor; -1 on failure. */
 static inline long long mtmfs_statfs_type(const char *path) {
     struct statfs fs;
@@ -91,6 +110,52 @@ static inline long long mtmfs_statfs_type(const char *path) {
 static inline long long mtmfs_fstatfs_type(int fd) {
     struct statfs fs;
     return fstatfs(fd, &fs) == 0 ? (long long)fs.f_type : -1;
+}
+
+/* PROCMAP_QUERY (Linux 6.11, <linux/fs.h>; declared here for older headers): one
+   executable mapping of a process at or after an address, with its file's device, inode
+   and path, asked through an open /proc/PID/maps without rendering the whole text. */
+struct mtmfs_procmap_query {
+    uint64_t size;
+    uint64_t query_flags;
+    uint64_t query_addr;
+    uint64_t vma_start;
+    uint64_t vma_end;
+    uint64_t vma_flags;
+    uint64_t vma_page_size;
+    uint64_t vma_offset;
+    uint64_t inode;
+    uint32_t dev_major;
+    uint32_t dev_minor;
+    uint32_t vma_name_size;
+    uint32_t build_id_size;
+    uint64_t vma_name_addr;
+    uint64_t build_id_addr;
+};
+
+/* The next executable mapping at or after `*address`: 1 and its end in `*address`, 0
+   when there is none, -1 with errno (ENOTTY: a kernel without the query). `name` gets
+   the mapping's path, NUL-terminated ("" for anonymous code; `*name_length` counts the
+   NUL), with its inode and device. */
+static inline int mtmfs_next_code_mapping(int maps_fd, uint64_t *address, char *name, uint32_t name_capacity,
+                                          uint32_t *name_length, uint64_t *inode, uint32_t *major, uint32_t *minor) {
+    struct mtmfs_procmap_query query = {0};
+    query.size = sizeof(query);
+    query.query_flags = 0x10 /* COVERING_OR_NEXT_VMA */ | 0x04 /* VMA_EXECUTABLE */;
+    query.query_addr = *address;
+    query.vma_name_size = name_capacity;
+    query.vma_name_addr = (uint64_t)(uintptr_t)name;
+    unsigned long request = (3UL << 30) | ((unsigned long)sizeof(query) << 16) | ('f' << 8) | 17; /* _IOWR('f', 17, …) */
+    if (ioctl(maps_fd, request, &query) != 0) {
+        return errno == ENOENT ? 0 : -1;
+    }
+    *address = query.vma_end;
+    *name_length = query.vma_name_size;
+    if (query.vma_name_size == 0 && name_capacity > 0) name[0] = 0;
+    *inode = query.inode;
+    *major = query.dev_major;
+    *minor = query.dev_minor;
+    return 1;
 }
 
 /* Gives the heap's free pages back to the system (glibc keeps them otherwise). */

@@ -17,13 +17,15 @@ public enum ProcessInspection {
         /// Who traces it (0: nobody).
         public var tracer: pid_t
         public var credentials: Credentials
+        /// How many threads its process has (a tracer of any of them reaches all).
+        public var threads: Int
     }
 
     /// Read on every guarded open: parsed in place, only the lines it needs (no string is
     /// made of the others: Swift's strings cost more here than the kernel's read).
     public static func decisionStatus(of id: pid_t) -> Status? {
         guard let bytes = readBytes("/proc/\(id)/status") else { return nil }
-        var process: pid_t?, tracer: pid_t?, uid: uid_t?, gid: gid_t?, groups: [gid_t] = []
+        var process: pid_t?, tracer: pid_t?, uid: uid_t?, gid: gid_t?, groups: [gid_t] = [], threads = 0
         bytes.withUnsafeBufferPointer { all in
             var start = 0
             while start < all.count {
@@ -40,16 +42,20 @@ public enum ProcessInspection {
                     gid = numbers(line, from: gidField.count).dropFirst().first
                 } else if line.starts(with: groupsField) {
                     groups = numbers(line, from: groupsField.count)
+                } else if line.starts(with: threadsField) {
+                    threads = numbers(line, from: threadsField.count).first.map { Int($0) } ?? 0
                 }
                 start = end + 1
             }
         }
         guard let process, let tracer, let uid, let gid else { return nil }
-        return Status(process: process, tracer: tracer, credentials: Credentials(uid: uid, gid: gid, groups: groups))
+        return Status(process: process, tracer: tracer, credentials: Credentials(uid: uid, gid: gid, groups: groups),
+                      threads: threads)
     }
 
     private static let tgid = Array("Tgid:".utf8), tracerPid = Array("TracerPid:".utf8)
     private static let uidField = Array("Uid:".utf8), gidField = Array("Gid:".utf8), groupsField = Array("Groups:".utf8)
+    private static let threadsField = Array("Threads:".utf8)
 
     /// The decimal numbers of a line from `offset`, separated by spaces or tabs.
     static func numbers(_ line: UnsafeBufferPointer<UInt8>, from offset: Int) -> [UInt32] {
@@ -139,8 +145,46 @@ public enum ProcessInspection {
     }
 
     /// The distinct executable mappings of a process; nil when its maps cannot be read.
+    /// Asked mapping by mapping where the kernel can (PROCMAP_QUERY, Linux 6.11: only the
+    /// executable ones, and no text of the others made); else parsed from the text.
     public static func codeMappings(of id: pid_t) -> [CodeMapping]? {
-        guard let bytes = readBytes("/proc/\(id)/maps") else { return nil }
+        guard let fd = try? Syscall.open("/proc/\(id)/maps", O_RDONLY) else { return nil }
+        defer { Syscall.close(fd) }
+        if let asked = queriedCodeMappings(fd) { return asked }
+        return parsedCodeMappings(fd)
+    }
+
+    /// Through PROCMAP_QUERY; nil when the kernel does not know it.
+    static func queriedCodeMappings(_ fd: Int32) -> [CodeMapping]? {
+        var seen = Set<CodeMapping>()
+        var mappings: [CodeMapping] = []
+        var address: UInt64 = 0
+        let capacity = Int(PATH_MAX) + 64
+        return withUnsafeTemporaryAllocation(of: CChar.self, capacity: capacity) { name -> [CodeMapping]? in
+            while true {
+                var length: UInt32 = 0, inode: UInt64 = 0, major: UInt32 = 0, minor: UInt32 = 0
+                let found = mtmfs_next_code_mapping(fd, &address, name.baseAddress, UInt32(capacity), &length, &inode, &major, &minor)
+                if found < 0 { return nil }
+                if found == 0 { return mappings }
+                let bytes = UnsafeRawBufferPointer(start: name.baseAddress, count: max(0, Int(length) - 1))
+                let mapping = codeMapping(path: String(decoding: bytes, as: UTF8.self),
+                                          device: deviceNumber(major: UInt64(major), minor: UInt64(minor)), inode: inode)
+                if seen.insert(mapping).inserted { mappings.append(mapping) }
+            }
+        }
+    }
+
+    /// What a mapping's path (as /proc shows it) says it is.
+    static func codeMapping(path: String, device: UInt64, inode: UInt64) -> CodeMapping {
+        if path.hasPrefix("/memfd:") { return .memfd(path) }
+        guard path.hasPrefix("/") else { return .anonymous }
+        if path.hasSuffix(" (deleted)") { return .deletedFile(String(path.dropLast(" (deleted)".count))) }
+        return .file(path, device: device, inode: inode)
+    }
+
+    /// From the text of /proc/ID/maps.
+    static func parsedCodeMappings(_ fd: Int32) -> [CodeMapping]? {
+        guard let bytes = readBytes(fd) else { return nil }
         var seen = Set<CodeMapping>()
         var mappings: [CodeMapping] = []
         bytes.withUnsafeBufferPointer { all in
@@ -173,16 +217,7 @@ public enum ProcessInspection {
                     while position < end && all[position] == 0x20 { position += 1 }
                 }
                 let path = String(decoding: UnsafeBufferPointer(rebasing: all[position..<end]), as: UTF8.self)
-                let mapping: CodeMapping
-                if path.hasPrefix("/memfd:") {
-                    mapping = .memfd(path)
-                } else if path.hasPrefix("/") {
-                    mapping = path.hasSuffix(" (deleted)") ? .deletedFile(String(path.dropLast(" (deleted)".count)))
-                                                           : .file(path, device: deviceNumber(major: major, minor: minor),
-                                                                   inode: inode)
-                } else {
-                    mapping = .anonymous
-                }
+                let mapping = codeMapping(path: path, device: deviceNumber(major: major, minor: minor), inode: inode)
                 if seen.insert(mapping).inserted { mappings.append(mapping) }
             }
         }
@@ -230,6 +265,11 @@ public enum ProcessInspection {
             self.groups = groups
         }
 
+        /// Whether an access control list could let a user other than the owner write the
+        /// file `st` describes. With an ACL, the group bits of the mode are its mask, which
+        /// bounds every named user and group entry: without the group write bit, none can.
+        public static func aclMayGrantWrite(_ st: stat) -> Bool { st.st_mode & S_IWGRP != 0 }
+
         /// Whether these credentials may write the file `st` describes, now or after a
         /// `chmod`: root may write every file, an owner may give itself the right.
         public func mayWrite(_ st: stat) -> Bool {
@@ -256,6 +296,13 @@ public enum ProcessInspection {
         return fd
     }
 
+    /// The parent of the process a pidfd names (PIDFD_GET_INFO, Linux 6.13); nil when the
+    /// kernel cannot say.
+    public static func parent(pinned fd: Int32) -> pid_t? {
+        let parent = mtmfs_pidfd_parent(fd)
+        return parent < 0 ? nil : pid_t(parent)
+    }
+
     /// Whether the process a pidfd names still runs (its descriptor turns readable at exit).
     public static func isRunning(pinned fd: Int32) -> Bool {
         var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
@@ -267,6 +314,10 @@ public enum ProcessInspection {
     static func readBytes(_ path: String) -> [UInt8]? {
         guard let fd = try? Syscall.open(path, O_RDONLY) else { return nil }
         defer { Syscall.close(fd) }
+        return readBytes(fd)
+    }
+
+    static func readBytes(_ fd: Int32) -> [UInt8]? {
         var result: [UInt8] = []
         return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 16_384) { buffer -> [UInt8]? in
             while true {

@@ -12,16 +12,18 @@ import Posix
 struct Requester: Sendable {
     /// The requesting thread's process (FUSE's "pid" is the thread).
     let process: pid_t
-    /// With `process`, names this process for good (pids are reused).
-    let startTime: UInt64
     /// Its program (hash and path); nil when it could not be identified.
     let program: TrustedProgram?
     /// Why it is denied without asking; nil when it may be trusted or asked about.
     let refusal: String?
     /// Its parent process (what ran it).
     let parent: pid_t
+
+    // What only a program not trusted needs ("allow once", a prompt) is read when needed:
+    // the requester waits for its OPEN's answer meanwhile, so it is the same process.
+
     /// Its controlling terminal (`/dev/pts/N`), for the prompt.
-    let terminal: String?
+    var terminal: String? { ProcessInspection.stat(of: process).flatMap { ProcessInspection.terminalPath($0.terminal) } }
     /// When the request came through mtmfs's own command line (`mtmfs find --print`,
     /// `git-credential-mtmfs`): that command, "PATH (pid N)". The program decided on is
     /// then its caller: trusting mtmfs would trust every script that runs it.
@@ -33,7 +35,9 @@ struct Requester: Sendable {
     /// Text from a process (a path, a command name) made safe to show and record: control
     /// characters and bidirectional overrides become "?", so that no line can be forged.
     static func printable(_ text: String) -> String {
-        String(String.UnicodeScalarView(text.unicodeScalars.map { scalar in
+        // Printable ASCII, as nearly every path is: nothing to change.
+        if text.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) { return text }
+        return String(String.UnicodeScalarView(text.unicodeScalars.map { scalar in
             let value = scalar.value
             let hidden = value < 0x20 || value == 0x7F || (0x80...0x9F).contains(value) || (0x202A...0x202E).contains(value)
                 || (0x2066...0x2069).contains(value) || value == 0x200E || value == 0x200F
@@ -45,16 +49,18 @@ struct Requester: Sendable {
     /// when a prompt names it (the requester waits meanwhile, so its parents do too).
     var chain: [String] { parent > 1 ? RequesterInspector.chain(from: parent).map(Requester.printable) : [] }
 
-    /// One process's run of a program: what "Allow once" allows.
-    var run: ProcessRun { ProcessRun(process: process, startTime: startTime, sha256: program?.sha256 ?? []) }
+    /// One process's run of a program: what "Allow once" allows (its start time, with the
+    /// pid, names the process for good: pids are reused).
+    var run: ProcessRun {
+        ProcessRun(process: process, startTime: ProcessInspection.stat(of: process)?.startTime ?? 0, sha256: program?.sha256 ?? [])
+    }
 
     /// Its program is mtmfs itself (the command line).
     let isMtmfs: Bool
 
     /// A requester denied before anything is known about it.
     static func refused(_ thread: pid_t, _ reason: String) -> Requester {
-        Requester(process: thread, startTime: 0, program: nil, refusal: reason, parent: 0, terminal: nil,
-                  isMtmfs: false)
+        Requester(process: thread, program: nil, refusal: reason, parent: 0, isMtmfs: false)
     }
 }
 
@@ -77,6 +83,13 @@ struct ProcessRun: Hashable, Sendable {
 final class RequesterInspector: Sendable {
     private let digests = Locked<[FileIdentity: [UInt8]]>([:])
     private static let cacheLimit = 512
+    /// The file system types of block devices, kept a few seconds: a block device holds one
+    /// file system while it is mounted, and another takes an unmount and a mount (a removable
+    /// disk's, through udisks, without root). Devices without one — tmpfs, overlay, FUSE —
+    /// are asked every time: any user can unmount a FUSE mount of theirs and get its number
+    /// back for another at once.
+    private let blockDeviceTypes = Locked<[dev_t: (type: Int64, at: ContinuousClock.Instant)]>([:])
+    private let daemonUser = geteuid()
     /// The daemon's own program: the same file (or the same bytes) run as a command is
     /// mtmfs's command line, whose caller is what a decision is about.
     private let own: (version: FileIdentity?, digest: Locked<[UInt8]?>)
@@ -128,9 +141,9 @@ final class RequesterInspector: Sendable {
         // mtmfs's command line asks for its caller: the caller is the one decided on, and
         // both must pass (neither traced, neither running writable code).
         var caller = inspectOne(thread: requester.parent)
-        caller = Requester(process: requester.process, startTime: requester.startTime,
-                           program: caller.program, refusal: requester.refusal ?? caller.refusal.map { "its caller: " + $0 },
-                           parent: caller.parent, terminal: requester.terminal, isMtmfs: false)
+        caller = Requester(process: requester.process, program: caller.program,
+                           refusal: requester.refusal ?? caller.refusal.map { "its caller: " + $0 },
+                           parent: caller.parent, isMtmfs: false)
         caller.via = "\(requester.path) (pid \(requester.process))"
         return caller
     }
@@ -143,13 +156,16 @@ final class RequesterInspector: Sendable {
         let pin: Int32
         do { pin = try ProcessInspection.pin(process) } catch { return .refused(thread, "the requesting process is gone") }
         defer { Syscall.close(pin) }
-        guard let stat = ProcessInspection.stat(of: process) else { return .refused(thread, "the requesting process is gone") }
+        // Its parent from the pidfd (Linux 6.13), else from /proc/PID/stat.
+        guard let parent = ProcessInspection.parent(pinned: pin) ?? ProcessInspection.stat(of: process)?.parent else {
+            return .refused(thread, "the requesting process is gone")
+        }
 
         var refusal: String?
         // Traced (a debugger, strace): its memory and its reads belong to the tracer. A
         // tracer attaches to threads, and any thread's tracer reaches the whole process.
         var tracer = status.tracer
-        if tracer == 0 {
+        if tracer == 0 && status.threads != 1 {
             let threads = ProcessInspection.threads(of: process)
             if threads != [thread] {
                 tracer = threads.lazy.compactMap { ProcessInspection.decisionStatus(of: $0)?.tracer }.first { $0 != 0 } ?? 0
@@ -166,11 +182,9 @@ final class RequesterInspector: Sendable {
         }
         if refusal == nil { refusal = unsafeCode(of: thread, credentials) }
 
-        let terminal = ProcessInspection.terminalPath(stat.terminal)
         // Still the process all of this was read from (pinned: its pid was not reused).
         guard ProcessInspection.isRunning(pinned: pin) else { return .refused(thread, "the requesting process is gone") }
-        return Requester(process: process, startTime: stat.startTime, program: program,
-                         refusal: refusal, parent: stat.parent, terminal: terminal, isMtmfs: isMtmfs)
+        return Requester(process: process, program: program, refusal: refusal, parent: parent, isMtmfs: isMtmfs)
     }
 
     /// The program of a thread: its executable's digest (through /proc/TID/exe, the file
@@ -202,9 +216,30 @@ final class RequesterInspector: Sendable {
             path += " (path not verified)"
         }
         let isMtmfs = version == own.version || ownDigest() == digest
-        let problem = ProcessInspection.fileSystemType(of: fd) == ProcessInspection.fuseMagic
+        let problem = fileSystemType(of: fd, device: st.st_dev) == ProcessInspection.fuseMagic
             ? "its program is on a FUSE file system (\(Requester.printable(path)))" : nil
         return (TrustedProgram(sha256: digest, path: path), isMtmfs, problem)
+    }
+
+    private func fileSystemType(_ path: String, device: dev_t) -> Int64? {
+        cachedType(device) { ProcessInspection.fileSystemType(path) }
+    }
+
+    private func fileSystemType(of fd: Int32, device: dev_t) -> Int64? {
+        cachedType(device) { ProcessInspection.fileSystemType(of: fd) }
+    }
+
+    private func cachedType(_ device: dev_t, _ ask: () -> Int64?) -> Int64? {
+        let isBlockDevice = (device >> 8) & 0xfff != 0 || (device >> 32) & 0xfffff000 != 0  // major(device) != 0
+        guard isBlockDevice else { return ask() }
+        let now = ContinuousClock.now
+        if let known = blockDeviceTypes.withLock({ $0[device] }), known.at.duration(to: now) < .seconds(5) { return known.type }
+        guard let type = ask() else { return nil }
+        blockDeviceTypes.withLock { types in
+            if types.count >= 64 { types.removeAll() }
+            types[device] = (type, now)
+        }
+        return type
     }
 
     /// Why the code a thread maps makes it untrustworthy, if it does: a mapped file its
@@ -229,10 +264,13 @@ final class RequesterInspector: Sendable {
                 guard let st = try? Syscall.stat(seen), UInt64(st.st_ino) == inode, UInt64(st.st_dev) == device else {
                     return "it runs code from a file replaced since (\(shown))"
                 }
-                if credentials.mayWrite(st) || (credentials.uid == geteuid() && (try? Syscall.access(seen, W_OK)) != nil) {
+                // (An ACL entry can grant its user write access only when the mask allows it;
+                // `access` asks the kernel then, as the daemon runs as that user.)
+                if credentials.mayWrite(st) || (credentials.uid == daemonUser && ProcessInspection.Credentials.aclMayGrantWrite(st)
+                                                && (try? Syscall.access(seen, W_OK)) != nil) {
                     return "it runs code from \(shown), which its user (uid \(credentials.uid)) can write"
                 }
-                if ProcessInspection.fileSystemType(seen) == ProcessInspection.fuseMagic {
+                if fileSystemType(seen, device: st.st_dev) == ProcessInspection.fuseMagic {
                     return "it runs code from a FUSE file system (\(shown))"
                 }
             }
