@@ -178,8 +178,23 @@ public final class CacheStore: @unchecked Sendable {
         if free + pages * pageSize < needed || free < UInt64(bytes) + (1 << 20) { throw .noSpace }
     }
 
-    /// Free bytes on the data directory's file system (nil when statvfs fails).
-    func freeDiskBytes() -> UInt64? { try? Syscall.availableBytes(onFileSystemOf: path) }
+    /// Free bytes on the data directory's file system (nil when statvfs fails). With more
+    /// than `measuredRoom` free, far from every threshold, one measurement serves the
+    /// changes of the next `measurementLife` seconds (no writer fills 2 GiB in 50 ms: this
+    /// store writes a few hundred MB a second): a statvfs per write cost as much as a small
+    /// write itself. Closer to full, every change measures.
+    func freeDiskBytes() -> UInt64? {
+        if let last = lastMeasurement, last.free > Self.measuredRoom, last.at.secondsElapsed < Self.measurementLife {
+            return last.free
+        }
+        guard let free = try? Syscall.availableBytes(onFileSystemOf: path) else { return nil }
+        lastMeasurement = (free, .now)
+        return free
+    }
+
+    static let measuredRoom: UInt64 = 2 << 30
+    static let measurementLife = 0.05
+    var lastMeasurement: (free: UInt64, at: ContinuousClock.Instant)?
 
     /// Measured once per change (lock held): its headroom check and the decision to keep
     /// grouping share one statvfs.
@@ -216,6 +231,7 @@ public final class CacheStore: @unchecked Sendable {
                 """)
             // Checkpoints are the committing thread's, off the path of requests.
             try database.execute("PRAGMA wal_autocheckpoint=0;")
+            database.countLogFrames()  // (after the pragma: it replaces the hook)
             let version = Int64(try database.scalarText("PRAGMA user_version") ?? "0") ?? 0
             var clean = true
             if version == 0 {

@@ -126,7 +126,16 @@ extension CacheStore {
                 }
             } else {
                 let (existing, before) = try chunkForUpdate(ino, index)
-                let merged = chunk.merged(into: existing)
+                var merged = chunk.merged(into: existing)
+                // Appended to, the file's last chunk gets room to grow (zeros past the end,
+                // up to twice what it held): the appends that follow go in place, page by
+                // page, instead of each rewriting the whole row (a log or a database's
+                // write-ahead log grows by a few KiB an fsync).
+                let lastIndex = (file.size - 1) / Int64(Self.chunkSize)
+                if index == lastIndex, !existing.isEmpty, merged.count > existing.count {
+                    let room = min(Self.chunkSize, max(merged.count, existing.count * 2))
+                    merged += [UInt8](repeating: 0, count: room - merged.count)
+                }
                 try putChunk(ino, index, merged)
                 stored += Int64(merged.count) - before
             }

@@ -142,9 +142,13 @@ extension CacheStore {
     ///   group committed, and a TRUNCATE checkpoint copies the little the PASSIVE one left
     ///   and empties the log. Requests wait only for that remainder.
     public func checkpointIfDue() {
-        let (pending, quiet) = lock.withLock { (uncheckpointed, lastCommit.secondsElapsed >= Self.checkpointQuiet && batchStart == nil) }
+        let (pending, quiet, frames) = lock.withLock {
+            (uncheckpointed, lastCommit.secondsElapsed >= Self.checkpointQuiet && batchStart == nil, database.logFrames)
+        }
         guard pending else { return }
-        let logBytes = Self.fileSize(path + "-wal")
+        // What the log holds (not its file's size, which stays after SQLite starts it over:
+        // measured by the file, every pass past 8 MiB checkpointed — two syncs — again).
+        let logBytes = Int64(frames) * Int64(pageSize + 24)
         guard quiet || logBytes >= Self.checkpointThreshold else { return }
         checkpointLock.withLock {
             do {

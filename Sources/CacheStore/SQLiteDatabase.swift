@@ -36,6 +36,22 @@ public final class SQLiteDatabase {
 
     deinit { sqlite3_close_v2(handle) }
 
+    /// Frames in the write-ahead log after this connection's last commit (SQLite counts from
+    /// where it last started the log over): what a checkpoint has left to copy, at most.
+    /// Kept once `countLogFrames` was called.
+    public private(set) var logFrames = 0
+
+    /// Keeps `logFrames` after every commit (the log's file keeps its size when SQLite
+    /// starts the log over: the file says nothing of what is still to copy). This replaces
+    /// SQLite's automatic checkpoint (its hook), as `PRAGMA wal_autocheckpoint` would
+    /// replace this: the owner checkpoints.
+    public func countLogFrames() {
+        sqlite3_wal_hook(handle, { context, _, _, pages in
+            Unmanaged<SQLiteDatabase>.fromOpaque(context!).takeUnretainedValue().logFrames = Int(pages)
+            return SQLITE_OK
+        }, Unmanaged.passUnretained(self).toOpaque())
+    }
+
     /// Runs one or more statements that return no rows.
     public func execute(_ sql: String) throws(SQLiteError) {
         var errorMessage: UnsafeMutablePointer<CChar>?

@@ -311,13 +311,17 @@ public enum ProcessInspection {
 
     /// A whole file of /proc; nil when it cannot be read. (Through a buffer on the stack:
     /// these are read on every guarded open.)
-    static func readBytes(_ path: String) -> [UInt8]? {
+    ///
+    /// `oneRecord`: the file is made whole at its first read (`status`, `stat`: one record
+    /// of a seq_file), so a read shorter than the buffer had all of it and no read for the
+    /// end follows. Not so for `maps`, whose next line may just not have fitted.
+    static func readBytes(_ path: String, oneRecord: Bool = true) -> [UInt8]? {
         guard let fd = try? Syscall.open(path, O_RDONLY) else { return nil }
         defer { Syscall.close(fd) }
-        return readBytes(fd)
+        return readBytes(fd, oneRecord: oneRecord)
     }
 
-    static func readBytes(_ fd: Int32) -> [UInt8]? {
+    static func readBytes(_ fd: Int32, oneRecord: Bool = false) -> [UInt8]? {
         var result: [UInt8] = []
         return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 16_384) { buffer -> [UInt8]? in
             while true {
@@ -328,6 +332,7 @@ public enum ProcessInspection {
                 }
                 if n == 0 { return result }
                 result.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[0..<n]))
+                if oneRecord && n < buffer.count { return result }
             }
         }
     }

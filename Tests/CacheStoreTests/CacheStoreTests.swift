@@ -287,3 +287,72 @@ func errno(_ body: () throws -> Void) -> Errno? {
         #expect(try s.list(root).isEmpty)
     }
 }
+
+/// A file appended to a few KiB an fsync (a log, a database's write-ahead log): its last
+/// chunk gets room to grow, so that the appends after go in place instead of rewriting the
+/// row; the room is zeros past the end, counted as stored, and never shows as data.
+@Suite struct CacheAppendRoomTests {
+    @Test func appendsGrowTheLastChunkInPlaceAndTheRoomReadsAsZeros() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("wal")
+        let frame = (0..<4120).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ 5) }
+        var expected: [UInt8] = []
+        var rowIDs: [String?] = []
+        for _ in 0..<6 {
+            try f.write(ino, frame, at: Int64(expected.count))
+            expected += frame
+            try f.store.synchronize()
+            rowIDs.append(try f.query("SELECT id FROM chunks WHERE idx = 0"))
+        }
+        #expect(try f.read(ino, 0, 1 << 20) == expected)
+        let rowLength = Int(try f.query("SELECT length(data) FROM chunks WHERE idx = 0") ?? "0") ?? 0
+        // Rows of 4120, 8240, then room for 16480 (the 4th append goes in place), then room
+        // for 32960 (the 6th goes in place): 24720 bytes written, in a row of 32960.
+        #expect(rowLength == 32960)
+        #expect(rowIDs[2] == rowIDs[3] && rowIDs[4] == rowIDs[5], "appends into the room go in place")
+        #expect(rowIDs[3] != rowIDs[4], "a row that must grow is replaced")
+        #expect(try f.store.inode(ino).storedBytes == Int64(rowLength), "the room is counted as stored")
+        #expect(try f.store.inode(ino).size == Int64(expected.count))
+        // Grown by truncate, the file shows zeros where the room was.
+        _ = try f.store.setAttributes(ino, CacheAttributeChanges(size: 40_000))
+        #expect(try f.read(ino, Int64(expected.count), 40_000) == [UInt8](repeating: 0, count: 40_000 - expected.count))
+        // Cut short, the row is cut with it (no old bytes come back when it grows again).
+        _ = try f.store.setAttributes(ino, CacheAttributeChanges(size: 100))
+        _ = try f.store.setAttributes(ino, CacheAttributeChanges(size: 9000))
+        #expect(try f.read(ino, 0, 9000) == Array(expected[0..<100]) + [UInt8](repeating: 0, count: 8900))
+        #expect(try f.store.inode(ino).storedBytes == 100)
+    }
+
+    @Test func aChunkInTheMiddleGetsNoRoom() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("sparse")
+        try f.write(ino, [1], at: 5 * 65536)
+        try f.store.synchronize()
+        try f.write(ino, [UInt8](repeating: 2, count: 100), at: 0)
+        try f.store.synchronize()
+        try f.write(ino, [UInt8](repeating: 3, count: 100), at: 100)
+        try f.store.synchronize()
+        #expect(try f.query("SELECT length(data) FROM chunks WHERE idx = 0") == "200", "only what was written")
+    }
+}
+
+/// The log's content, not its file's size, decides a checkpoint: SQLite starts the log over
+/// without shrinking the file.
+@Suite struct LogFrameCountTests {
+    @Test func framesCountFromWhereTheLogStartedOver() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-frames-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let database = try SQLiteDatabase(path: directory + "/db", create: true)
+        try database.execute("PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0; CREATE TABLE t(v BLOB)")
+        database.countLogFrames()
+        try database.execute("INSERT INTO t VALUES (zeroblob(1000000))")
+        let many = database.logFrames
+        #expect(many > 200)
+        _ = try database.checkpoint(mode: 0)  // SQLITE_CHECKPOINT_PASSIVE
+        try database.execute("INSERT INTO t VALUES (x'01')")  // the log starts over
+        #expect(database.logFrames > 0 && database.logFrames < 10)
+        let logFile = try Syscall.stat(directory + "/db-wal")
+        #expect(Int(logFile.st_size) > many * 4096, "the file kept its size")
+    }
+}
