@@ -148,7 +148,10 @@ extension CacheStore {
         guard pending else { return }
         // What the log holds (not its file's size, which stays after SQLite starts it over:
         // measured by the file, every pass past 8 MiB checkpointed — two syncs — again).
-        let logBytes = Int64(frames) * Int64(pageSize + 24)
+        // The file's size still counts past `logBound` × 3/4: the bound holds even if the
+        // count were wrong.
+        let fileBytes = Self.fileSize(path + "-wal")
+        let logBytes = max(Int64(frames) * Int64(pageSize + 24), fileBytes >= Self.logBound / 4 * 3 ? fileBytes : 0)
         guard quiet || logBytes >= Self.checkpointThreshold else { return }
         checkpointLock.withLock {
             do {
