@@ -105,6 +105,59 @@ public enum Spawn {
         return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
     }
 
+    /// Runs a program to its end: its exit status. `input`, when given, is its standard
+    /// input (else /dev/null); what it prints is discarded.
+    @discardableResult
+    public static func run(_ program: String, _ arguments: [String], input: String? = nil) -> Int32 {
+        guard let input else {
+            guard let pid = try? start(program, arguments) else { return 127 }
+            return wait(pid)
+        }
+        return collect(program, arguments, input: input, output: false).status
+    }
+
+    /// Runs a program to its end: what it printed on standard output (its standard error
+    /// discarded), with `input` as its standard input.
+    public static func standardOutput(_ program: String, _ arguments: [String], input: String = "") -> String {
+        collect(program, arguments, input: input, output: true).output
+    }
+
+    /// Whether `program` is found in PATH.
+    public static func exists(_ program: String) -> Bool { run("/bin/sh", ["-c", "command -v \"$0\" >/dev/null", program]) == 0 }
+
+    /// Pipes in and (with `output`) out: the input written by a thread of its own, so that a
+    /// child that prints before it has read all of it cannot block on a full pipe.
+    private static func collect(_ program: String, _ arguments: [String], input: String,
+                                output: Bool) -> (status: Int32, output: String) {
+        guard let stdin = try? Syscall.pipe() else { return (127, "") }
+        guard let stdout = output ? try? Syscall.pipe() : (read: -1, write: -1) else {
+            Syscall.close(stdin.read)
+            Syscall.close(stdin.write)
+            return (127, "")
+        }
+        let pid: pid_t
+        do {
+            pid = try start(program, arguments, stdin: .descriptor(stdin.read), stdout: output ? .descriptor(stdout.write) : .null,
+                            closing: [stdin.write] + (output ? [stdout.read] : []))
+        } catch {
+            for fd in [stdin.read, stdin.write, stdout.read, stdout.write] where fd >= 0 { Syscall.close(fd) }
+            return (127, "")
+        }
+        Syscall.close(stdin.read)
+        if output { Syscall.close(stdout.write) }
+        let writer = stdin.write
+        let bytes = Array(input.utf8)
+        if !Threads.detach({
+            try? Syscall.writeAll(writer, bytes)
+            Syscall.close(writer)
+        }) {
+            Syscall.close(writer)
+        }
+        let printed = output ? ((try? Syscall.readAll(stdout.read)) ?? []) : []
+        if output { Syscall.close(stdout.read) }
+        return (wait(pid), String(decoding: printed, as: UTF8.self))
+    }
+
     /// Runs a program to its end with its output (stdout and stderr together) collected
     /// through a pipe; standard input is /dev/null.
     public static func output(_ program: String, _ arguments: [String]) -> (status: Int32, output: String) {

@@ -46,7 +46,7 @@ final class Bench {
 
     func tearDown() {
         Bench.stopNamespaceDaemons()
-        for mount in Benchmark.mounts.reversed() { Shell.run("fusermount3", ["-uz", mount]) }
+        for mount in Benchmark.mounts.reversed() { Spawn.run("fusermount3", ["-uz", mount]) }
         Benchmark.mounts.removeAll()
         try? FileManager.default.removeItem(atPath: root)
     }
@@ -61,11 +61,11 @@ final class Bench {
             try "correct-horse-battery-staple\n".write(toFile: "\(root)/\(base)/password", atomically: true, encoding: .utf8)
             try "42\n".write(toFile: "\(root)/\(base)/BenchKey", atomically: true, encoding: .utf8)
         }
-        guard Shell.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", dataDirectory], input: Bench.passphrase + "\n") == 0 else {
+        guard Spawn.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", dataDirectory], input: Bench.passphrase + "\n") == 0 else {
             throw BenchError("mtmfs init failed (is \(mtmfs) built?)")
         }
         let mountTime = try seconds {
-            guard Shell.run(mtmfs, ["mount", "--auto-lock", "0", "--data-dir", dataDirectory, mountPoint]) == 0 else {
+            guard Spawn.run(mtmfs, ["mount", "--auto-lock", "0", "--data-dir", dataDirectory, mountPoint]) == 0 else {
                 throw BenchError("mtmfs mount failed")
             }
         }
@@ -74,14 +74,14 @@ final class Bench {
         daemonPID = pid_t(statusValue("pid") ?? "") ?? 0
         samples.append(Sample(workload: "W8 daemon RSS idle (MB)", system: "mtmfs", value: rss()))
         let unlockTime = try seconds {
-            guard Shell.run(mtmfs, ["unlock", mountPoint], input: Bench.passphrase + "\n") == 0 else { throw BenchError("unlock failed") }
+            guard Spawn.run(mtmfs, ["unlock", mountPoint], input: Bench.passphrase + "\n") == 0 else { throw BenchError("unlock failed") }
         }
         samples.append(Sample(workload: "W9 unlock, interactive KDF (s)", system: "mtmfs", value: unlockTime))
         mkdir("\(mountPoint)/accounts/\(Bench.account)", 0o700)
         try "correct-horse-battery-staple\n".write(toFile: "\(mountPoint)/accounts/\(Bench.account)/password", atomically: false, encoding: .utf8)
         try "42\n".write(toFile: "\(mountPoint)/settings/BenchKey", atomically: false, encoding: .utf8)
         systems = ["native": System(name: "native", directory: root + "/native")]
-        if Shell.exists("bindfs") && Shell.run("bindfs", [root + "/bindsrc", root + "/bindfs"]) == 0 {
+        if Spawn.exists("bindfs") && Spawn.run("bindfs", [root + "/bindsrc", root + "/bindfs"]) == 0 {
             Benchmark.mounts.append(root + "/bindfs")
             systems["bindfs"] = System(name: "bindfs", directory: root + "/bindfs")
         } else {
@@ -109,7 +109,7 @@ final class Bench {
 
     /// gocryptfs: an encrypted directory (scrypt, default settings) mounted like the others.
     func setUpGocryptfs() throws {
-        guard Shell.exists("gocryptfs") else {
+        guard Spawn.exists("gocryptfs") else {
             notes.append("gocryptfs: skipped (not installed: mount-helpers/install-deps --bench)")
             return
         }
@@ -117,8 +117,8 @@ final class Bench {
         mkdir(cipher, 0o700)
         mkdir(plain, 0o755)
         try "bench\n".write(toFile: root + "/gocryptfs-pass", atomically: true, encoding: .utf8)
-        guard Shell.run("gocryptfs", ["-init", "-q", "-passfile", root + "/gocryptfs-pass", cipher]) == 0,
-              Shell.run("gocryptfs", ["-q", "-passfile", root + "/gocryptfs-pass", cipher, plain]) == 0 else {
+        guard Spawn.run("gocryptfs", ["-init", "-q", "-passfile", root + "/gocryptfs-pass", cipher]) == 0,
+              Spawn.run("gocryptfs", ["-q", "-passfile", root + "/gocryptfs-pass", cipher, plain]) == 0 else {
             notes.append("gocryptfs: skipped (init or mount failed)")
             return
         }
@@ -131,7 +131,7 @@ final class Bench {
 
     /// pass: a password store with a throwaway GPG key without a passphrase (W1 only).
     func setUpPass() throws {
-        guard Shell.exists("pass") && Shell.exists("gpg") else {
+        guard Spawn.exists("pass") && Spawn.exists("gpg") else {
             notes.append("pass: skipped (not installed: mount-helpers/install-deps --bench)")
             return
         }
@@ -139,9 +139,9 @@ final class Bench {
         mkdir(home, 0o700)
         setenv("GNUPGHOME", home, 1)
         setenv("PASSWORD_STORE_DIR", root + "/pass-store", 1)
-        guard Shell.run("gpg", ["--batch", "--passphrase", "", "--quick-gen-key", "bench@mtmfs.invalid", "default", "default", "never"]) == 0,
-              Shell.run("pass", ["init", "bench@mtmfs.invalid"]) == 0,
-              Shell.run("pass", ["insert", "-m", "bench/password"], input: "correct-horse-battery-staple\n") == 0 else {
+        guard Spawn.run("gpg", ["--batch", "--passphrase", "", "--quick-gen-key", "bench@mtmfs.invalid", "default", "default", "never"]) == 0,
+              Spawn.run("pass", ["init", "bench@mtmfs.invalid"]) == 0,
+              Spawn.run("pass", ["insert", "-m", "bench/password"], input: "correct-horse-battery-staple\n") == 0 else {
             notes.append("pass: skipped (gpg key or store set-up failed)")
             return
         }
@@ -160,7 +160,7 @@ final class Bench {
             for name in names { mkdir(directory + "/" + name, 0o700) }
         }
         let data = root + "/data-w3"
-        guard Shell.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
+        guard Spawn.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
             throw BenchError("mtmfs init (W3) failed")
         }
         do {
@@ -174,7 +174,7 @@ final class Bench {
         let mount = root + "/mtmfs-w3"
         mkdir(mount, 0o755)
         try (Bench.passphrase + "\n").write(toFile: root + "/w3-pass", atomically: true, encoding: .utf8)
-        guard Shell.run(mtmfs, ["mount", "--auto-lock", "0", "--unlock", "--passphrase-file", root + "/w3-pass",
+        guard Spawn.run(mtmfs, ["mount", "--auto-lock", "0", "--unlock", "--passphrase-file", root + "/w3-pass",
                                 "--data-dir", data, mount]) == 0 else { throw BenchError("mtmfs mount (W3) failed") }
         Benchmark.mounts.append(mount)
         manyAccountsMount = mount
@@ -236,21 +236,21 @@ final class Bench {
             if options.daemonOnly { continue }
             for (system, path) in rotate(paths("password")) {
                 let runs = processRuns
-                let total = seconds { for _ in 0..<runs { Shell.run("/bin/cat", [path]) } }
+                let total = seconds { for _ in 0..<runs { Spawn.run("/bin/cat", [path]) } }
                 record("W1 cat a field, whole process (ms)", system, total / Double(runs) * 1000)
             }
             guardRound(guardStores, round: round)
             if passReady {
                 let runs = max(5, processRuns / 10)
-                let total = seconds { for _ in 0..<runs { Shell.run("pass", ["show", "bench/password"]) } }
+                let total = seconds { for _ in 0..<runs { Spawn.run("pass", ["show", "bench/password"]) } }
                 record("W1 cat a field, whole process (ms)", "pass", total / Double(runs) * 1000)
             }
             for (system, path) in rotate(paths("password")) {
                 record("W2 open+read+close (µs)", system, try openReadClose(path, times: iterations) * 1e6)
             }
             for (system, directory) in rotate(paths("accounts")) {
-                _ = Shell.run("ls", ["-l", directory])  // warm
-                let list = seconds { _ = Shell.run("ls", ["-l", directory]) }
+                _ = Spawn.run("ls", ["-l", directory])  // warm
+                let list = seconds { _ = Spawn.run("ls", ["-l", directory]) }
                 record("W3 ls -l accounts/, \(manyAccounts) accounts, warm (ms)", system, list * 1000)
             }
             try vaultRound(vaultStores)
@@ -267,7 +267,7 @@ final class Bench {
                 try bigFileRound(system, directory + "/big\(round)")
             }
             if round == 0, daemonPID > 0 { record("W8 daemon RSS after W6 (MB)", "mtmfs", rss()) }
-            if Shell.exists("postmark") {
+            if Spawn.exists("postmark") {
                 for (system, directory) in rotate(paths("cache")) {
                     try postmark(system, directory + "/postmark\(round)")
                 }
@@ -315,8 +315,8 @@ final class Bench {
             }
         }
         record("W5 create \(count) × 1 KiB (ms)", system, create * 1000)
-        _ = Shell.run("ls", ["-l", directory])  // warm
-        let list = seconds { _ = Shell.run("ls", ["-l", directory]) }
+        _ = Spawn.run("ls", ["-l", directory])  // warm
+        let list = seconds { _ = Spawn.run("ls", ["-l", directory]) }
         record("W5 ls -l, warm (ms)", system, list * 1000)
         var buffer = [UInt8](repeating: 0, count: 4096)
         let readAll = {
@@ -329,7 +329,7 @@ final class Bench {
         record("W5 read all, warm (ms)", system, seconds(readAll) * 1000)
         dropCaches()
         record("W5 read all, after drop_caches (ms)", system, seconds(readAll) * 1000)
-        let remove = seconds { _ = Shell.run("rm", ["-r", directory]) }
+        let remove = seconds { _ = Spawn.run("rm", ["-r", directory]) }
         record("W5 rm -r (ms)", system, remove * 1000)
     }
 
@@ -381,7 +381,7 @@ final class Bench {
         if let sizes { script += "set size \(sizes.0) \(sizes.1)\n" }
         if subdirectories > 0 { script += "set subdirectories \(subdirectories)\n" }
         script += "run\nquit\n"
-        let output = Shell.output("postmark", [], input: script)
+        let output = Spawn.standardOutput("postmark", [], input: script)
         // "… seconds of transactions (N per second)"
         guard let range = output.range(of: #"seconds of transactions \((\d+) per second\)"#, options: .regularExpression),
               let rate = Double(output[range].split(separator: "(")[1].split(separator: " ")[0]) else {
@@ -389,7 +389,7 @@ final class Bench {
             return
         }
         record("\(workload) \(files) files, \(transactions) transactions (tx/s)", system, rate)
-        _ = Shell.run("rm", ["-rf", directory])
+        _ = Spawn.run("rm", ["-rf", directory])
     }
 
     // MARK: Report
@@ -446,7 +446,7 @@ final class Bench {
         print(lines.joined(separator: "\n"))
         for note in notes { print("\n- \(note)") }
         if let path = options.json, let data = try? JSONSerialization.data(withJSONObject: json, options: [.prettyPrinted]) {
-            FileManager.default.createFile(atPath: path, contents: data)
+            _ = FileManager.default.createFile(atPath: path, contents: data)
         }
     }
 }

@@ -91,7 +91,7 @@ enum Benchmark {
         } catch {
             FileHandle.standardError.write(Data("mtmfs-bench: \(error)\n".utf8))
             Bench.stopNamespaceDaemons()
-            for mount in mounts { _ = Shell.run("fusermount3", ["-uz", mount]) }
+            for mount in mounts { _ = Spawn.run("fusermount3", ["-uz", mount]) }
             return 1
         }
     }
@@ -104,31 +104,6 @@ extension Array {
 struct BenchError: Error, CustomStringConvertible {
     var description: String
     init(_ description: String) { self.description = description }
-}
-
-/// Runs helper programs (posix_spawn, output discarded unless asked for).
-enum Shell {
-    @discardableResult
-    static func run(_ program: String, _ arguments: [String], input: String? = nil) -> Int32 {
-        let inputPath = "/tmp/mtmfs-bench-input-\(getpid())"
-        if let input { FileManager.default.createFile(atPath: inputPath, contents: Data(input.utf8)) }
-        defer { if input != nil { unlink(inputPath) } }
-        guard let pid = try? Spawn.start(program, arguments, stdin: input == nil ? .null : .file(inputPath)) else { return 127 }
-        return Spawn.wait(pid)
-    }
-
-    /// Runs a program and returns its standard output (standard error discarded).
-    static func output(_ program: String, _ arguments: [String], input: String = "") -> String {
-        let path = "/tmp/mtmfs-bench-output-\(getpid())"
-        let inputPath = "/tmp/mtmfs-bench-stdin-\(getpid())"
-        defer { unlink(path); unlink(inputPath) }
-        FileManager.default.createFile(atPath: inputPath, contents: Data(input.utf8))
-        guard let pid = try? Spawn.start(program, arguments, stdin: .file(inputPath), stdout: .file(path)) else { return "" }
-        Spawn.wait(pid)
-        return (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
-    }
-
-    static func exists(_ program: String) -> Bool { run("/bin/sh", ["-c", "command -v \(program)"]) == 0 }
 }
 
 /// Wall-clock seconds of `body`.

@@ -27,7 +27,7 @@ extension Bench {
 
     /// The pid of the FUSE daemon serving `mountPoint` (any program: bindfs, gocryptfs).
     func daemon(of mountPoint: String, named program: String) -> pid_t? {
-        let pids = Shell.output("pgrep", ["-f", program]).split(separator: "\n").compactMap { pid_t($0) }
+        let pids = Spawn.standardOutput("pgrep", ["-f", program]).split(separator: "\n").compactMap { pid_t($0) }
         return pids.first { pid in
             let line = (try? String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8)) ?? ""
             return line.contains(mountPoint)
@@ -46,12 +46,12 @@ extension Bench {
     /// files made through a mount would leave them), mounted.
     func filledStore(_ name: String, files: Int, options mountOptions: [String] = []) throws -> (mount: String, pid: pid_t) {
         let data = root + "/data-" + name, mount = root + "/mtmfs-" + name
-        guard Shell.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
+        guard Spawn.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
             throw BenchError("mtmfs init (\(name)) failed")
         }
         // The cache is schema'd at its first open: mount once, then fill, then mount again.
         mkdir(mount, 0o755)
-        guard Shell.run(mtmfs, ["mount", "--data-dir", data, mount]) == 0, Shell.run(mtmfs, ["unmount", mount]) == 0 else {
+        guard Spawn.run(mtmfs, ["mount", "--data-dir", data, mount]) == 0, Spawn.run(mtmfs, ["unmount", mount]) == 0 else {
             throw BenchError("mtmfs mount (\(name)) failed")
         }
         let sql = """
@@ -64,10 +64,10 @@ extension Bench {
             UPDATE inodes SET expires = \(Int(Date().timeIntervalSince1970) + 7 * 86_400) * 1000000000 WHERE ino = 2;
             COMMIT;
             """
-        guard Shell.run("sqlite3", [data + "/cache.sqlite"], input: sql) == 0 else {
+        guard Spawn.run("sqlite3", [data + "/cache.sqlite"], input: sql) == 0 else {
             throw BenchError("filling \(name) with \(files) files (sqlite3 missing? mount-helpers/install-deps --bench)")
         }
-        guard Shell.run(mtmfs, ["mount", "--auto-lock", "0"] + mountOptions + ["--data-dir", data, mount]) == 0 else {
+        guard Spawn.run(mtmfs, ["mount", "--auto-lock", "0"] + mountOptions + ["--data-dir", data, mount]) == 0 else {
             throw BenchError("mtmfs mount (\(name)) failed")
         }
         Benchmark.mounts.append(mount)
@@ -94,7 +94,7 @@ extension Bench {
         let locked = try filledStore("w18-locked", files: 10)
         row("locked", locked.pid)
         let unlocked = try filledStore("w18-unlocked", files: 10, options: ["--auto-lock", "900"])
-        guard Shell.run(mtmfs, ["unlock", unlocked.mount], input: Bench.passphrase + "\n") == 0 else {
+        guard Spawn.run(mtmfs, ["unlock", unlocked.mount], input: Bench.passphrase + "\n") == 0 else {
             throw BenchError("unlock (W18) failed")
         }
         row("unlocked, auto-lock pending", unlocked.pid)

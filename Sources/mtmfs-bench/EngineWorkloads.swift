@@ -23,7 +23,7 @@ extension Bench {
             record("W11 random 4 KiB writes into 64 MiB, then fsync (µs per write)", system,
                    try randomWritesThenFsync(directory + "/random\(round)") * 1e6)
         }
-        if Shell.exists("postmark") {
+        if Spawn.exists("postmark") {
             for (system, directory) in rotate(paths("cache")) {
                 try postmark(system, directory + "/postmark-big\(round)", sizes: (512, 65536), subdirectories: 10,
                              workload: "W12 postmark, 512 B–64 KiB in 10 subdirectories")
@@ -38,7 +38,7 @@ extension Bench {
             record("W22 SQLite inside (WAL, synchronous=FULL), one 700-byte row a transaction (µs)", system,
                    try sqliteInside(directory + "/inner\(round).sqlite") * 1e6)
         }
-        if Shell.exists("postmark") {
+        if Spawn.exists("postmark") {
             for (system, directory) in rotate(paths("cache")) {
                 try postmark(system, directory + "/postmark-app\(round)", sizes: (512, 65536), subdirectories: 10,
                              workload: "W23 postmark, 512 B–64 KiB in 10 subdirectories",
@@ -180,31 +180,31 @@ extension Bench {
     func remountTime(_ system: String) throws -> Double? {
         switch system {
         case "mtmfs":
-            guard Shell.run(mtmfs, ["unmount", mountPoint]) == 0 else { throw BenchError("mtmfs unmount failed") }
+            guard Spawn.run(mtmfs, ["unmount", mountPoint]) == 0 else { throw BenchError("mtmfs unmount failed") }
             dropCaches()
             let elapsed = try seconds {
-                guard Shell.run(mtmfs, ["mount", "--auto-lock", "0", "--data-dir", dataDirectory, mountPoint]) == 0 else {
+                guard Spawn.run(mtmfs, ["mount", "--auto-lock", "0", "--data-dir", dataDirectory, mountPoint]) == 0 else {
                     throw BenchError("mtmfs mount failed")
                 }
             }
             daemonPID = pid_t(statusValue("pid") ?? "") ?? 0
-            guard Shell.run(mtmfs, ["unlock", mountPoint], input: Bench.passphrase + "\n") == 0 else { throw BenchError("unlock failed") }
+            guard Spawn.run(mtmfs, ["unlock", mountPoint], input: Bench.passphrase + "\n") == 0 else { throw BenchError("unlock failed") }
             return elapsed
         case "gocryptfs":
             let plain = root + "/gocryptfs"
-            guard Shell.run("fusermount3", ["-u", plain]) == 0 else { return nil }
+            guard Spawn.run("fusermount3", ["-u", plain]) == 0 else { return nil }
             dropCaches()
             return try seconds {
-                guard Shell.run("gocryptfs", ["-q", "-passfile", root + "/gocryptfs-pass", root + "/gocryptfs-cipher", plain]) == 0 else {
+                guard Spawn.run("gocryptfs", ["-q", "-passfile", root + "/gocryptfs-pass", root + "/gocryptfs-cipher", plain]) == 0 else {
                     throw BenchError("gocryptfs mount failed")
                 }
             }
         case "bindfs":
             let target = root + "/bindfs"
-            guard Shell.run("fusermount3", ["-u", target]) == 0 else { return nil }
+            guard Spawn.run("fusermount3", ["-u", target]) == 0 else { return nil }
             dropCaches()
             return try seconds {
-                guard Shell.run("bindfs", [root + "/bindsrc", target]) == 0 else { throw BenchError("bindfs mount failed") }
+                guard Spawn.run("bindfs", [root + "/bindsrc", target]) == 0 else { throw BenchError("bindfs mount failed") }
             }
         default:
             return nil

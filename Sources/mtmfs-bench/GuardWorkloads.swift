@@ -35,7 +35,7 @@ extension Bench {
                 mkdir(directory, 0o700)
                 chown(directory, 65534, 65534)
             }
-            guard Shell.run("setpriv", Array(Bench.nobody.dropFirst()) + [mtmfs, "init", "--kdf", "interactive",
+            guard Spawn.run("setpriv", Array(Bench.nobody.dropFirst()) + [mtmfs, "init", "--kdf", "interactive",
                             "--data-dir", data, "--passphrase-file", base + "/pass"]) == 0 else {
                 throw BenchError("W20: mtmfs init as nobody failed")
             }
@@ -76,7 +76,7 @@ extension Bench {
 
     @discardableResult
     func asNobody(in store: GuardStore, _ command: [String]) -> Int32 {
-        Shell.run("nsenter", ["-t", "\(store.daemon)", "-m"] + Bench.nobody + ["env", "HOME=/tmp"] + command)
+        Spawn.run("nsenter", ["-t", "\(store.daemon)", "-m"] + Bench.nobody + ["env", "HOME=/tmp"] + command)
     }
 
     func guardRound(_ stores: [GuardStore], round: Int) {

@@ -18,7 +18,7 @@ extension Bench {
         var stores: [(Int, String, pid_t)] = []
         for count in vaultSizes {
             let data = root + "/data-w16-\(count)", mount = root + "/mtmfs-w16-\(count)"
-            guard Shell.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
+            guard Spawn.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
                 throw BenchError("mtmfs init (W16) failed")
             }
             do {
@@ -44,7 +44,7 @@ extension Bench {
                 throw BenchError("W16 vault: \(error)")
             }
             mkdir(mount, 0o755)
-            guard Shell.run(mtmfs, ["mount", "--auto-lock", "0", "--unlock", "--passphrase-file", root + "/w3-pass",
+            guard Spawn.run(mtmfs, ["mount", "--auto-lock", "0", "--unlock", "--passphrase-file", root + "/w3-pass",
                                     "--data-dir", data, mount]) == 0 else { throw BenchError("mtmfs mount (W16) failed") }
             Benchmark.mounts.append(mount)
             let status = (try? String(contentsOfFile: mount + "/.mtmfs/status", encoding: .utf8)) ?? ""
@@ -55,9 +55,9 @@ extension Bench {
             record("W16 daemon RSS unlocked, \(count) full accounts (MB)", "mtmfs", rss(of: pid))
             let maps = (try? String(contentsOfFile: "/proc/\(pid)/maps", encoding: .utf8))?.split(separator: "\n").count ?? 0
             record("W16 daemon memory maps unlocked, \(count) full accounts", "mtmfs", Double(maps))
-            guard Shell.run(mtmfs, ["lock", mount]) == 0 else { throw BenchError("mtmfs lock (W16) failed") }
+            guard Spawn.run(mtmfs, ["lock", mount]) == 0 else { throw BenchError("mtmfs lock (W16) failed") }
             record("W16 daemon RSS locked again, \(count) full accounts (MB)", "mtmfs", rss(of: pid))
-            guard Shell.run(mtmfs, ["unlock", "--passphrase-file", root + "/w3-pass", mount]) == 0 else {
+            guard Spawn.run(mtmfs, ["unlock", "--passphrase-file", root + "/w3-pass", mount]) == 0 else {
                 throw BenchError("mtmfs unlock (W16) failed")
             }
         }
@@ -78,7 +78,7 @@ extension Bench {
         }
         if passReady {
             let total = seconds {
-                for change in 0..<changes { Shell.run("pass", ["insert", "-m", "-f", "bench/password"], input: "pw-\(change)\n") }
+                for change in 0..<changes { Spawn.run("pass", ["insert", "-m", "-f", "bench/password"], input: "pw-\(change)\n") }
             }
             record("W16 change a field, \(vaultSizes.last!) full accounts (ms)", "pass", total / Double(changes) * 1000)
         }
@@ -95,20 +95,20 @@ extension Bench {
             let last = store.accounts - 1
             let server = "host\(last).example.com", username = "user\(last)@example.com"
             let path = store.mount + "/accounts/by-server/\(server)/\(username)/password"
-            guard Shell.output("/bin/cat", [path]) == "pw-\(last)-correct-horse-battery-staple\n" else {
+            guard Spawn.standardOutput("/bin/cat", [path]) == "pw-\(last)-correct-horse-battery-staple\n" else {
                 throw BenchError("W17: \(path) does not read the account's password")
             }
-            let cat = seconds { for _ in 0..<runs { Shell.run("/bin/cat", [path]) } }
+            let cat = seconds { for _ in 0..<runs { Spawn.run("/bin/cat", [path]) } }
             record("W17 cat by-server/H/U/password, \(store.accounts) full accounts (ms)", "mtmfs", cat / Double(runs) * 1000)
             let arguments = ["find", store.mount, "--server", server, "--username", username, "--print", "password"]
-            guard Shell.output(mtmfs, arguments) == "pw-\(last)-correct-horse-battery-staple\n" else {
+            guard Spawn.standardOutput(mtmfs, arguments) == "pw-\(last)-correct-horse-battery-staple\n" else {
                 throw BenchError("W17: mtmfs find does not print the account's password")
             }
-            let find = seconds { for _ in 0..<runs { Shell.run(mtmfs, arguments) } }
+            let find = seconds { for _ in 0..<runs { Spawn.run(mtmfs, arguments) } }
             record("W17 mtmfs find --print password, \(store.accounts) full accounts (ms)", "mtmfs", find / Double(runs) * 1000)
         }
         if passReady {
-            let show = seconds { for _ in 0..<runs { Shell.run("pass", ["show", "bench/password"]) } }
+            let show = seconds { for _ in 0..<runs { Spawn.run("pass", ["show", "bench/password"]) } }
             record("W17 pass show (ms)", "pass", show / Double(runs) * 1000)
         }
     }
