@@ -271,12 +271,14 @@ extension AccountsTree {
             // Opened before a lock: refused, as a field's descriptor is.
             guard s.fields.session.isCurrent(FileHandle(raw: handle)), s.fields.session.isOpen else { throw .permissionDenied }
         }
-        try trustedLists.withLock { (lists) throws(Errno) in
+        // (Program paths and hashes, not secrets: an ordinary copy, replied after the lock.)
+        let piece = try trustedLists.withLock { (lists) throws(Errno) -> ArraySlice<UInt8> in
             guard let text = lists[handle] else { throw .badFileDescriptor }
-            guard offset < UInt64(text.count) else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
+            guard offset < UInt64(text.count) else { return [] }
             let start = Int(offset)
-            text[start..<min(text.count, start + size)].withUnsafeBytes { reply($0) }
+            return text[start..<min(text.count, start + size)]
         }
+        piece.withUnsafeBytes { reply($0) }
     }
 
     // MARK: Commands (.mtmfs/guard, .mtmfs/trust)

@@ -53,6 +53,10 @@ public final class AccountsTree: Subtree {
     /// The text of each open `trusted` file, by handle (its lock generation is in it: a
     /// lock empties the table and refuses the handles of before).
     let trustedLists = Locked<[UInt64: [UInt8]]>([:])
+    /// Secure copies of what a read replies, made under the tree's lock and sent after it
+    /// (an arena of their own: a lock's `releaseAll` of the vault's never frees one that is
+    /// still being sent).
+    let replies = SecureArena()
     /// The last guarding change on this mount turned it off (`mtmfs guard off`): then a
     /// vault read again with guarding off is no roll-back.
     let guardingTurnedOff = Atomic<Bool>(false)
@@ -381,17 +385,25 @@ public final class AccountsTree: Subtree {
         if TrustedListNode(space.local(of: inode)) != nil {
             return try readTrustedList(handle: handle, offset: offset, size: size, reply: reply)
         }
-        try state.withLock { (s) throws(Errno) in
+        // Copied (into secure memory) under the lock, replied after it: no request of
+        // accounts/ waits for a reply to reach the kernel.
+        let copy = try state.withLock { (s) throws(Errno) -> SecureBytes? in
             guard s.fields.vault != nil else { throw .ioError }
             try s.fields.session.requireOpen()
             guard s.fields.session.isCurrent(FileHandle(raw: handle)) else { throw .permissionDenied }  // opened before a lock
             s.fields.session.touched()
-            try s.engine.withContent(space.local(of: inode), s.fields) { bytes in
-                guard offset < UInt64(bytes.count) else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
+            let copied = try s.engine.withContent(space.local(of: inode), s.fields) { bytes -> SecureBytes?? in
+                guard offset < UInt64(bytes.count) else { return .some(nil) }
                 let start = Int(offset)
-                reply(UnsafeRawBufferPointer(rebasing: bytes[start..<min(bytes.count, start + size)]))
+                let piece = UnsafeRawBufferPointer(rebasing: bytes[start..<min(bytes.count, start + size)])
+                return SecureBytes.allocate(copying: piece, in: replies).map { .some($0) }
             }
+            guard let copied else { throw .noMemory }  // no secure memory to be had
+            return copied
         }
+        defer { copy?.wipe() }
+        guard let copy else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }
+        copy.withUnsafeBytes { reply($0) }
     }
 
     public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
