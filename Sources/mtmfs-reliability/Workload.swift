@@ -138,14 +138,16 @@ enum Workload {
                         && punchHole(file, from: from, to: to) == 0
                     if ok { note("K file \(path) \(counter) \(size) \(from) \(to)") }
                 default:
-                    // Whole in one write, after a fallocate, or in 4 KiB pieces in random order
-                    // (buffered by the daemon until the fsync).
-                    let how = random.next() % 3
+                    // Whole in one write, after a fallocate, in 4 KiB pieces in random order
+                    // (buffered by the daemon until the fsync), or appended a WAL frame at a
+                    // time with an fsync after each (into the room of the last chunk).
+                    let how = random.next() % 4
                     note("A file \(path) \(counter) \(size)")
                     let content = cacheContent(counter, size: size)
                     ok = (how != 1 || size == 0 || preallocateFile(file, size: size) == 0)
                         && (how == 2 ? writeInPieces(file, content, seed: random.next())
-                                     : writeFile(file, content, sync: true)) == 0
+                            : how == 3 ? appendWithSyncs(file, content)
+                                       : writeFile(file, content, sync: true)) == 0
                     if ok {
                         note("K file \(path) \(counter) \(size)")
                         lastFile = (path, counter, size)
@@ -176,6 +178,21 @@ func writeInPieces(_ path: String, _ bytes: [UInt8], seed: UInt64) -> Int32 {
         let count = min(4096, bytes.count - offset)
         let written = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress! + offset, count, off_t(offset)) }
         if written != count { return written < 0 ? errno : EIO }
+    }
+    return fsync(fd) == 0 ? 0 : errno
+}
+
+/// A file written as a database's write-ahead log grows: appends of 4,120 bytes (a frame
+/// header and a page), each followed by an fsync.
+func appendWithSyncs(_ path: String, _ bytes: [UInt8]) -> Int32 {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0o600)
+    guard fd >= 0 else { return errno }
+    defer { close(fd) }
+    for offset in stride(from: 0, to: bytes.count, by: 4120) {
+        let count = min(4120, bytes.count - offset)
+        let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, count) }
+        if written != count { return written < 0 ? errno : EIO }
+        if fsync(fd) != 0 { return errno }
     }
     return fsync(fd) == 0 ? 0 : errno
 }
