@@ -15,41 +15,74 @@ import Posix
 ///
 /// Thread-safety: none; it lives inside `CacheStore`, behind its lock.
 struct DirtyChunks {
-    /// One chunk being written: the bytes written (at their offsets in the chunk; what lies
-    /// between them is unknown until merged with the stored row) and which ranges they are.
+    /// One chunk being written: the pieces written, each with its bytes (what lies between
+    /// them is unknown until merged with the stored row). Only what was written is held: a
+    /// few 4 KiB writes scattered over a chunk buffer a few 4 KiB, not the chunk up to them.
     ///
     /// Thread-safety: a value inside `DirtyChunks`, behind `CacheStore`'s lock.
     struct Chunk {
-        var bytes: [UInt8] = []
         /// Sorted, disjoint, not touching.
-        var covered: [Range<Int>] = []
+        private(set) var pieces: [(range: Range<Int>, bytes: [UInt8])] = []
+        /// Bytes buffered: what the pieces hold.
+        private(set) var count = 0
 
-        var isWhole: Bool { covered.count == 1 && covered[0] == 0..<CacheStore.chunkSize }
+        var covered: [Range<Int>] { pieces.map(\.range) }
+        var isWhole: Bool { pieces.count == 1 && pieces[0].range == 0..<CacheStore.chunkSize }
+        /// Where the last piece ends.
+        var end: Int { pieces.last?.range.upperBound ?? 0 }
 
         mutating func write(_ data: UnsafeRawBufferPointer, at offset: Int) {
-            let end = offset + data.count
-            if bytes.count < end { bytes += [UInt8](repeating: 0, count: end - bytes.count) }
-            bytes.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: offset).copyMemory(from: data.baseAddress!, byteCount: data.count) }
-            var merged = offset..<end
-            var kept: [Range<Int>] = []
-            for range in covered {
-                if range.upperBound < merged.lowerBound || range.lowerBound > merged.upperBound {
-                    kept.append(range)
-                } else {
-                    merged = min(range.lowerBound, merged.lowerBound)..<max(range.upperBound, merged.upperBound)
+            guard data.count > 0 else { return }
+            let new = offset..<(offset + data.count)
+            // The pieces it overlaps or touches become one with it.
+            let first = pieces.firstIndex { $0.range.upperBound >= new.lowerBound } ?? pieces.count
+            var last = first
+            while last < pieces.count && pieces[last].range.lowerBound <= new.upperBound { last += 1 }
+            if last - first == 1 && pieces[first].range.lowerBound <= new.lowerBound {
+                // Within or past the end of one piece (a sequential writer): grown in place.
+                let base = pieces[first].range.lowerBound
+                let grow = new.upperBound - pieces[first].range.upperBound
+                if grow > 0 {
+                    if pieces[first].bytes.capacity < new.upperBound - base {
+                        pieces[first].bytes.reserveCapacity(max(new.upperBound - base, min(CacheStore.chunkSize - base,
+                                                                                           2 * pieces[first].bytes.count)))
+                    }
+                    pieces[first].bytes.append(contentsOf: repeatElement(0, count: grow))
+                    pieces[first].range = base..<new.upperBound
+                    count += grow
                 }
+                pieces[first].bytes.withUnsafeMutableBytes {
+                    $0.baseAddress!.advanced(by: new.lowerBound - base).copyMemory(from: data.baseAddress!, byteCount: data.count)
+                }
+                return
             }
-            kept.append(merged)
-            covered = kept.sorted { $0.lowerBound < $1.lowerBound }
+            let merging = pieces[first..<last]
+            let union = min(new.lowerBound, merging.first?.range.lowerBound ?? new.lowerBound)
+                ..< max(new.upperBound, merging.last?.range.upperBound ?? new.upperBound)
+            var bytes = [UInt8](repeating: 0, count: union.count)
+            bytes.withUnsafeMutableBytes { buffer in
+                for piece in merging {
+                    piece.bytes.withUnsafeBytes {
+                        buffer.baseAddress!.advanced(by: piece.range.lowerBound - union.lowerBound)
+                            .copyMemory(from: $0.baseAddress!, byteCount: $0.count)
+                    }
+                }
+                buffer.baseAddress!.advanced(by: new.lowerBound - union.lowerBound)
+                    .copyMemory(from: data.baseAddress!, byteCount: data.count)
+            }
+            count += union.count - merging.reduce(0) { $0 + $1.range.count }
+            pieces.replaceSubrange(first..<last, with: [(union, bytes)])
         }
 
+        /// The whole chunk's bytes (`isWhole`).
+        var whole: [UInt8] { pieces[0].bytes }
+
         /// `stored` (the row's bytes, a preallocated row already expanded to zeros) with the
-        /// written ranges laid over it.
+        /// written pieces laid over it.
         func merged(into stored: [UInt8]) -> [UInt8] {
             var result = stored
-            let end = covered.last?.upperBound ?? 0
             if result.count < end { result += [UInt8](repeating: 0, count: end - result.count) }
-            for range in covered { result.replaceSubrange(range, with: bytes[range]) }
+            for piece in pieces { result.replaceSubrange(piece.range, with: piece.bytes) }
             return result
         }
     }
@@ -62,7 +95,7 @@ struct DirtyChunks {
         var size: Int64
         var modified: Int64
         /// Bytes buffered (at most what the chunks will add to the stored bytes).
-        var buffered: Int { chunks.values.reduce(0) { $0 + $1.bytes.count } }
+        var buffered: Int { chunks.values.reduce(0) { $0 + $1.count } }
     }
 
     var files: [Int64: File] = [:]
@@ -86,7 +119,7 @@ struct DirtyChunks {
     /// Forgets an inode's buffers (the inode is gone, or its data was cut off).
     mutating func discard(_ ino: Int64) {
         guard let file = files.removeValue(forKey: ino) else { return }
-        bytes -= file.chunks.values.reduce(0) { $0 + $1.bytes.count }
+        bytes -= file.chunks.values.reduce(0) { $0 + $1.count }
         if files.isEmpty { since = nil }
     }
 }
@@ -109,14 +142,14 @@ extension CacheStore {
         for index in flushed {
             let chunk = file.chunks[index]!
             if chunk.isWhole {
-                stored += try putWholeChunk(ino, index, chunk.bytes)
+                stored += try putWholeChunk(ino, index, chunk.whole)
                 continue
-            } else if let row = try chunkRow(ino, index), row.length >= chunk.covered.last!.upperBound {
-                // A stored row long enough: the written ranges go in place, page by page.
-                for range in chunk.covered {
-                    let failure = chunk.bytes[range].withUnsafeBytes { bytes -> SQLiteError? in
+            } else if let row = try chunkRow(ino, index), row.length >= chunk.end {
+                // A stored row long enough: the written pieces go in place, page by page.
+                for piece in chunk.pieces {
+                    let failure = piece.bytes.withUnsafeBytes { bytes -> SQLiteError? in
                         do throws(SQLiteError) {
-                            try writer.write(row: row.id, offset: range.lowerBound, bytes)
+                            try writer.write(row: row.id, offset: piece.range.lowerBound, bytes)
                             return nil
                         } catch {
                             return error
@@ -139,7 +172,7 @@ extension CacheStore {
                 try putChunk(ino, index, merged)
                 stored += Int64(merged.count) - before
             }
-            batchBytes += chunk.bytes.count
+            batchBytes += chunk.count
         }
         // The size goes with every flush: a chunk stored past the recorded size must never
         // show up later as old data when the file grows (a crash may leave zeros, no more).
@@ -147,7 +180,7 @@ extension CacheStore {
                 file.size, stored, file.modified, file.modified, ino)
         var remaining = dirty.files.removeValue(forKey: ino)!
         for index in flushed {
-            dirty.bytes -= remaining.chunks.removeValue(forKey: index)!.bytes.count
+            dirty.bytes -= remaining.chunks.removeValue(forKey: index)!.count
         }
         if !remaining.chunks.isEmpty { dirty.files[ino] = remaining }
         if dirty.files.isEmpty { dirty.since = nil }
@@ -159,20 +192,52 @@ extension CacheStore {
         for ino in Array(dirty.files.keys) { try flushDirty(ino, blobs: writer) }
     }
 
-    /// For the committing thread: writes every buffer once the oldest is `dirtyDelay` old.
+    /// For the committing thread: writes every buffer once the oldest is `dirtyDelay` old,
+    /// in slices of about `flushSlice` bytes with the store's lock let go between them (a
+    /// write that comes meanwhile waits for one slice, not for every buffer: 20 MB of them
+    /// took 75 ms). Stops once as much as was buffered at the start is written.
     /// A failure (a full disk, say) is said once and tried again later, waiting longer each
     /// time (up to 5 s): the buffers stay, fsync reports the error.
     public func flushDirtyWhenDue() {
-        lock.withLock {
-            guard !closed, let since = dirty.since, since.secondsElapsed >= Self.dirtyDelay + dirtyBackoff else { return }
-            do throws(Errno) {
-                try change { () throws(Errno) in try flushAllDirty() }
-                dirtyBackoff = 0
-            } catch {
-                if dirtyBackoff == 0 { Log.error("cache: buffered data could not be stored (trying again): \(error)") }
-                dirtyBackoff = min(5, max(0.25, dirtyBackoff * 2))
+        var left: Int?
+        while true {
+            let more = lock.withLock { () -> Bool in
+                guard !closed, let since = dirty.since, since.secondsElapsed >= Self.dirtyDelay + dirtyBackoff else { return false }
+                if left == nil { left = dirty.bytes }
+                do throws(Errno) {
+                    let written = try change { () throws(Errno) -> Int in try flushSomeDirty(atLeast: Self.flushSlice) }
+                    dirtyBackoff = 0
+                    left! -= written
+                } catch {
+                    if dirtyBackoff == 0 { Log.error("cache: buffered data could not be stored (trying again): \(error)") }
+                    dirtyBackoff = min(5, max(0.25, dirtyBackoff * 2))
+                    return false
+                }
+                return left! > 0 && !dirty.files.isEmpty
             }
+            if !more { return }
         }
+    }
+
+    /// Bytes of buffers one slice of `flushDirtyWhenDue` writes (at least).
+    static let flushSlice = 1 << 20
+
+    /// Writes buffered chunks, file by file and chunk by chunk, until at least `bytes` are
+    /// written or nothing is left (lock held, inside a change); the bytes written.
+    func flushSomeDirty(atLeast bytes: Int) throws(Errno) -> Int {
+        let writer = BlobWriter(database, table: "chunks", column: "data")
+        defer { writer.close() }
+        var written = 0
+        for ino in Array(dirty.files.keys) {
+            guard written < bytes, let file = dirty.files[ino] else { break }
+            var chosen: [Int64] = []
+            for (index, chunk) in file.chunks.sorted(by: { $0.key < $1.key }) where written < bytes {
+                chosen.append(index)
+                written += chunk.count
+            }
+            try flushDirty(ino, only: chosen, blobs: writer)
+        }
+        return written
     }
 
     /// When the oldest buffer is due (nil: nothing buffered), for the committing thread.

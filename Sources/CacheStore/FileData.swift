@@ -198,12 +198,12 @@ extension CacheStore {
             var file = dirty.files.removeValue(forKey: ino) ?? fresh!
             var completed: [Int64] = []
             for (index, _) in whole {
-                if let superseded = file.chunks.removeValue(forKey: index) { dirty.bytes -= superseded.bytes.count }
+                if let superseded = file.chunks.removeValue(forKey: index) { dirty.bytes -= superseded.count }
             }
             for (index, within, piece) in parts {
-                let before = file.chunks[index]?.bytes.count ?? 0
+                let before = file.chunks[index]?.count ?? 0
                 file.chunks[index, default: DirtyChunks.Chunk()].write(piece, at: within)
-                dirty.bytes += file.chunks[index]!.bytes.count - before
+                dirty.bytes += file.chunks[index]!.count - before
                 if file.chunks[index]!.isWhole { completed.append(index) }
             }
             file.size = max(file.size, end)
@@ -218,7 +218,12 @@ extension CacheStore {
             if !completed.isEmpty || dirty.bytes > Self.dirtyLimit {
                 do throws(Errno) {
                     try change { () throws(Errno) in
-                        if dirty.bytes > Self.dirtyLimit { try flushAllDirty() } else { try flushDirty(ino, only: completed) }
+                        // Over the limit: written down to half of it, not all (the request waits for it).
+                        if dirty.bytes > Self.dirtyLimit {
+                            _ = try flushSomeDirty(atLeast: dirty.bytes - Self.dirtyLimit / 2)
+                        } else {
+                            try flushDirty(ino, only: completed)
+                        }
                     }
                 } catch {
                     Log.error("cache: buffered data of inode \(ino) could not be stored yet: \(error)")

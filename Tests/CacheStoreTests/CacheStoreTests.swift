@@ -356,3 +356,43 @@ func errno(_ body: () throws -> Void) -> Errno? {
         #expect(Int(logFile.st_size) > many * 4096, "the file kept its size")
     }
 }
+
+/// A chunk's buffer holds what was written, piece by piece.
+@Suite struct DirtyChunkTests {
+    static func write(_ chunk: inout DirtyChunks.Chunk, _ byte: UInt8, _ count: Int, at offset: Int) {
+        [UInt8](repeating: byte, count: count).withUnsafeBytes { chunk.write($0, at: offset) }
+    }
+
+    @Test func scatteredWritesHoldOnlyTheirBytes() {
+        var chunk = DirtyChunks.Chunk()
+        Self.write(&chunk, 1, 4096, at: 40_960)
+        Self.write(&chunk, 2, 4096, at: 8192)
+        #expect(chunk.count == 8192)
+        #expect(chunk.covered == [8192..<12288, 40_960..<45_056])
+        // Touching and overlapping pieces become one.
+        Self.write(&chunk, 3, 4096, at: 12_288)
+        Self.write(&chunk, 4, 100, at: 40_000)
+        Self.write(&chunk, 5, 2000, at: 39_000)
+        #expect(chunk.covered == [8192..<16_384, 39_000..<45_056])
+        #expect(chunk.count == 8192 + 6056)
+        let merged = chunk.merged(into: [UInt8](repeating: 9, count: 10))
+        #expect(merged.count == 45_056)
+        #expect(merged[0..<10].allSatisfy { $0 == 9 } && merged[10..<8192].allSatisfy { $0 == 0 })
+        #expect(merged[8192..<12_288].allSatisfy { $0 == 2 } && merged[12_288..<16_384].allSatisfy { $0 == 3 })
+        #expect(merged[16_384..<39_000].allSatisfy { $0 == 0 } && merged[39_000..<41_000].allSatisfy { $0 == 5 })
+        #expect(merged[41_000..<45_056].allSatisfy { $0 == 1 })
+    }
+
+    @Test func aSequentialWriterFillsOnePieceToAWholeChunk() {
+        var chunk = DirtyChunks.Chunk()
+        for offset in stride(from: 0, to: CacheStore.chunkSize, by: 4096) {
+            Self.write(&chunk, UInt8(offset / 4096), 4096, at: offset)
+            #expect(chunk.pieces.count == 1)
+        }
+        #expect(chunk.isWhole && chunk.count == CacheStore.chunkSize)
+        #expect(chunk.whole[4096 * 15] == 15)
+        // A rewrite inside changes bytes, not the count.
+        Self.write(&chunk, 99, 10, at: 5)
+        #expect(chunk.count == CacheStore.chunkSize && chunk.whole[5] == 99 && chunk.whole[15] == 0)
+    }
+}
