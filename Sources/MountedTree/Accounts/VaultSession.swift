@@ -21,8 +21,7 @@ struct VaultSession {
     /// Unlocked, but the kernel's caches of the locked state are still being dropped:
     /// fields answer as locked until then.
     var revealing = false
-    private(set) var generation: UInt64 = 1
-    private var nextHandle: UInt64 = 0
+    private var handles = HandleAllocator()
 
     init(vaultPath: String, autoLockSeconds: Int) {
         self.vaultPath = vaultPath
@@ -64,25 +63,20 @@ struct VaultSession {
         return max(0, Int((Double(autoLockSeconds) - lastSecretAccess.secondsElapsed).rounded(.up)))
     }
 
-    mutating func newHandle() -> FileHandle {
-        nextHandle += 1
-        return FileHandle(generation: generation, serial: nextHandle)
-    }
+    mutating func newHandle() -> FileHandle { handles.next() }
 
     /// Made under the current lock generation.
-    func isCurrent(_ handle: FileHandle) -> Bool { handle.generation == generation }
+    func isCurrent(_ handle: FileHandle) -> Bool { handles.isCurrent(handle) }
 
     /// Starts a new generation without locking: every earlier handle is refused (guarding
     /// turned on: none of them was decided).
-    mutating func retireHandles() {
-        generation = FileHandle.nextGeneration(after: generation)
-    }
+    mutating func retireHandles() { handles.retireAll() }
 
     /// Zeroes the keys and starts a new generation: every earlier handle is refused.
     mutating func lock() {
         vault?.lock()
         revealing = false
-        generation = FileHandle.nextGeneration(after: generation)
+        handles.retireAll()
     }
 
     /// Reads the vault file again (locked), after another program changed it.

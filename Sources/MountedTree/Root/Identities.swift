@@ -93,3 +93,25 @@ struct FileHandle: Hashable, Sendable {
 
     var generation: UInt64 { raw >> 40 }
 }
+
+/// Where a tree's file handles come from: serials counted up, each under the current
+/// generation; a new generation (a lock, guarding turned on) retires every handle made
+/// before it. The one allocator of `accounts/` (whose lock starts generations) and
+/// `settings/` (one generation for the mount's life).
+///
+/// Thread-safety: a value behind its tree's lock.
+struct HandleAllocator {
+    private(set) var generation: UInt64 = 1
+    private var serial: UInt64 = 0
+
+    mutating func next() -> FileHandle {
+        serial += 1
+        return FileHandle(generation: generation, serial: serial)
+    }
+
+    /// Made under the current generation.
+    func isCurrent(_ handle: FileHandle) -> Bool { handle.generation == generation }
+
+    /// Every handle made so far stops counting.
+    mutating func retireAll() { generation = FileHandle.nextGeneration(after: generation) }
+}

@@ -13,12 +13,9 @@ extension SettingsTree {
     struct State: @unchecked Sendable {
         var keys: SettingsKeys
         var engine: EditingEngine<SettingsKeys>
-        var nextHandle: UInt64 = 0
+        var handles = HandleAllocator()
 
-        mutating func newHandle() -> FileHandle {
-            nextHandle += 1
-            return FileHandle(generation: 0, serial: nextHandle)
-        }
+        mutating func newHandle() -> FileHandle { handles.next() }
 
         /// Hands the store's news to the engine: keys whose value went or changed.
         mutating func settle() {
