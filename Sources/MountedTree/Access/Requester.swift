@@ -175,12 +175,15 @@ final class RequesterInspector: Sendable {
             refusal = "it is being traced by pid \(tracer) (\(Requester.printable(ProcessState.name(of: tracer) ?? "?")))"
         }
 
-        let (program, isMtmfs, exeProblem) = identify(thread)
+        let mappings = ProcessInspection.codeMappings(of: thread)
+        let (program, isMtmfs, exeProblem) = identify(thread, mappings: mappings ?? [])
         if refusal == nil { refusal = exeProblem }
         if program == nil && refusal == nil {
             refusal = "its program cannot be read (/proc/\(thread)/exe: a process that is not dumpable, or another user's)"
         }
-        if refusal == nil { refusal = unsafeCode(of: thread, credentials) }
+        if refusal == nil {
+            refusal = mappings.map { unsafeCode(of: thread, $0, credentials) } ?? "its memory map cannot be read (/proc/\(thread)/maps)"
+        }
 
         // Still the process all of this was read from (pinned: its pid was not reused).
         guard ProcessInspection.isRunning(pinned: pin) else { return .refused(thread, "the requesting process is gone") }
@@ -192,7 +195,7 @@ final class RequesterInspector: Sendable {
     /// that file in the thread's own mount namespace, else marked unverified; whether it
     /// is mtmfs itself; and why it cannot be trusted, if it cannot (on a FUSE file system,
     /// whose owner may show the hash other bytes than the kernel runs).
-    private func identify(_ thread: pid_t) -> (TrustedProgram?, isMtmfs: Bool, problem: String?) {
+    private func identify(_ thread: pid_t, mappings: [ProcessInspection.CodeMapping]) -> (TrustedProgram?, isMtmfs: Bool, problem: String?) {
         guard let fd = try? Syscall.open("/proc/\(thread)/exe", O_RDONLY) else { return (nil, false, nil) }
         defer { Syscall.close(fd) }
         var st = stat()
@@ -209,11 +212,20 @@ final class RequesterInspector: Sendable {
                 cache[version] = made
             }
         }
-        var path = ProcessInspection.executablePath(of: thread) ?? "(unknown path)"
-        if let named = try? Syscall.stat("/proc/\(thread)/root" + path), named.st_dev == st.st_dev, named.st_ino == st.st_ino {
-            // the path names the file the kernel runs
-        } else {
-            path += " (path not verified)"
+        // Its path: the one its code mapping shows (which `unsafeCode` checks to name that
+        // very file in the thread's mount namespace, or refuses); else read and checked here.
+        let mapped = mappings.lazy.compactMap { mapping -> String? in
+            guard case .file(let path, let device, let inode) = mapping, device == UInt64(st.st_dev), inode == UInt64(st.st_ino)
+            else { return nil }
+            return path
+        }.first
+        var path = mapped ?? ProcessInspection.executablePath(of: thread) ?? "(unknown path)"
+        if mapped == nil {
+            if let named = try? Syscall.stat("/proc/\(thread)/root" + path), named.st_dev == st.st_dev, named.st_ino == st.st_ino {
+                // the path names the file the kernel runs
+            } else {
+                path += " (path not verified)"
+            }
         }
         let isMtmfs = version == own.version || ownDigest() == digest
         let problem = fileSystemType(of: fd, device: st.st_dev) == ProcessInspection.fuseMagic
@@ -245,10 +257,8 @@ final class RequesterInspector: Sendable {
     /// Why the code a thread maps makes it untrustworthy, if it does: a mapped file its
     /// user can write (a copied binary, an LD_PRELOAD library), a memfd, a file removed
     /// or replaced since it was mapped.
-    private func unsafeCode(of thread: pid_t, _ credentials: ProcessInspection.Credentials) -> String? {
-        guard let mappings = ProcessInspection.codeMappings(of: thread) else {
-            return "its memory map cannot be read (/proc/\(thread)/maps)"
-        }
+    private func unsafeCode(of thread: pid_t, _ mappings: [ProcessInspection.CodeMapping],
+                            _ credentials: ProcessInspection.Credentials) -> String? {
         for mapping in mappings {
             switch mapping {
             case .anonymous:
