@@ -26,7 +26,6 @@ struct DirtyChunks {
         /// Bytes buffered: what the pieces hold.
         private(set) var count = 0
 
-        var covered: [Range<Int>] { pieces.map(\.range) }
         var isWhole: Bool { pieces.count == 1 && pieces[0].range == 0..<CacheStore.chunkSize }
         /// Where the last piece ends.
         var end: Int { pieces.last?.range.upperBound ?? 0 }
@@ -43,10 +42,6 @@ struct DirtyChunks {
                 let base = pieces[first].range.lowerBound
                 let grow = new.upperBound - pieces[first].range.upperBound
                 if grow > 0 {
-                    if pieces[first].bytes.capacity < new.upperBound - base {
-                        pieces[first].bytes.reserveCapacity(max(new.upperBound - base, min(CacheStore.chunkSize - base,
-                                                                                           2 * pieces[first].bytes.count)))
-                    }
                     pieces[first].bytes.append(contentsOf: repeatElement(0, count: grow))
                     pieces[first].range = base..<new.upperBound
                     count += grow
@@ -186,11 +181,7 @@ extension CacheStore {
         if dirty.files.isEmpty { dirty.since = nil }
     }
 
-    func flushAllDirty() throws(Errno) {
-        let writer = BlobWriter(database, table: "chunks", column: "data")
-        defer { writer.close() }
-        for ino in Array(dirty.files.keys) { try flushDirty(ino, blobs: writer) }
-    }
+    func flushAllDirty() throws(Errno) { _ = try flushSomeDirty(atLeast: .max) }
 
     /// For the committing thread: writes every buffer once the oldest is `dirtyDelay` old,
     /// in slices of about `flushSlice` bytes with the store's lock let go between them (a

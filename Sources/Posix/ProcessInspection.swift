@@ -226,6 +226,10 @@ public enum ProcessInspection {
 
     static func hexDigit(_ byte: UInt8) -> UInt64? { ASCIIHex.value(byte).map { UInt64($0) } }
 
+    /// `major(3)` of a device number as glibc encodes it: 0 for devices without a block
+    /// device (tmpfs, overlay, FUSE).
+    public static func majorNumber(_ device: UInt64) -> UInt64 { (device >> 8) & 0xfff | (device >> 32) & 0xfffff000 }
+
     /// `makedev(3)` as glibc encodes it (what `st_dev` holds).
     public static func deviceNumber(major: UInt64, minor: UInt64) -> UInt64 {
         (major & 0xfffff000) << 32 | (major & 0xfff) << 8 | (minor & 0xffffff00) << 12 | (minor & 0xff)
@@ -315,10 +319,10 @@ public enum ProcessInspection {
     /// `oneRecord`: the file is made whole at its first read (`status`, `stat`: one record
     /// of a seq_file), so a read shorter than the buffer had all of it and no read for the
     /// end follows. Not so for `maps`, whose next line may just not have fitted.
-    static func readBytes(_ path: String, oneRecord: Bool = true) -> [UInt8]? {
+    static func readBytes(_ path: String) -> [UInt8]? {
         guard let fd = try? Syscall.open(path, O_RDONLY) else { return nil }
         defer { Syscall.close(fd) }
-        return readBytes(fd, oneRecord: oneRecord)
+        return readBytes(fd, oneRecord: true)
     }
 
     static func readBytes(_ fd: Int32, oneRecord: Bool = false) -> [UInt8]? {

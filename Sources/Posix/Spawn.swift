@@ -109,71 +109,64 @@ public enum Spawn {
     /// input (else /dev/null); what it prints is discarded.
     @discardableResult
     public static func run(_ program: String, _ arguments: [String], input: String? = nil) -> Int32 {
-        guard let input else {
-            guard let pid = try? start(program, arguments) else { return 127 }
-            return wait(pid)
-        }
-        return collect(program, arguments, input: input, output: false).status
+        collect(program, arguments, input: input, output: .none).status
     }
 
     /// Runs a program to its end: what it printed on standard output (its standard error
     /// discarded), with `input` as its standard input.
     public static func standardOutput(_ program: String, _ arguments: [String], input: String = "") -> String {
-        collect(program, arguments, input: input, output: true).output
-    }
-
-    /// Whether `program` is found in PATH.
-    public static func exists(_ program: String) -> Bool { run("/bin/sh", ["-c", "command -v \"$0\" >/dev/null", program]) == 0 }
-
-    /// Pipes in and (with `output`) out: the input written by a thread of its own, so that a
-    /// child that prints before it has read all of it cannot block on a full pipe.
-    private static func collect(_ program: String, _ arguments: [String], input: String,
-                                output: Bool) -> (status: Int32, output: String) {
-        guard let stdin = try? Syscall.pipe() else { return (127, "") }
-        guard let stdout = output ? try? Syscall.pipe() : (read: -1, write: -1) else {
-            Syscall.close(stdin.read)
-            Syscall.close(stdin.write)
-            return (127, "")
-        }
-        let pid: pid_t
-        do {
-            pid = try start(program, arguments, stdin: .descriptor(stdin.read), stdout: output ? .descriptor(stdout.write) : .null,
-                            closing: [stdin.write] + (output ? [stdout.read] : []))
-        } catch {
-            for fd in [stdin.read, stdin.write, stdout.read, stdout.write] where fd >= 0 { Syscall.close(fd) }
-            return (127, "")
-        }
-        Syscall.close(stdin.read)
-        if output { Syscall.close(stdout.write) }
-        let writer = stdin.write
-        let bytes = Array(input.utf8)
-        if !Threads.detach({
-            try? Syscall.writeAll(writer, bytes)
-            Syscall.close(writer)
-        }) {
-            Syscall.close(writer)
-        }
-        let printed = output ? ((try? Syscall.readAll(stdout.read)) ?? []) : []
-        if output { Syscall.close(stdout.read) }
-        return (wait(pid), String(decoding: printed, as: UTF8.self))
+        collect(program, arguments, input: input, output: .standardOutput).output
     }
 
     /// Runs a program to its end with its output (stdout and stderr together) collected
     /// through a pipe; standard input is /dev/null.
     public static func output(_ program: String, _ arguments: [String]) -> (status: Int32, output: String) {
-        guard let pipe = try? Syscall.pipe() else { return (127, "cannot run \(program): no pipe") }
+        collect(program, arguments, input: nil, output: .both)
+    }
+
+    /// Whether `program` is found in PATH.
+    public static func exists(_ program: String) -> Bool { run("/bin/sh", ["-c", "command -v \"$0\" >/dev/null", program]) == 0 }
+
+    private enum Collected { case none, standardOutput, both }
+
+    /// Runs a program to its end, its standard input `input` (else /dev/null) and what it
+    /// prints collected as asked. The input is written by a thread of its own, so that a
+    /// child that prints before it has read all of it cannot block on a full pipe.
+    private static func collect(_ program: String, _ arguments: [String], input: String?,
+                                output: Collected) -> (status: Int32, output: String) {
+        let stdin = input == nil ? nil : try? Syscall.pipe()
+        let stdout = output == .none ? nil : try? Syscall.pipe()
+        let opened = [stdin?.read, stdin?.write, stdout?.read, stdout?.write].compactMap { $0 }
+        guard (input == nil || stdin != nil) && (output == .none || stdout != nil) else {
+            opened.forEach { Syscall.close($0) }
+            return (127, output == .both ? "cannot run \(program): no pipe" : "")
+        }
+        let printed: Spawn.Stream = stdout.map { .descriptor($0.write) } ?? .null
         let pid: pid_t
         do {
-            pid = try start(program, arguments, stdout: .descriptor(pipe.write), stderr: .descriptor(pipe.write),
-                            closing: [pipe.read])
+            pid = try start(program, arguments, stdin: stdin.map { .descriptor($0.read) } ?? .null, stdout: printed,
+                            stderr: output == .both ? printed : .null,
+                            closing: [stdin?.write, stdout?.read].compactMap { $0 })
         } catch {
-            Syscall.close(pipe.write)
-            Syscall.close(pipe.read)
-            return (127, "cannot run \(program): \(error)")
+            opened.forEach { Syscall.close($0) }
+            return (127, output == .both ? "cannot run \(program): \(error)" : "")
         }
-        Syscall.close(pipe.write)
-        let bytes = (try? Syscall.readAll(pipe.read)) ?? []
-        Syscall.close(pipe.read)
+        if let stdin, let input {
+            Syscall.close(stdin.read)
+            let writer = stdin.write, bytes = Array(input.utf8)
+            if !Threads.detach({
+                try? Syscall.writeAll(writer, bytes)
+                Syscall.close(writer)
+            }) {
+                Syscall.close(writer)
+            }
+        }
+        var bytes: [UInt8] = []
+        if let stdout {
+            Syscall.close(stdout.write)
+            bytes = (try? Syscall.readAll(stdout.read)) ?? []
+            Syscall.close(stdout.read)
+        }
         return (wait(pid), String(decoding: bytes, as: UTF8.self))
     }
 }

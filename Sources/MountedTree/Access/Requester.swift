@@ -242,8 +242,7 @@ final class RequesterInspector: Sendable {
     }
 
     private func cachedType(_ device: dev_t, _ ask: () -> Int64?) -> Int64? {
-        let isBlockDevice = (device >> 8) & 0xfff != 0 || (device >> 32) & 0xfffff000 != 0  // major(device) != 0
-        guard isBlockDevice else { return ask() }
+        guard ProcessInspection.majorNumber(UInt64(device)) != 0 else { return ask() }  // not a block device
         let now = ContinuousClock.now
         if let known = blockDeviceTypes.withLock({ $0[device] }), known.at.duration(to: now) < .seconds(5) { return known.type }
         guard let type = ask() else { return nil }
