@@ -58,9 +58,10 @@ public struct CacheAttributeChanges: Sendable {
 /// commits and makes everything durable (an fsync of the write-ahead log); checkpoints run
 /// off the request path (`checkpointIfDue`). Writes of parts of chunks are buffered
 /// (`DirtyChunks`); big files' data is deleted in slices (`reclaimStep`). Inodes that lost
-/// their last name but are still open or known to the kernel stay until `released`/`forgot`
-/// drop the last reference; orphans left by a crash are removed after open. Memory does
-/// not grow with file size: reads and writes touch only their chunks.
+/// their last name but are still open or held (`InodeHolders`: the kernel's references,
+/// counted by the mounted tree) stay until `released`/`unheld` see the last reference go;
+/// orphans left by a crash are removed after open. Memory does not grow with file size:
+/// reads and writes touch only their chunks.
 ///
 /// Thread-safety: one connection behind a mutex; every public method takes it.
 public final class CacheStore: @unchecked Sendable {
@@ -79,8 +80,9 @@ public final class CacheStore: @unchecked Sendable {
     var closed = false
     let lock = Lock()
     var statements: [String: Statement] = [:]
-    /// Kernel lookup references and open handles per inode (both keep an unlinked inode).
-    var lookups: [Int64: UInt64] = [:]
+    /// Who holds inodes besides open handles (the kernel, through the mounted tree).
+    let holders: (any InodeHolders)?
+    /// Open handles per inode (they keep an unlinked inode, and a file from eviction).
     var opens: [Int64: Int] = [:]
     /// Files removed to stay under the size limit, and because their expiry time passed.
     var evictions = 0
@@ -211,9 +213,10 @@ public final class CacheStore: @unchecked Sendable {
     /// `progress`, about once a second.
     /// The full `PRAGMA integrity_check` reads every page (seconds for gigabytes): it runs
     /// here only after an unclean shutdown (`check(path:progress:)` runs it on demand).
-    public init(path: String, owner: (uid: UInt32, gid: UInt32),
+    public init(path: String, owner: (uid: UInt32, gid: UInt32), holders: (any InodeHolders)? = nil,
                 progress: @escaping (String) -> Void = { _ in }) throws(CacheStoreError) {
         self.path = path
+        self.holders = holders
         do {
             database = try SQLiteDatabase(path: path)
         } catch {
@@ -557,15 +560,11 @@ public final class CacheStore: @unchecked Sendable {
 
     // MARK: References and durability
 
-    public func lookedUp(_ ino: Int64, count: UInt64 = 1) {
-        lock.withLock { lookups[ino, default: 0] += count }
-    }
-
-    public func forgot(_ ino: Int64, count: UInt64) {
+    /// The holders let go of `ino` (the kernel's last reference went): an orphan nothing
+    /// holds any more is deleted. Other inodes cost no query.
+    public func unheld(_ ino: Int64) {
         _ = try? withLock { () throws(Errno) in
-            let left = (lookups[ino] ?? 0) > count ? lookups[ino]! - count : 0
-            lookups[ino] = left == 0 ? nil : left
-            if left == 0 && orphans.contains(ino) { try change { () throws(Errno) in try referenceDropped(ino) } }
+            if orphans.contains(ino) { try change { () throws(Errno) in try referenceDropped(ino) } }
         }
     }
 

@@ -9,15 +9,15 @@ import Posix
 extension CacheStore {
     // MARK: Reading the tree
 
-    /// `reference`: the caller hands the inode to the kernel; count it in the same lock, so
-    /// that no unlink can delete it in between.
+    /// `reference`: the caller hands the inode out; the holders count it in the same lock,
+    /// so that no unlink can delete it in between.
     public func lookup(parent: Int64, name: String, reference: Bool = false) throws(Errno) -> CacheInode {
         try withLock { () throws(Errno) -> CacheInode in
             guard name.utf8.count <= Self.maximumNameLength else { throw .nameTooLong }
             _ = try directory(parent)
             guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
             let inode = try fetchInode(ino)
-            if reference { lookups[ino, default: 0] += 1 }
+            if reference { holders?.hold(ino) }
             return inode
         }
     }
@@ -29,9 +29,9 @@ extension CacheStore {
     /// The names in a directory with their inodes, in name order (byte order of UTF-8): at
     /// most `limit` of them, those after `name` (from the first with nil). A listing is read
     /// page by page this way, so memory does not grow with the directory.
-    /// `referencing`: each entry listed counts one kernel reference (as `lookup(reference:)`),
-    /// in the same visit, so that an unlink before the listing reaches the kernel leaves the
-    /// inode an orphan, not gone.
+    /// `referencing`: each entry listed is held (as `lookup(reference:)`), in the same
+    /// visit, so that an unlink before the listing reaches the kernel leaves the inode an
+    /// orphan, not gone.
     public func list(_ ino: Int64, after name: String? = nil, limit: Int = Int.max,
                      referencing: Bool = false) throws(Errno) -> [(name: String, inode: CacheInode)] {
         try withLock { () throws(Errno) -> [(name: String, inode: CacheInode)] in
@@ -44,7 +44,7 @@ extension CacheStore {
             defer { statement.done() }
             var result: [(name: String, inode: CacheInode)] = []
             while try row(statement) { result.append((statement.text(12), dirty.overlay(Self.inode(statement)))) }
-            if referencing { for entry in result { lookups[entry.inode.ino, default: 0] += 1 } }
+            if referencing, let holders { for entry in result { holders.hold(entry.inode.ino) } }
             return result
         }
     }
@@ -53,8 +53,8 @@ extension CacheStore {
 
     /// Creates a file, directory, symlink, FIFO, socket or device node named `name` in
     /// `parent` (device nodes are stored with their `device`, never opened as devices).
-    /// `reference`: counts a kernel reference; `open`: counts an open handle too (both in
-    /// the creating transaction, so that eviction cannot take the new file first).
+    /// `reference`: the holders count it; `open`: counts an open handle (both in the
+    /// creating transaction, so that eviction cannot take the new file first).
     public func create(parent: Int64, name: String, mode: UInt32, uid: UInt32, gid: UInt32, device: Int64 = 0,
                        target: String? = nil, reference: Bool = false, open: Bool = false) throws(Errno) -> CacheInode {
         try Self.check(name)
@@ -69,15 +69,16 @@ extension CacheStore {
             try run("INSERT INTO inodes(mode, uid, gid, size, links, atime, mtime, ctime, rdev, target, used) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
                     Int64(mode), Int64(uid), Int64(gid), size, Int64(type == S_IFDIR ? 2 : 1), now, now, now, device, target, now)
             let ino = database.lastInsertedRow
-            if reference || open { lookups[ino, default: 0] += 1 }
-            if open { opens[ino, default: 0] += 1 }
             try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", parent, name, ino)
             if type == S_IFDIR {
                 try run("UPDATE inodes SET links = links + 1, mtime = ?, ctime = ? WHERE ino = ?", now, now, parent)
             } else {
                 try touch(parent)
             }
-            return try fetchInode(ino)
+            let inode = try fetchInode(ino)
+            if open { opens[ino, default: 0] += 1 }
+            if reference { holders?.hold(ino) }
+            return inode
         }
     }
 
@@ -93,8 +94,9 @@ extension CacheStore {
             try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", parent, name, ino)
             try run("UPDATE inodes SET links = links + 1, ctime = ? WHERE ino = ?", Self.now(), ino)
             try touch(parent)
-            if reference { lookups[ino, default: 0] += 1 }
-            return try fetchInode(ino)
+            let linked = try fetchInode(ino)
+            if reference { holders?.hold(ino) }
+            return linked
         }
     }
 
@@ -137,17 +139,20 @@ extension CacheStore {
     /// handles let it go (`orphans`).
     func unlinked(_ ino: Int64) throws(Errno) {
         guard ino != Self.rootInode else { return }
-        if (lookups[ino] ?? 0) == 0 && (opens[ino] ?? 0) == 0 {
+        if !isHeld(ino) {
             try deleteInode(ino)
         } else {
             orphans.insert(ino)
         }
     }
 
+    /// Open, or held by the kernel.
+    func isHeld(_ ino: Int64) -> Bool { (opens[ino] ?? 0) != 0 || holders?.isHeld(ino) == true }
+
     /// A reference went: an orphan without references left is deleted. Other inodes need no
     /// look at the database (forgetting costs no query).
     func referenceDropped(_ ino: Int64) throws(Errno) {
-        guard (lookups[ino] ?? 0) == 0, (opens[ino] ?? 0) == 0, orphans.remove(ino) != nil else { return }
+        guard !isHeld(ino), orphans.remove(ino) != nil else { return }
         try deleteInode(ino)
     }
 
@@ -225,4 +230,18 @@ extension CacheStore {
             if steps > 100_000 { throw .ioError }
         }
     }
+}
+
+/// Who holds the store's inodes besides its open handles: the kernel, whose references the
+/// mounted tree counts. The store keeps no count of them: it says when it hands an inode
+/// out (`hold`, with its lock held, in the visit that found the inode, so that no unlink can
+/// come in between) and asks before deleting an inode that lost its last name (`isHeld`,
+/// also under its lock). When the last reference goes, the holder calls
+/// `CacheStore.unheld`. Both are called with the store's lock held: they must not call the
+/// store.
+///
+/// Thread-safety: called from any thread, with the store's lock held.
+public protocol InodeHolders: AnyObject, Sendable {
+    func hold(_ ino: Int64)
+    func isHeld(_ ino: Int64) -> Bool
 }

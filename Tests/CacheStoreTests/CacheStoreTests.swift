@@ -11,13 +11,30 @@ import Glibc
 final class StoreFixture {
     let directory: String
     let store: CacheStore
+    /// Who holds inodes here, as a kernel would: what the store hands out with `reference`.
+    let held = Holders()
     var path: String { directory + "/cache.sqlite" }
 
     init() throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-store-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         try CacheDatabase.createEmpty(at: directory + "/cache.sqlite")
-        store = try CacheStore(path: directory + "/cache.sqlite", owner: (0, 0))
+        store = try CacheStore(path: directory + "/cache.sqlite", owner: (0, 0), holders: held)
+    }
+
+    /// Counts references as the mounted tree's node table does; `drop` is a kernel's FORGET.
+    final class Holders: InodeHolders, @unchecked Sendable {
+        private let counts = Locked<[Int64: Int]>([:])
+        func hold(_ ino: Int64) { counts.withLock { $0[ino, default: 0] += 1 } }
+        func isHeld(_ ino: Int64) -> Bool { counts.withLock { $0[ino] != nil } }
+        func drop(_ ino: Int64, from store: CacheStore) {
+            let last = counts.withLock { counts -> Bool in
+                counts[ino]! -= 1
+                if counts[ino] == 0 { counts[ino] = nil; return true }
+                return false
+            }
+            if last { store.unheld(ino) }
+        }
     }
 
     deinit { try? FileManager.default.removeItem(atPath: directory) }
@@ -150,10 +167,19 @@ func errno(_ body: () throws -> Void) -> Errno? {
         #expect(try f.read(ino, 0, 3) == [1, 2, 3])
         f.store.released(ino)
         #expect(errno { _ = try f.store.inode(ino) } == .noSuchFileOrDirectory)
-        let named = try f.file("named")
-        f.store.lookedUp(named)
-        f.store.forgot(named, count: 1)
+        let named = try f.store.create(parent: CacheStore.rootInode, name: "named", mode: S_IFREG | 0o644, uid: 0, gid: 0,
+                                       reference: true).ino
+        #expect(try f.store.lookup(parent: CacheStore.rootInode, name: "named", reference: true).ino == named)
+        f.held.drop(named, from: f.store)
+        f.held.drop(named, from: f.store)
         #expect(try f.store.inode(named).links == 1)
+        // Held and unlinked: an orphan until the last reference goes.
+        let held = try f.store.create(parent: CacheStore.rootInode, name: "held", mode: S_IFREG | 0o644, uid: 0, gid: 0,
+                                      reference: true).ino
+        try f.store.unlink(parent: CacheStore.rootInode, name: "held")
+        #expect(try f.store.inode(held).links == 0)
+        f.held.drop(held, from: f.store)
+        #expect(errno { _ = try f.store.inode(held) } == .noSuchFileOrDirectory)
     }
 }
 
@@ -282,7 +308,7 @@ func errno(_ body: () throws -> Void) -> Errno? {
         let unlisted = Set(inodes).subtracting(listed.map(\.inode.ino))
         for ino in unlisted { #expect(errno { _ = try s.inode(ino) } == .noSuchFileOrDirectory) }
         // The kernel forgets them (or the bridge does, for entries it did not send): gone.
-        for entry in listed { s.forgot(entry.inode.ino, count: 1) }
+        for entry in listed { f.held.drop(entry.inode.ino, from: s) }
         for entry in listed { #expect(errno { _ = try s.inode(entry.inode.ino) } == .noSuchFileOrDirectory) }
         #expect(try s.list(root).isEmpty)
     }

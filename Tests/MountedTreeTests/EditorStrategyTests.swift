@@ -213,6 +213,9 @@ import Glibc
         // The kernel forgot everything: no file is held but the editors' files still linked.
         #expect(trees.settings.census.files == trees.settings.census.scratch, "\(trees.settings.census)")
         #expect(trees.accounts.census.files == trees.accounts.census.scratch, "\(trees.accounts.census)")
+        // Every reference handed out (lookups, creates, listings) was counted once and forgotten.
+        #expect(trees.settings.nodes.referencedInodes == 0)
+        #expect(trees.accounts.nodes.referencedInodes == 0)
     }
 
     @Test func anUnlinkedOpenScratchFileReadsUntilClosedInBothTrees() throws {
@@ -240,6 +243,7 @@ import Glibc
         }
         #expect(trees.settings.census.files == 0 && trees.settings.census.hidden == 0, "\(trees.settings.census)")
         #expect(trees.accounts.census.files == 0 && trees.accounts.census.hidden == 0, "\(trees.accounts.census)")
+        #expect(trees.settings.nodes.referencedInodes == 0 && trees.accounts.nodes.referencedInodes == 0)
     }
 
     @Test func aDescriptorFromBeforeALockChangesNothingAfterTheNextUnlock() throws {

@@ -7,6 +7,7 @@ final class EmptyDirectoryTree: Subtree {
     let name: String
     let space: InodeSpace
     let ownership: Ownership
+    let nodes = NodeTable()
 
     init(name: String, space: InodeSpace, ownership: Ownership) {
         self.name = name

@@ -233,7 +233,12 @@ final class KernelModel {
         do {
             let inode = try lookup(path("").dropLast())
             let entries = try tree.listDirectory(inode, context: context)
-            for entry in entries { tree.countLookup(of: entry.entry.inode); references[entry.entry.inode, default: 0] += 1 }
+            // Counted by the listing itself, or by the bridge as it sends them.
+            let counted = tree.countsListing(of: inode)
+            for entry in entries {
+                if !counted { tree.countLookup(of: entry.entry.inode) }
+                references[entry.entry.inode, default: 0] += 1
+            }
             settle()
             return entries.map(\.name).sorted()
         } catch {

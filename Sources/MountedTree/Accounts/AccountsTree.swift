@@ -33,9 +33,10 @@ public struct ActiveAccountLink: Sendable {
 ///
 /// Thread-safety: one mutex, never held during a key derivation; kernel notifications are
 /// sent after it is released.
-public final class AccountsTree: Subtree {
+public final class AccountsTree: EditingTree {
     public let name = "accounts"
     public let space = InodeSpace.accounts
+    public let nodes: NodeTable
     let notifier: KernelCacheNotifier
     let active: ActiveAccountLink
     /// Readers keep the kernel's pages of a field until it changes or the vault locks.
@@ -70,13 +71,14 @@ public final class AccountsTree: Subtree {
     static let lockedFieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 0)
 
     public init(vaultPath: String, ownership: Ownership, notifier: KernelCacheNotifier, active: ActiveAccountLink,
-                autoLockSeconds: Int, prompts: PromptSettings) {
+                autoLockSeconds: Int, prompts: PromptSettings, nodes: NodeTable = NodeTable()) {
         self.notifier = notifier
+        self.nodes = nodes
         self.access = AccessGuard(settings: prompts)
         self.active = active
         let session = VaultSession(vaultPath: vaultPath, autoLockSeconds: autoLockSeconds)
         self.state = Locked(State(ownership: ownership, fields: AccountFields(session: session),
-                                  engine: EditingEngine(since: ownership.since)))
+                                  engine: EditingEngine(since: ownership.since, nodes: SubtreeNodes(table: nodes, space: .accounts))))
         startWatcher()
     }
 
@@ -87,33 +89,6 @@ public final class AccountsTree: Subtree {
         wakeup.wake()
     }
 
-    func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
-        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation], Bool) in
-            let due = s.engine.nextRemovalDue
-            let result = Result { () throws(Errno) -> T in
-                guard s.fields.vault != nil else { throw .ioError }
-                return try body(&s)
-            }
-            // An unlinked field now leaves sooner than the watcher will look: it looks again.
-            let sooner = s.engine.removalComesSooner(than: due)
-            // Sent whether or not the request succeeded: what changed before a failure changed.
-            return (result, s.takeInvalidations(), sooner)
-        }
-        send(outcome.1)
-        if outcome.2 { wakeup.wake() }
-        return try outcome.0.get()
-    }
-
-    func send(_ invalidations: [Invalidation]) {
-        if !invalidations.isEmpty { pageCache.changed() }
-        for invalidation in invalidations {
-            switch invalidation {
-            case .inode(let local): notifier.invalidateInode(space.inode(local))
-            case .entry(let parent, let name): notifier.invalidateEntry(parent: space.inode(parent), name: name)
-            }
-        }
-    }
-
     func symlinkAttributes(_ target: String) -> Attributes {
         let ownership = state.withLock { $0.ownership }
         var attributes = ownership.file(space.inode(.activeLink), mode: 0o777, size: UInt64(target.utf8.count))
@@ -121,8 +96,18 @@ public final class AccountsTree: Subtree {
         return attributes
     }
 
-    private func entry(_ s: State, _ local: LocalInode) throws(Errno) -> Entry {
-        Entry(attributes: try s.attributes(local, space), cache: s.cache(for: local))
+    /// The entry of a node handed to the kernel (a lookup's, a listing's), counted as its
+    /// reference here, under the lock that found the node.
+    private func handOut(_ s: State, _ local: LocalInode) throws(Errno) -> Entry {
+        let entry = Entry(attributes: try s.attributes(local, space), cache: s.cache(for: local))
+        nodes.reference(entry.inode)
+        return entry
+    }
+
+    /// The entry of `active` (the link never goes: counted with no lock to hold).
+    private func activeEntry(_ target: String) -> Entry {
+        nodes.reference(space.inode(.activeLink))
+        return Entry(attributes: symlinkAttributes(target), cache: .none)
     }
 
     /// Files held, editor's files linked, hidden fields (for tests and status).
@@ -134,25 +119,19 @@ public final class AccountsTree: Subtree {
         let parentLocal = space.local(of: parent)
         if parentLocal == .top && name == "active" {
             guard let target = active.get(), !target.isEmpty else { throw .noSuchFileOrDirectory }
-            return Entry(attributes: symlinkAttributes(target), cache: .none)
+            return activeEntry(target)
         }
         return try locked { (s) throws(Errno) in
             let made = try s.lookup(parentLocal, name)
-            return try entry(s, made)
+            return try handOut(s, made)
         }
     }
 
-    public func forget(inode: InodeNumber, lookups: UInt64) {
+    public func lastReferenceGone(_ inode: InodeNumber) {
         let local = space.local(of: inode)
         guard local.isFile else { return }
         pageCache.forget(inode)
-        state.withLock { $0.engine.forget(local, count: lookups) }
-    }
-
-    public func countLookup(of inode: InodeNumber) {
-        let local = space.local(of: inode)
-        guard local.isFile else { return }
-        state.withLock { $0.engine.countLookup(local) }
+        state.withLock { $0.engine.referenceGone(local) }
     }
 
     public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
@@ -220,7 +199,7 @@ public final class AccountsTree: Subtree {
         let creator = requester(context)
         return try locked { (s) throws(Errno) in
             let made = try s.makeAccount(name, trusting: creator.flatMap { $0.refusal == nil ? $0.program : nil })
-            return try entry(s, made)
+            return try handOut(s, made)
         }
     }
 
@@ -264,14 +243,14 @@ public final class AccountsTree: Subtree {
         if parentLocal == .top && name == "active" {
             guard active.get()?.isEmpty != false else { throw .fileExists }
             try setActive(target)
-            return Entry(attributes: symlinkAttributes(target), cache: .none)
+            return activeEntry(target)
         }
         let requester = parentLocal == .top ? nil : self.requester(context)
         return try locked { (s) throws(Errno) in
             if parentLocal != .top && name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil { throw .fileExists }
             if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: "files") }
             let made = try s.makeSymbolicLink(target, in: parentLocal, name)
-            return try entry(s, made)
+            return try handOut(s, made)
         }
     }
 
@@ -375,7 +354,7 @@ public final class AccountsTree: Subtree {
             if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: name) }
             let handle = s.fields.session.newHandle()
             let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle)
-            return (try entry(s, local), OpenedFile(handle: handle.raw, directIO: true))
+            return (try handOut(s, local), OpenedFile(handle: handle.raw, directIO: true))
         }
     }
 
@@ -437,16 +416,12 @@ public final class AccountsTree: Subtree {
             _ = trustedLists.withLock { $0.removeValue(forKey: handle) }
             return
         }
-        // Not through `locked`: the open is let go even when the vault cannot be used; a
-        // handle from before a lock commits nothing.
-        let (invalidations, sooner) = state.withLock { s in
-            let due = s.engine.nextRemovalDue
+        // The open is let go even when the vault cannot be used; a handle from before a
+        // lock commits nothing.
+        lockedAlways { s in
             let owner = FileHandle(raw: handle)
             try? s.engine.release(space.local(of: inode), handle: owner, commit: s.fields.session.isCurrent(owner), &s.fields)
-            return (s.takeInvalidations(), s.engine.removalComesSooner(than: due))
         }
-        send(invalidations)
-        if sooner { wakeup.wake() }
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
@@ -462,12 +437,15 @@ public final class AccountsTree: Subtree {
         let activeTarget = local == .top ? active.get() : nil
         var entries = try locked { (s) throws(Errno) in
             let names = try s.list(local)
-            return try names.map { (name, local) throws(Errno) in DirectoryEntry(name: name, entry: try entry(s, local)) }
+            return try names.map { (name, local) throws(Errno) in DirectoryEntry(name: name, entry: try handOut(s, local)) }
         }
         if let activeTarget, !activeTarget.isEmpty {
-            entries.insert(DirectoryEntry(name: "active", entry: Entry(attributes: symlinkAttributes(activeTarget), cache: .none)),
-                           at: 0)
+            entries.insert(DirectoryEntry(name: "active", entry: activeEntry(activeTarget)), at: 0)
         }
         return entries
     }
+
+    /// Each entry listed is counted as a kernel reference under the lock of the listing: a
+    /// field that leaves before the reply reaches the kernel keeps its file for it.
+    public func countsListing(of inode: InodeNumber) -> Bool { true }
 }

@@ -10,12 +10,17 @@ extension AccountsTree {
     /// files (`engine`). Account directories are here; files go to the engine.
     ///
     /// Thread-safety: a value behind `AccountsTree.state`.
-    struct State: @unchecked Sendable {
+    struct State: EditingTreeState, @unchecked Sendable {
         let ownership: Ownership
         var fields: AccountFields
         var engine: EditingEngine<AccountFields>
         /// The server directories of `by-server/` handed out since the unlock.
         var views = ServerDirectories()
+
+        /// Every request but a release needs a vault (EIO while none can be read).
+        func admit() throws(Errno) {
+            guard fields.vault != nil else { throw .ioError }
+        }
 
         /// Hands fields changed by the store (a removal, a URL's parts) to the engine.
         mutating func settle() {

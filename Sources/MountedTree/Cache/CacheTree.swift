@@ -8,14 +8,16 @@ import Synchronization
 
 /// `cache/`: a general POSIX file tree stored in SQLite (SPEC §5). Inode numbers are the
 /// store's row ids in the cache's inode space, so a request maps onto its rows with no
-/// path resolution. Every name and inode the kernel holds is counted (lookup, readdirplus,
-/// create) and every open, so that a file unlinked while open keeps its data until the
-/// last reference goes.
+/// path resolution. Every inode handed to the kernel (lookup, readdirplus, create) is
+/// counted in the mount's `NodeTable` within the store's visit that found it, and every open
+/// by the store, so that a file unlinked while open or held keeps its data until the last
+/// reference goes.
 ///
 /// Thread-safety: the store serializes its own access.
 public final class CacheTree: Subtree {
     public let name = "cache"
     public let space = InodeSpace.cache
+    public let nodes: NodeTable
     let store: CacheStore?
     let problem: String?
     let notifier: KernelCacheNotifier
@@ -31,11 +33,13 @@ public final class CacheTree: Subtree {
 
     /// `progress` hears what takes long at open (the full check after an unclean shutdown).
     public init(databasePath: String, ownership: Ownership, notifier: KernelCacheNotifier, limit: Int64? = nil,
-                progress: @escaping (String) -> Void = { _ in }) {
+                nodes: NodeTable = NodeTable(), progress: @escaping (String) -> Void = { _ in }) {
         self.notifier = notifier
         self.limit = limit
+        self.nodes = nodes
         do {
-            store = try CacheStore(path: databasePath, owner: (ownership.uid, ownership.gid), progress: progress)
+            store = try CacheStore(path: databasePath, owner: (ownership.uid, ownership.gid),
+                                   holders: KernelHolders(SubtreeNodes(table: nodes, space: .cache)), progress: progress)
             problem = nil
         } catch {
             store = nil
@@ -144,12 +148,9 @@ public final class CacheTree: Subtree {
         entry(try storeOrEIO().lookup(parent: ino(parent), name: name, reference: true))
     }
 
-    public func forget(inode: InodeNumber, lookups: UInt64) {
-        store?.forgot(ino(inode), count: lookups)
-    }
-
-    public func countLookup(of inode: InodeNumber) {
-        store?.lookedUp(ino(inode))
+    /// An unlinked file the kernel held goes now, unless a handle keeps it.
+    public func lastReferenceGone(_ inode: InodeNumber) {
+        store?.unheld(ino(inode))
     }
 
     public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
@@ -242,7 +243,7 @@ public final class CacheTree: Subtree {
                        context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
         let store = try storeOrEIO()
         let file = try store.create(parent: ino(parent), name: name, mode: S_IFREG | (mode & 0o7777),
-                                    uid: context.uid, gid: context.gid, open: true)
+                                    uid: context.uid, gid: context.gid, reference: true, open: true)
         return (Entry(attributes: attributes(file), cache: Self.cache),
                 OpenedFile(handle: UInt64(flags & O_APPEND != 0 ? 1 : 0), keepCache: true, noFlush: true))
     }
@@ -332,4 +333,16 @@ public final class CacheTree: Subtree {
         store?.wakeCommitter()
         maintenanceWakeup.wake()
     }
+}
+
+/// The kernel's references to `cache/`'s inodes, as the store asks for them: by row id.
+///
+/// Thread-safety: the table is thread-safe.
+final class KernelHolders: InodeHolders {
+    let nodes: SubtreeNodes
+
+    init(_ nodes: SubtreeNodes) { self.nodes = nodes }
+
+    func hold(_ ino: Int64) { nodes.table.reference(nodes.space.inode(UInt64(ino))) }
+    func isHeld(_ ino: Int64) -> Bool { nodes.table.isReferenced(nodes.space.inode(UInt64(ino))) }
 }

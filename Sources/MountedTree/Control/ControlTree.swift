@@ -41,13 +41,15 @@ public final class ControlTree: Subtree {
 
     public let name = ".mtmfs"
     public let space = InodeSpace.control
+    public let nodes: NodeTable
     let files: [File]
     let ownership: Ownership
     private let handles = Locked<(next: UInt64, open: [UInt64: [UInt8]])>((1, [:]))
 
-    public init(files: [File], ownership: Ownership) {
+    public init(files: [File], ownership: Ownership, nodes: NodeTable = NodeTable()) {
         self.files = files
         self.ownership = ownership
+        self.nodes = nodes
     }
 
     /// File i has local inode number i + 2 (1 is the directory).
@@ -66,7 +68,9 @@ public final class ControlTree: Subtree {
     public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {
         guard parent == space.root else { throw .notDirectory }
         guard let index = files.firstIndex(where: { $0.name == name }) else { throw .noSuchFileOrDirectory }
-        return Entry(attributes: attributes(ofFile: index), cache: .none)
+        let entry = Entry(attributes: attributes(ofFile: index), cache: .none)
+        nodes.reference(entry.inode)  // the files never go: no lock to count under
+        return entry
     }
 
     public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {

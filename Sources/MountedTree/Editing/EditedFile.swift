@@ -7,10 +7,10 @@ import Posix
 /// One file of the editing engine: a key's file, an editor's (scratch) file, or a file that
 /// is neither any more (unlinked or replaced) but still open or known to the kernel.
 ///
-/// Lifetime: it lives while the kernel holds a reference (`lookups`, counted at every entry
-/// handed out and dropped by FORGET), a descriptor is open (`opens`), or it is an editor's
-/// file linked in a directory (its content lives nowhere else). Otherwise it is freed,
-/// its buffers wiped.
+/// Lifetime: it lives while the kernel holds a reference (counted in the mount's
+/// `NodeTable` at every entry handed out and dropped by FORGET), a descriptor is open
+/// (`opens`), or it is an editor's file linked in a directory (its content lives nowhere
+/// else). Otherwise it is freed, its buffers wiped.
 ///
 /// Thread-safety: a value inside `EditingEngine`, behind the owning tree's lock.
 struct EditedFile<Key: Hashable & Sendable, Buffer: EditBuffer, Note: Sendable> {
@@ -48,7 +48,6 @@ struct EditedFile<Key: Hashable & Sendable, Buffer: EditBuffer, Note: Sendable> 
     var mode: mode_t
     var modified: Timestamp
     var changed: Timestamp
-    var lookups: UInt64 = 0
     var opens = 0
 
     var key: Key? { if case .key(let key) = role { key } else { nil } }

@@ -47,9 +47,13 @@ struct EditingEngine<Store: EditedStore> {
     /// Names the kernel must forget: editor's files the engine unlinked itself (the kernel
     /// would otherwise keep finding the old file under the name).
     var entryInvalidations: [(directory: LocalInode, name: String)] = []
+    /// The kernel's references (counted by the tree, under its lock, for every file it
+    /// hands out): a file the kernel holds is never freed.
+    let nodes: SubtreeNodes
 
-    init(since: Timestamp, removalDelay: Duration = .seconds(1)) {
+    init(since: Timestamp, nodes: SubtreeNodes, removalDelay: Duration = .seconds(1)) {
         self.since = since
+        self.nodes = nodes
         self.removalDelay = removalDelay
     }
 
@@ -90,19 +94,14 @@ struct EditingEngine<Store: EditedStore> {
         (scratchIn[directory] ?? [:]).sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
     }
 
-    /// Finds `name` in `directory` and counts one kernel reference to it.
+    /// Finds `name` in `directory` (the tree counts the reference it hands out).
     mutating func lookup(_ name: String, in directory: LocalInode, _ store: Store) throws(Errno) -> LocalInode {
-        if let inode = scratch(named: name, in: directory) {
-            files[inode]!.lookups += 1
-            return inode
-        }
+        if let inode = scratch(named: name, in: directory) { return inode }
         guard let key = addressedKey(name, in: directory, store), isVisible(key, store) else { throw .noSuchFileOrDirectory }
-        let inode = file(for: key, store)
-        files[inode]!.lookups += 1
-        return inode
+        return file(for: key, store)
     }
 
-    /// The file of a key, made on first sight (with no kernel reference yet).
+    /// The file of a key, made on first sight.
     mutating func file(for key: Key, _ store: Store) -> LocalInode {
         if let inode = byKey[key] { return inode }
         let inode = newFile(File(role: .key(key), mode: store.mode(forNewFile: 0o644), modified: since, changed: since))
@@ -117,19 +116,12 @@ struct EditingEngine<Store: EditedStore> {
         return inode
     }
 
-    /// One more kernel reference (an entry of a `readdirplus`).
-    mutating func countLookup(_ inode: LocalInode) { files[inode]?.lookups += 1 }
-
-    /// The kernel dropped `count` references.
-    mutating func forget(_ inode: LocalInode, count: UInt64) {
-        guard files[inode] != nil else { return }
-        files[inode]!.lookups -= min(count, files[inode]!.lookups)
-        collect(inode)
-    }
+    /// The kernel's last reference went (if none came back since, the file may go).
+    mutating func referenceGone(_ inode: LocalInode) { collect(inode) }
 
     /// Frees a file nothing refers to any more.
     private mutating func collect(_ inode: LocalInode) {
-        guard var file = files[inode], file.lookups == 0, file.opens == 0, !file.isLinkedScratch else { return }
+        guard var file = files[inode], file.opens == 0, !file.isLinkedScratch, !nodes.isReferenced(inode) else { return }
         if let key = file.key, byKey[key] == inode { byKey[key] = nil }
         file.wipe()
         files[inode] = nil
@@ -139,7 +131,7 @@ struct EditingEngine<Store: EditedStore> {
 
     /// `create(2)`: an existing file (EEXIST with `exclusive`), the key's file when the
     /// name is a key with a value, else a new editor's file (meant for the key its name
-    /// stands for, if any). Counts one kernel reference and one open.
+    /// stands for, if any). Counts one open.
     mutating func create(_ name: String, in directory: LocalInode, mode: mode_t, exclusive: Bool, truncate: Bool,
                          handle: FileHandle, _ store: Store) throws(Errno) -> LocalInode {
         let inode: LocalInode
@@ -161,7 +153,6 @@ struct EditingEngine<Store: EditedStore> {
             scratchIn[directory, default: [:]][name] = inode
         }
         try open(inode, handle: handle, truncate: truncate, store)
-        files[inode]!.lookups += 1
         return inode
     }
 
@@ -174,7 +165,6 @@ struct EditingEngine<Store: EditedStore> {
         let now = Timestamp.now()
         var file = File(role: .scratch(directory: directory, name: name), mode: 0o777, modified: now, changed: now)
         file.symlinkTarget = target
-        file.lookups = 1
         let inode = newFile(file)
         scratchIn[directory, default: [:]][name] = inode
         return inode

@@ -43,16 +43,19 @@ public final class MtmfsMount: Sendable {
         self.startedAt = ownership.since
         let notifier = KernelCacheNotifier()
         self.notifier = notifier
-        let settings = SettingsTree(plistPath: dataDirectory.settingsPath, ownership: ownership, notifier: notifier)
+        // The kernel's references to every inode of the mount, in one table.
+        let nodes = NodeTable()
+        let settings = SettingsTree(plistPath: dataDirectory.settingsPath, ownership: ownership, notifier: notifier,
+                                    nodes: nodes)
         let activeKey = "ActiveServiceAccountUUID"
         let accounts = AccountsTree(
             vaultPath: dataDirectory.vaultPath, ownership: ownership, notifier: notifier,
             active: ActiveAccountLink(get: { settings.stringValue(forKey: activeKey) },
                                       set: { (value) throws(Errno) in try settings.setString(value, forKey: activeKey) }),
             autoLockSeconds: autoLockSeconds,
-            prompts: Self.prompts(pinentry, mountPoint: mountPoint))
+            prompts: Self.prompts(pinentry, mountPoint: mountPoint), nodes: nodes)
         let cache = CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership, notifier: notifier, limit: cacheLimit,
-                              progress: progress)
+                              nodes: nodes, progress: progress)
         let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts, cache: cache)
         let control = ControlTree(files: [
             ControlTree.File(name: "status", mode: 0o444, contents: { statusLines.render() }),
@@ -83,7 +86,7 @@ public final class MtmfsMount: Sendable {
             }),
             ControlTree.File(name: "access", mode: 0o400, contents: { accounts.access.recentDecisions() }),
             ControlTree.File(name: "find", mode: 0o600, query: { (bytes) throws(Errno) in try accounts.find(bytes) }),
-        ], ownership: ownership)
+        ], ownership: ownership, nodes: nodes)
         accounts.catchLockSignal()
         let root = RootTree(subtrees: [
             accounts,

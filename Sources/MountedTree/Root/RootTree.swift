@@ -47,7 +47,9 @@ public final class RootTree: FileSystem {
     public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {
         if parent == Self.rootInode {
             guard let subtree = subtrees.first(where: { $0.name == name }) else { throw .noSuchFileOrDirectory }
-            return try rootEntry(subtree, context: context)
+            let entry = try rootEntry(subtree, context: context)
+            subtree.countLookup(of: entry.inode)  // a top directory never goes: no lock to count under
+            return entry
         }
         return try owner(of: parent).lookup(parent: parent, name: name, context: context)
     }

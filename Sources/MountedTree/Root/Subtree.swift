@@ -8,6 +8,10 @@ import Posix
 /// by one store. It answers every request whose inode lies in its `space`, including
 /// `attributes(of: space.root)` for its own top directory.
 ///
+/// The kernel's references are kept in the mount's one `NodeTable` (`nodes`): a subtree
+/// counts each entry it hands out there, under its own lock, and hears when an inode's last
+/// reference goes; FORGET and the bridge's `countLookup` need nothing else from it.
+///
 /// Thread-safety: as `FileSystem`: requests arrive on several threads at once, and each
 /// subtree guards its own state.
 public protocol Subtree: FileSystem {
@@ -15,6 +19,22 @@ public protocol Subtree: FileSystem {
     var name: String { get }
     /// The inode numbers it owns.
     var space: InodeSpace { get }
+    /// The kernel's references, shared by every subtree of the mount.
+    var nodes: NodeTable { get }
+    /// The kernel's last reference to `inode` went. Called with no lock held; a lookup may
+    /// have come since, so a subtree frees a node only if `nodes` still has no reference to
+    /// it, looked at under the lock that its lookups count under.
+    func lastReferenceGone(_ inode: InodeNumber)
+}
+
+public extension Subtree {
+    func forget(inode: InodeNumber, lookups: UInt64) {
+        if nodes.release(inode, count: lookups) { lastReferenceGone(inode) }
+    }
+
+    func countLookup(of inode: InodeNumber) { nodes.reference(inode) }
+
+    func lastReferenceGone(_ inode: InodeNumber) {}
 }
 
 /// The owner and times that every synthesized directory shows: the user who mounted and

@@ -25,13 +25,15 @@ struct SettingsKeys: EditedStore {
     struct Directory {
         var path: [String]
         var mode: mode_t = 0o755
-        var lookups: UInt64 = 0
         /// Its value left the plist (or stopped being a container).
         var removed = false
     }
 
     let plistPath: String
     let ownership: Ownership
+    /// The kernel's references: each directory handed out is counted there, in the same
+    /// visit (under the tree's lock) that found or made it.
+    let nodes: SubtreeNodes
     var document: SettingsDocument?
     var damage: String?
     var lastLoadAttempt: ContinuousClock.Instant?
@@ -52,9 +54,10 @@ struct SettingsKeys: EditedStore {
     static let maximumValueSize = 1 << 20
     static let maximumScratchSize = 64 << 20
 
-    init(plistPath: String, ownership: Ownership) {
+    init(plistPath: String, ownership: Ownership, nodes: SubtreeNodes) {
         self.plistPath = plistPath
         self.ownership = ownership
+        self.nodes = nodes
         load()
     }
 
@@ -183,13 +186,10 @@ struct SettingsKeys: EditedStore {
         return inode
     }
 
-    mutating func countLookup(_ inode: LocalInode) { directories[inode]?.lookups += 1 }
-
+    /// The kernel's last reference went (if none came back since, the directory may go).
     /// `keep`: editor's files still live in it (their table is keyed by its inode).
-    mutating func forget(_ inode: LocalInode, count: UInt64, keep: Bool) {
-        guard inode != .top, var node = directories[inode] else { return }
-        node.lookups -= min(count, node.lookups)
-        guard node.lookups == 0, !keep || node.removed else { directories[inode] = node; return }
+    mutating func referenceGone(_ inode: LocalInode, keep: Bool) {
+        guard inode != .top, let node = directories[inode], !nodes.isReferenced(inode), !keep || node.removed else { return }
         directories[inode] = nil
         if directoryFor[node.path] == inode { directoryFor[node.path] = nil }
     }
@@ -205,7 +205,7 @@ struct SettingsKeys: EditedStore {
             if let parent = directoryFor[Array(node.path.dropLast())] {
                 entryInvalidations.append((parent, node.path.last!))
             }
-            if directories[inode]!.lookups == 0 { directories[inode] = nil }
+            if !nodes.isReferenced(inode) { directories[inode] = nil }
         }
     }
 

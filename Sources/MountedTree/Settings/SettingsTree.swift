@@ -21,9 +21,10 @@ import Synchronization
 ///
 /// Thread-safety: all state is behind one mutex; kernel invalidations are sent after it is
 /// released, from the notifier's own queue.
-public final class SettingsTree: Subtree {
+public final class SettingsTree: EditingTree {
     public let name = "settings"
     public let space = InodeSpace.settings
+    public let nodes: NodeTable
     let notifier: KernelCacheNotifier
     let state: Locked<State>
     private let watching = Atomic<Bool>(true)
@@ -38,10 +39,12 @@ public final class SettingsTree: Subtree {
     /// Outside changes of the plist come from inotify on its directory (an editor's
     /// rename, `cp`, a `git pull`), unlinked keys leave at their deadline: one thread asleep
     /// in between (see `Wakeup`), never polling.
-    public init(plistPath: String, ownership: Ownership, notifier: KernelCacheNotifier) {
+    public init(plistPath: String, ownership: Ownership, notifier: KernelCacheNotifier, nodes: NodeTable = NodeTable()) {
         self.notifier = notifier
-        self.state = Locked(State(keys: SettingsKeys(plistPath: plistPath, ownership: ownership),
-                                  engine: EditingEngine(since: ownership.since)))
+        self.nodes = nodes
+        let counted = SubtreeNodes(table: nodes, space: .settings)
+        self.state = Locked(State(keys: SettingsKeys(plistPath: plistPath, ownership: ownership, nodes: counted),
+                                  engine: EditingEngine(since: ownership.since, nodes: counted)))
         let wakeup = self.wakeup
         let watch = FileWatch.logging(plistPath, otherwise: "outside changes of the settings show every second instead")
         Threads.detach { [weak self] in
@@ -75,37 +78,12 @@ public final class SettingsTree: Subtree {
         }
     }
 
-    /// Sends the invalidations of a change; a changed inode also closes the page cache gate.
-    func send(_ invalidations: [Invalidation]) {
-        if invalidations.contains(where: { if case .inode = $0 { true } else { false } }) { pageCache.changed() }
-        for invalidation in invalidations {
-            switch invalidation {
-            case .inode(let local): notifier.invalidateInode(space.inode(local))
-            case .entry(let parent, let name): notifier.invalidateEntry(parent: space.inode(parent), name: name)
-            }
-        }
-    }
-
-    /// Runs `body` under the lock, then sends the invalidations it queued.
-    private func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
-        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation], Bool) in
-            let due = s.engine.nextRemovalDue
-            let result = Result { () throws(Errno) -> T in
-                try s.keys.ensureLoaded()
-                return try body(&s)
-            }
-            // A key unlinked now leaves sooner than the watcher will look: it looks again.
-            let sooner = s.engine.removalComesSooner(than: due)
-            // Sent whether or not the request succeeded: what changed before a failure changed.
-            return (result, s.takeInvalidations(), sooner)
-        }
-        send(outcome.1)
-        if outcome.2 { wakeup.wake() }
-        return try outcome.0.get()
-    }
-
-    private func entry(_ s: State, _ local: LocalInode) throws(Errno) -> Entry {
-        Entry(attributes: try s.attributes(local, space), cache: Self.cache)
+    /// The entry of a node handed to the kernel (a lookup's, a listing's), counted as its
+    /// reference here, under the lock that found the node.
+    private func handOut(_ s: State, _ local: LocalInode) throws(Errno) -> Entry {
+        let entry = Entry(attributes: try s.attributes(local, space), cache: Self.cache)
+        nodes.reference(entry.inode)
+        return entry
     }
 
     /// A top-level string key's value (for `accounts/active`), or nil when absent or unreadable.
@@ -138,23 +116,13 @@ public final class SettingsTree: Subtree {
     public func lookup(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) -> Entry {
         try locked { (s) throws(Errno) in
             let made = try s.lookup(space.local(of: parent), name)
-            return try entry(s, made)
+            return try handOut(s, made)
         }
     }
 
-    public func forget(inode: InodeNumber, lookups: UInt64) {
+    public func lastReferenceGone(_ inode: InodeNumber) {
         pageCache.forget(inode)
-        state.withLock { s in
-            let local = space.local(of: inode)
-            if local.isFile { s.engine.forget(local, count: lookups) } else { s.forgetDirectory(local, count: lookups) }
-        }
-    }
-
-    public func countLookup(of inode: InodeNumber) {
-        state.withLock { s in
-            let local = space.local(of: inode)
-            if local.isFile { s.engine.countLookup(local) } else { s.keys.countLookup(local) }
-        }
+        state.withLock { $0.referenceGone(space.local(of: inode)) }
     }
 
     public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
@@ -189,7 +157,7 @@ public final class SettingsTree: Subtree {
             let handle = s.newHandle()
             let local = try s.create(space.local(of: parent), name, mode: mode, flags: O_CREAT | O_EXCL, handle: handle)
             try s.engine.release(local, handle: handle, &s.keys)
-            return try entry(s, local)
+            return try handOut(s, local)
         }
     }
 
@@ -197,7 +165,7 @@ public final class SettingsTree: Subtree {
                               context: RequestContext) throws(Errno) -> Entry {
         try locked { (s) throws(Errno) in
             let made = try s.makeDirectory(space.local(of: parent), name)
-            return try entry(s, made)
+            return try handOut(s, made)
         }
     }
 
@@ -213,7 +181,7 @@ public final class SettingsTree: Subtree {
                                  context: RequestContext) throws(Errno) -> Entry {
         try locked { (s) throws(Errno) in
             let made = try s.makeSymbolicLink(target, in: space.local(of: parent), name)
-            return try entry(s, made)
+            return try handOut(s, made)
         }
     }
 
@@ -249,7 +217,7 @@ public final class SettingsTree: Subtree {
         try locked { (s) throws(Errno) in
             let handle = s.newHandle()
             let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle)
-            return (try entry(s, local), OpenedFile(handle: handle.raw))
+            return (try handOut(s, local), OpenedFile(handle: handle.raw))
         }
     }
 
@@ -285,14 +253,8 @@ public final class SettingsTree: Subtree {
     }
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
-        // Not through `locked`: the open is let go even while the plist cannot be read.
-        let (invalidations, sooner) = state.withLock { s in
-            let due = s.engine.nextRemovalDue
-            try? s.engine.release(space.local(of: inode), handle: FileHandle(raw: handle), &s.keys)
-            return (s.takeInvalidations(), s.engine.removalComesSooner(than: due))
-        }
-        send(invalidations)
-        if sooner { wakeup.wake() }
+        // The open is let go even while the plist cannot be read.
+        lockedAlways { s in try? s.engine.release(space.local(of: inode), handle: FileHandle(raw: handle), &s.keys) }
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
@@ -304,9 +266,13 @@ public final class SettingsTree: Subtree {
     public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {
         try locked { (s) throws(Errno) in
             let names = try s.list(space.local(of: inode))
-            return try names.map { (name, local) throws(Errno) in DirectoryEntry(name: name, entry: try entry(s, local)) }
+            return try names.map { (name, local) throws(Errno) in DirectoryEntry(name: name, entry: try handOut(s, local)) }
         }
     }
+
+    /// Each entry listed is counted as a kernel reference under the lock of the listing: a
+    /// key that leaves before the reply reaches the kernel keeps its file for it.
+    public func countsListing(of inode: InodeNumber) -> Bool { true }
 
     public func setExtendedAttribute(_ inode: InodeNumber, name: String, value: [UInt8], flags: Int32,
                                      context: RequestContext) throws(Errno) {

@@ -10,10 +10,13 @@ extension SettingsTree {
     /// (`engine`). Directory operations are here; file operations go to the engine.
     ///
     /// Thread-safety: a value behind `SettingsTree.state`.
-    struct State: @unchecked Sendable {
+    struct State: EditingTreeState, @unchecked Sendable {
         var keys: SettingsKeys
         var engine: EditingEngine<SettingsKeys>
         var handles = HandleAllocator()
+
+        /// Every request but a release needs the plist read (EIO while it cannot be).
+        mutating func admit() throws(Errno) { try keys.ensureLoaded() }
 
         mutating func newHandle() -> FileHandle { handles.next() }
 
@@ -42,9 +45,14 @@ extension SettingsTree {
             for directory in removed { engine.dropScratchFiles(in: directory) }
         }
 
-        /// The kernel forgot a directory: it goes unless editor's files still live in it.
-        mutating func forgetDirectory(_ inode: LocalInode, count: UInt64) {
-            keys.forget(inode, count: count, keep: engine.hasScratchFiles(in: inode))
+        /// The kernel's last reference to a node went: a file goes as the engine decides, a
+        /// directory unless editor's files still live in it.
+        mutating func referenceGone(_ inode: LocalInode) {
+            if inode.isFile {
+                engine.referenceGone(inode)
+            } else {
+                keys.referenceGone(inode, keep: engine.hasScratchFiles(in: inode))
+            }
         }
 
         /// The invalidations queued so far (emptied).
@@ -79,15 +87,12 @@ extension SettingsTree {
         mutating func lookup(_ parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
             let path = try keys.path(of: parent)
             if container(name, in: parent, path: path) != nil {
-                let inode = keys.directory(at: path + [name])
-                keys.countLookup(inode)
-                return inode
+                return keys.directory(at: path + [name])
             }
             return try engine.lookup(name, in: parent, keys)
         }
 
-        /// Names of a directory with their inodes (made on first sight; `readdirplus`
-        /// counts the references).
+        /// Names of a directory with their inodes (made on first sight, not counted).
         mutating func list(_ local: LocalInode) throws(Errno) -> [(String, LocalInode)] {
             let path = try keys.path(of: local)
             var names: [String] = []
@@ -143,9 +148,7 @@ extension SettingsTree {
             try keys.update(keyPath, position: keys.tombstone(keyPath)?.position) { $0 = .dictionary(PlistDictionary()) }
             keys.unbury(keyPath)
             engine.keyGone(keyPath, keys)
-            let inode = keys.directory(at: keyPath)
-            keys.countLookup(inode)
-            return inode
+            return keys.directory(at: keyPath)
         }
 
         mutating func removeDirectory(_ parent: LocalInode, _ name: String) throws(Errno) {

@@ -1,0 +1,76 @@
+import FuseLowLevel
+import Posix
+
+/// The state of a tree served by the editing engine (`settings/`, `accounts/`), as seen by
+/// what every change does around it (`EditingTree.locked`).
+///
+/// Thread-safety: a value behind its tree's lock.
+protocol EditingTreeState {
+    associatedtype Store: EditedStore
+    var engine: EditingEngine<Store> { get }
+    /// Throws when no request can be answered now (settings/: the plist unreadable;
+    /// accounts/: no vault).
+    mutating func admit() throws(Errno)
+    /// The invalidations queued so far (emptied).
+    mutating func takeInvalidations() -> [Invalidation]
+}
+
+/// A tree served by the editing engine: its state behind one lock, and what every change
+/// does around it, written once for both trees — the kernel's copies of what changed are
+/// invalidated after the lock is let go, and the watcher is woken when an unlinked name
+/// must now leave sooner than it planned to look.
+///
+/// Thread-safety: `state` is the one lock; the notifier and the gate are thread-safe.
+protocol EditingTree: Subtree {
+    associatedtype State: EditingTreeState
+    var state: Locked<State> { get }
+    var notifier: KernelCacheNotifier { get }
+    /// Readers keep the kernel's pages of a file until it changes.
+    var pageCache: PageCacheGate { get }
+    /// Wakes the tree's watcher (its next deadline may now be sooner).
+    var wakeup: Wakeup { get }
+}
+
+extension EditingTree {
+    /// Runs `body` under the lock (refused with `admit`'s errno first), then sends the
+    /// invalidations queued — whether or not the request succeeded: what changed before a
+    /// failure changed.
+    func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
+        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation], Bool) in
+            let due = s.engine.nextRemovalDue
+            let result = Result { () throws(Errno) -> T in
+                try s.admit()
+                return try body(&s)
+            }
+            return (result, s.takeInvalidations(), s.engine.removalComesSooner(than: due))
+        }
+        send(outcome.1)
+        if outcome.2 { wakeup.wake() }
+        return try outcome.0.get()
+    }
+
+    /// As `locked`, for what must happen even when requests are refused (a release lets its
+    /// open go).
+    func lockedAlways(_ body: (inout State) -> Void) {
+        let (invalidations, sooner) = state.withLock { (s) -> ([Invalidation], Bool) in
+            let due = s.engine.nextRemovalDue
+            body(&s)
+            return (s.takeInvalidations(), s.engine.removalComesSooner(than: due))
+        }
+        send(invalidations)
+        if sooner { wakeup.wake() }
+    }
+
+    /// Sends the invalidations of a change (after the lock); any change also closes the
+    /// page cache gate, so the next open of any file checks its pages.
+    func send(_ invalidations: [Invalidation]) {
+        guard !invalidations.isEmpty else { return }
+        pageCache.changed()
+        for invalidation in invalidations {
+            switch invalidation {
+            case .inode(let local): notifier.invalidateInode(space.inode(local))
+            case .entry(let parent, let name): notifier.invalidateEntry(parent: space.inode(parent), name: name)
+            }
+        }
+    }
+}
