@@ -139,7 +139,7 @@ final class FuseBridge: Sendable {
         }
         ops.lookup = { req, parent, name in
             FuseBridge.respond(req, "lookup", parent) { fs, context throws(Errno) in
-                FuseBridge.replyEntry(req, try fs.lookup(parent: parent, name: try FuseBridge.decode(name), context: context))
+                FuseBridge.replyEntry(req, fs, try fs.lookup(parent: parent, name: try FuseBridge.decode(name), context: context))
             }
         }
         ops.forget = { req, inode, lookups in
@@ -178,13 +178,13 @@ final class FuseBridge: Sendable {
         }
         ops.mknod = { req, parent, name, mode, device in
             FuseBridge.respond(req, "mknod", parent) { fs, context throws(Errno) in
-                FuseBridge.replyEntry(req, try fs.makeNode(parent: parent, name: try FuseBridge.decode(name), mode: mode,
+                FuseBridge.replyEntry(req, fs, try fs.makeNode(parent: parent, name: try FuseBridge.decode(name), mode: mode,
                                                 device: device, context: context))
             }
         }
         ops.mkdir = { req, parent, name, mode in
             FuseBridge.respond(req, "mkdir", parent) { fs, context throws(Errno) in
-                FuseBridge.replyEntry(req, try fs.makeDirectory(parent: parent, name: try FuseBridge.decode(name),
+                FuseBridge.replyEntry(req, fs, try fs.makeDirectory(parent: parent, name: try FuseBridge.decode(name),
                                                      mode: mode, context: context))
             }
         }
@@ -202,7 +202,7 @@ final class FuseBridge: Sendable {
         }
         ops.symlink = { req, target, parent, name in
             FuseBridge.respond(req, "symlink", parent) { fs, context throws(Errno) in
-                FuseBridge.replyEntry(req, try fs.makeSymbolicLink(target: try FuseBridge.decode(target), parent: parent,
+                FuseBridge.replyEntry(req, fs, try fs.makeSymbolicLink(target: try FuseBridge.decode(target), parent: parent,
                                                         name: try FuseBridge.decode(name), context: context))
             }
         }
@@ -216,7 +216,7 @@ final class FuseBridge: Sendable {
         }
         ops.link = { req, inode, newParent, newName in
             FuseBridge.respond(req, "link", inode) { fs, context throws(Errno) in
-                FuseBridge.replyEntry(req, try fs.link(inode, newParent: newParent, newName: try FuseBridge.decode(newName),
+                FuseBridge.replyEntry(req, fs, try fs.link(inode, newParent: newParent, newName: try FuseBridge.decode(newName),
                                             context: context))
             }
         }
@@ -226,7 +226,8 @@ final class FuseBridge: Sendable {
                 guard let opened = try fs.open(inode, flags: fi!.pointee.flags, context: context,
                                                request: OpenRequest(request: req, info: fi)) else { return }
                 FuseBridge.apply(opened, to: fi!)
-                _ = fuse_reply_open(req, fi)
+                // Not taken by the kernel (interrupted): no RELEASE will come for it.
+                if fuse_reply_open(req, fi) != 0 { fs.release(inode, handle: fi!.pointee.fh, flags: fi!.pointee.flags) }
             }
         }
         ops.create = { req, parent, name, mode, fi in
@@ -235,7 +236,11 @@ final class FuseBridge: Sendable {
                                                     flags: fi!.pointee.flags, context: context)
                 FuseBridge.apply(opened, to: fi!)
                 var parameters = FuseBridge.entryParameters(entry)
-                _ = fuse_reply_create(req, &parameters, fi)
+                // Not taken by the kernel (interrupted): neither a RELEASE nor a FORGET will come.
+                if fuse_reply_create(req, &parameters, fi) != 0 {
+                    fs.release(entry.inode, handle: fi!.pointee.fh, flags: fi!.pointee.flags)
+                    fs.forget(inode: entry.inode, lookups: 1)
+                }
             }
         }
         ops.read = { req, inode, size, offset, fi in
@@ -447,9 +452,11 @@ final class FuseBridge: Sendable {
         return parameters
     }
 
-    private static func replyEntry(_ req: fuse_req_t?, _ entry: Entry) {
+    /// An entry the kernel did not take (its request was interrupted and is gone, or the
+    /// session ended) was never a reference: it is forgotten at once.
+    private static func replyEntry(_ req: fuse_req_t?, _ fs: any FileSystem, _ entry: Entry) {
         var parameters = entryParameters(entry)
-        _ = fuse_reply_entry(req, &parameters)
+        if fuse_reply_entry(req, &parameters) != 0 { fs.forget(inode: entry.inode, lookups: 1) }
     }
 
     private static func replyAttributes(_ req: fuse_req_t?, _ attributes: Attributes, _ cache: CachePolicy) {
@@ -512,6 +519,7 @@ final class FuseBridge: Sendable {
         defer { buffer.deallocate() }
         var used = 0
         var index = Int(max(0, offset))
+        var handedOut: [InodeNumber] = []
         while true {
             let name: String
             var st = stat()
@@ -545,9 +553,15 @@ final class FuseBridge: Sendable {
             }
             if needed > size - used { break }
             used += needed
-            if index >= 2 { stream.sent(index - 2, plus: plus, to: fs) }
+            if index >= 2 {
+                stream.sent(index - 2, plus: plus, to: fs)
+                if plus { handedOut.append(parameters.ino) }
+            }
             index += 1
         }
-        _ = fuse_reply_buf(req, buffer, used)
+        // A reply the kernel did not take (interrupted) handed out no reference.
+        if fuse_reply_buf(req, buffer, used) != 0 {
+            for inode in handedOut { fs.forget(inode: inode, lookups: 1) }
+        }
     }
 }
