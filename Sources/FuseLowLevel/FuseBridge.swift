@@ -3,6 +3,7 @@ import Glibc
 #endif
 import CFuse
 import Posix
+import Synchronization
 
 /// Turns libfuse low-level callbacks into calls on a `FileSystem` and its answers (or
 /// thrown `Errno`) into replies. The only file that speaks libfuse's request API.
@@ -15,6 +16,9 @@ import Posix
 final class FuseBridge: Sendable {
     let fileSystem: any FileSystem
     let kernel: KernelOptions
+    /// The session (its address; set once it exists), for what a request must tell the
+    /// kernel before its reply (`killSetID`).
+    let session = Atomic<UInt>(0)
 
     init(fileSystem: any FileSystem, kernel: KernelOptions) {
         self.fileSystem = fileSystem
@@ -164,7 +168,15 @@ final class FuseBridge: Sendable {
         }
         ops.setattr = { req, inode, attr, toSet, fi in
             FuseBridge.respond(req, "setattr", inode) { fs, context throws(Errno) in
-                let changes = FuseBridge.attributeChanges(attr!.pointee, toSet)
+                var changes = FuseBridge.attributeChanges(attr!.pointee, toSet)
+                if SetIDKill.requested {  // a chown, or a truncate by a caller without CAP_FSETID
+                    if let mode = changes.mode {
+                        changes.mode = SetIDKill.killed(mode)
+                    } else if let (current, _) = try? fs.attributes(of: inode, context: context),
+                              SetIDKill.killed(current.mode) != current.mode {
+                        changes.mode = SetIDKill.killed(current.mode)
+                    }
+                }
                 let handle = fi.map { $0.pointee.fh }
                 let (attributes, cache) = try fs.setAttributes(of: inode, changes, handle: handle,
                                                                context: context)
@@ -226,6 +238,7 @@ final class FuseBridge: Sendable {
                 guard let opened = try fs.open(inode, flags: fi!.pointee.flags, context: context,
                                                request: OpenRequest(request: req, info: fi)) else { return }
                 FuseBridge.apply(opened, to: fi!)
+                if SetIDKill.requested { FuseBridge.killSetID(req, inode, fs, context) }  // O_TRUNC without CAP_FSETID
                 // Not taken by the kernel (interrupted): no RELEASE will come for it.
                 if fuse_reply_open(req, fi) != 0 { fs.release(inode, handle: fi!.pointee.fh, flags: fi!.pointee.flags) }
             }
@@ -252,6 +265,7 @@ final class FuseBridge: Sendable {
         ops.write = { req, inode, buffer, size, offset, fi in
             FuseBridge.respond(req, "write", inode) { fs, context throws(Errno) in
                 let data = UnsafeRawBufferPointer(start: buffer, count: size)
+                if SetIDKill.requested { FuseBridge.killSetID(req, inode, fs, context) }  // a writer without CAP_FSETID
                 let written = try fs.write(inode, handle: fi!.pointee.fh, offset: UInt64(offset),
                                            data: data, flags: fi!.pointee.flags, context: context)
                 _ = fuse_reply_write(req, written)
@@ -450,6 +464,24 @@ final class FuseBridge: Sendable {
         parameters.attr_timeout = entry.cache.attributeTimeout
         parameters.entry_timeout = entry.cache.entryTimeout
         return parameters
+    }
+
+    /// Drops the set-ID bits a write or truncation by a caller without CAP_FSETID drops
+    /// (`SetIDKill`). What cannot be done is logged: the write itself goes on.
+    /// The kernel keeps the old mode until told (a WRITE's or OPEN's reply carries no
+    /// attributes): its copy is dropped before the reply.
+    static func killSetID(_ req: fuse_req_t?, _ inode: InodeNumber, _ fs: any FileSystem, _ context: RequestContext) {
+        guard let (current, _) = try? fs.attributes(of: inode, context: context) else { return }
+        let kept = SetIDKill.killed(current.mode)
+        guard kept != current.mode else { return }
+        do {
+            _ = try fs.setAttributes(of: inode, AttributeChanges(mode: kept), handle: nil, context: context)
+            if let session = OpaquePointer(bitPattern: bridge(req).session.load(ordering: .acquiring)) {
+                _ = fuse_lowlevel_notify_inval_inode(session, inode, -1, 0)  // attributes only
+            }
+        } catch {
+            Log.error("the set-ID bits of inode \(inode) could not be dropped: \(error)")
+        }
     }
 
     /// An entry the kernel did not take (its request was interrupted and is gone, or the

@@ -107,6 +107,10 @@ public final class FuseMount: @unchecked Sendable {
             reference.release()
             throw MountError("cannot mount on \(mountPoint): " + (FuseDevice.problem() ?? "FUSE refused the mount (its message is above)"))
         }
+        bridge.session.store(UInt(bitPattern: created), ordering: .releasing)
+        // Our own writev and read on the same descriptor (see `SetIDKill`).
+        var io = SetIDKill.io()
+        _ = fuse_session_custom_io(created, &io, fuse_session_fd(created))
         self.session = created
         self.bridge = bridge
         self.bridgeReference = reference
@@ -237,6 +241,9 @@ private final class Worker: @unchecked Sendable {
             let received = fuse_session_receive_buf(session, &buffer)
             if received == -EINTR || received == -EAGAIN { continue }
             if received <= 0 { break }  // 0 or -ENODEV: the kernel ended the session
+            if buffer.flags.rawValue & FUSE_BUF_IS_FD.rawValue == 0, let request = buffer.mem {
+                SetIDKill.note(request, length: Int(received))
+            }
             fuse_session_process_buf(session, &buffer)
         }
         free(buffer.mem)

@@ -176,6 +176,36 @@ import Glibc
 
     /// `cp --sparse=always` keeps holes, `du` shows data, and the size limit counts what is
     /// stored: a preallocated file counts its allocation, a sparse one only its data.
+    /// Set-user-ID and set-group-ID bits go as on the machine's own file system: a write,
+    /// a truncation and a truncating open by a caller without CAP_FSETID drop them (set-group-ID
+    /// only where the group may execute), root's own writes keep them, a chown always drops
+    /// them. The kernel leaves this to mtmfs (FUSE_HANDLE_KILLPRIV_V2, which spares a
+    /// GETXATTR before nearly every write): the modes must still come out the same.
+    @Test func setIDBitsGoAsOnTheMachinesOwnFileSystem() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let model = store.scratch.sub("model")
+        mkdir(model, 0o755)
+        let script = #"""
+            cd "$1" || exit 1
+            weak() { setpriv --bounding-set=-fsetid "$@"; }
+            echo x > s; chmod 6755 s; weak sh -c 'echo y >> s'; echo "write $(stat -c %a s)"
+            chmod 6755 s; echo z >> s; echo "root write $(stat -c %a s)"
+            chmod 2644 s; weak sh -c 'echo y >> s'; echo "sgid without group x $(stat -c %a s)"
+            chmod 6755 s; weak truncate -s 1 s; echo "truncate $(stat -c %a s)"
+            chmod 6755 s; truncate -s 2 s; echo "root truncate $(stat -c %a s)"
+            chmod 6755 s; weak sh -c ': > s'; echo "open O_TRUNC $(stat -c %a s)"
+            chmod 6755 s; chown 1:1 s; echo "chown $(stat -c %a s)"
+            chmod 2755 s; chown 2:2 s; echo "chown sgid $(stat -c %a s)"
+            chmod 4755 d 2>/dev/null; mkdir d; chmod 2755 d; chown 3:3 d; echo "chown directory $(stat -c %a d)"
+            """#
+        let onModel = Run.program("sh", ["-c", script, "sh", model])
+        let onMount = Run.program("sh", ["-c", script, "sh", store.path("cache")])
+        #expect(onModel.status == 0 && onMount.status == 0, "\(onModel) \(onMount)")
+        #expect(onMount.stdout == onModel.stdout, "model:\n\(onModel.stdout)\nmount:\n\(onMount.stdout)")
+        #expect(onMount.stdout.contains("write 755\n") && onMount.stdout.contains("root write 6755\n"), "\(onMount.stdout)")
+    }
+
     @Test func sparseCopiesAndTheSizeLimitCountStoredBytes() throws {
         let store = try MountedStore(options: ["--cache-limit", "3M"])
         defer { store.close() }
