@@ -242,7 +242,7 @@ private final class Worker: @unchecked Sendable {
             if received == -EINTR || received == -EAGAIN { continue }
             if received <= 0 { break }  // 0 or -ENODEV: the kernel ended the session
             if buffer.flags.rawValue & FUSE_BUF_IS_FD.rawValue == 0, let request = buffer.mem {
-                SetIDKill.note(request, length: Int(received))
+                SetIDKill.note(request, length: Int(received), fd: fuse_session_fd(session))
             }
             fuse_session_process_buf(session, &buffer)
         }

@@ -19,11 +19,13 @@ import Synchronization
 /// whether it asks for the bits to go (`requested`, per thread: a request is processed on the
 /// thread that read it), which the bridge applies (`FuseBridge`).
 ///
-/// Thread-safety: the INIT state is atomic; the per-request flag is thread-specific.
+/// Thread-safety: the INIT state is behind a mutex; the per-request flag is thread-specific.
 enum SetIDKill {
-    /// The INIT request's unique id while its reply is still to be written (0: none), and
-    /// whether the kernel offered the flag.
-    static let initUnique = Atomic<UInt64>(0)
+    /// The INIT request that offered the flag, by its session's descriptor and its unique id
+    /// (unique ids count per connection: two sessions of one process may share one), while
+    /// its reply is still to be written; `initPending` spares every other reply the lock.
+    static let initRequest = Mutex<(fd: Int32, unique: UInt64)?>(nil)
+    static let initPending = Atomic<Bool>(false)
 
     private static let key: pthread_key_t = {
         var key = pthread_key_t()
@@ -40,8 +42,9 @@ enum SetIDKill {
     private static let setattrKillSUIDGID: UInt32 = 1 << 11
     private static let openKillSUIDGID: UInt32 = 1 << 0
 
-    /// Called by a worker with a request as read from /dev/fuse, before libfuse processes it.
-    static func note(_ request: UnsafeRawPointer, length: Int) {
+    /// Called by a worker with a request as read from /dev/fuse (the session's descriptor
+    /// `fd`), before libfuse processes it.
+    static func note(_ request: UnsafeRawPointer, length: Int, fd: Int32) {
         guard length >= headerSize else { return set(false) }
         func word(_ offset: Int) -> UInt32? {
             offset + 4 <= length ? request.loadUnaligned(fromByteOffset: offset, as: UInt32.self) : nil
@@ -51,7 +54,9 @@ enum SetIDKill {
         case opcodeInit:
             // fuse_init_in: major, minor, max_readahead, flags.
             if let flags = word(headerSize + 12), flags & killprivV2 != 0 {
-                initUnique.store(request.loadUnaligned(fromByteOffset: 8, as: UInt64.self), ordering: .sequentiallyConsistent)
+                let unique = request.loadUnaligned(fromByteOffset: 8, as: UInt64.self)
+                initRequest.withLock { $0 = (fd, unique) }
+                initPending.store(true, ordering: .sequentiallyConsistent)
             }
             set(false)
         case opcodeWrite:
@@ -87,16 +92,20 @@ enum SetIDKill {
         var io = fuse_custom_io()
         io.read = { fd, buffer, length, _ in read(fd, buffer, length) }
         io.writev = { fd, vector, count, _ in
-            if let vector, count >= 2, SetIDKill.initUnique.load(ordering: .relaxed) != 0,
+            if let vector, count >= 2, SetIDKill.initPending.load(ordering: .sequentiallyConsistent),
                let header = vector[0].iov_base, vector[0].iov_len >= 16,
                let argument = vector[1].iov_base, vector[1].iov_len >= 16 {
                 // fuse_out_header: len, error, unique; fuse_init_out: major, minor, max_readahead, flags.
                 let unique = header.loadUnaligned(fromByteOffset: 8, as: UInt64.self)
                 let error = header.loadUnaligned(fromByteOffset: 4, as: Int32.self)
-                if error == 0, unique == SetIDKill.initUnique.load(ordering: .relaxed) {
+                let isInitReply = SetIDKill.initRequest.withLock { request -> Bool in
+                    guard error == 0, let request, request.fd == fd, request.unique == unique else { return false }
+                    SetIDKill.initPending.store(false, ordering: .sequentiallyConsistent)
+                    return true
+                }
+                if isInitReply {
                     let flags = argument.loadUnaligned(fromByteOffset: 12, as: UInt32.self)
                     argument.storeBytes(of: flags | SetIDKill.killprivV2, toByteOffset: 12, as: UInt32.self)
-                    SetIDKill.initUnique.store(0, ordering: .relaxed)
                 }
             }
             return writev(fd, vector, count)
