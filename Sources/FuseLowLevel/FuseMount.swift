@@ -237,12 +237,13 @@ private final class Worker: @unchecked Sendable {
     func serve() {
         WorkerWakeUp.unblock()
         var buffer = fuse_buf()
+        let device = fuse_session_fd(session)
         while fuse_session_exited(session) == 0 {
             let received = fuse_session_receive_buf(session, &buffer)
             if received == -EINTR || received == -EAGAIN { continue }
             if received <= 0 { break }  // 0 or -ENODEV: the kernel ended the session
             if buffer.flags.rawValue & FUSE_BUF_IS_FD.rawValue == 0, let request = buffer.mem {
-                SetIDKill.note(request, length: Int(received), fd: fuse_session_fd(session))
+                SetIDKill.note(request, length: Int(received), fd: device)
             }
             fuse_session_process_buf(session, &buffer)
         }

@@ -343,6 +343,6 @@ final class KernelHolders: InodeHolders {
 
     init(_ nodes: SubtreeNodes) { self.nodes = nodes }
 
-    func hold(_ ino: Int64) { nodes.table.reference(nodes.space.inode(UInt64(ino))) }
-    func isHeld(_ ino: Int64) -> Bool { nodes.table.isReferenced(nodes.space.inode(UInt64(ino))) }
+    func hold(_ ino: Int64) { nodes.reference(LocalInode(UInt64(ino))) }
+    func isHeld(_ ino: Int64) -> Bool { nodes.isReferenced(LocalInode(UInt64(ino))) }
 }
