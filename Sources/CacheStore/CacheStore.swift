@@ -68,7 +68,7 @@ public final class CacheStore: @unchecked Sendable {
     public static let chunkSize = 64 * 1024
     public static let maximumNameLength = 255
     public static let rootInode: Int64 = 1
-    static let schemaVersion: Int64 = 3
+    static let schemaVersion: Int64 = 4
 
     let path: String
     let database: SQLiteDatabase
@@ -248,8 +248,10 @@ public final class CacheStore: @unchecked Sendable {
                 clean = false  // no mark yet: the first open under version 2 checks
                 try migrateFromVersion1(progress: progress)
                 try migrateFromVersion2(progress: progress)
-            } else if version == 2 {
-                try migrateFromVersion2(progress: progress)
+                try database.execute("PRAGMA user_version=\(Self.schemaVersion);")  // (version 1's chunks were rebuilt as version 4's)
+            } else if version == 2 || version == 3 {
+                if version == 2 { try migrateFromVersion2(progress: progress) }
+                try migrateFromVersion3(progress: progress)
                 clean = try database.scalarText("SELECT value FROM state WHERE name = 'clean'") == "1"
             } else if version != Self.schemaVersion {
                 throw CacheStoreError.damaged("\(path) has schema version \(version), this mtmfs knows \(Self.schemaVersion)")
@@ -300,6 +302,9 @@ public final class CacheStore: @unchecked Sendable {
             if version >= 3, let problem = try totalsProblem(database) {
                 throw CacheStoreError.damaged("\(path): \(problem)")
             }
+            if version >= 4, let problem = try piecesProblem(database) {
+                throw CacheStoreError.damaged("\(path): \(problem)")
+            }
         } catch let error as CacheStoreError {
             throw error
         } catch {
@@ -316,6 +321,9 @@ public final class CacheStore: @unchecked Sendable {
             Log.error("cache: \(problem); counted again")
             try database.execute("DELETE FROM totals; INSERT INTO totals(id, files, bytes, linked_bytes) SELECT 1, * FROM (\(Self.countedTotals));")
         }
+        // Pieces that overlap or lie outside their chunk cannot come from a crash (every
+        // change is one transaction): said, and mounted all the same (reads lay them in order).
+        if let problem = try Self.piecesProblem(database) { Log.error("cache: \(problem)") }
         checkedAtOpen = true
     }
 
@@ -419,13 +427,57 @@ public final class CacheStore: @unchecked Sendable {
     }
 
     /// Chunks are a rowid table (with a unique index on the position) so that a write into
-    /// part of a stored chunk changes only the pages it covers (incremental BLOB I/O, which
-    /// SQLite offers for rowid tables only).
+    /// part of a stored piece changes only the pages it covers (incremental BLOB I/O, which
+    /// SQLite offers for rowid tables only). Version 4: a chunk is stored as the pieces that
+    /// were written (`start` within the chunk), so a write stores what it covers; `start`
+    /// comes before `data`, so that reading it never walks a piece's overflow pages.
     static let chunksTable = """
         CREATE TABLE chunks(
-            id INTEGER PRIMARY KEY, ino INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL) STRICT;
-        CREATE UNIQUE INDEX chunks_by_position ON chunks(ino, idx);
+            id INTEGER PRIMARY KEY, ino INTEGER NOT NULL, idx INTEGER NOT NULL,
+            start INTEGER NOT NULL DEFAULT 0, data BLOB NOT NULL) STRICT;
+        CREATE UNIQUE INDEX chunks_by_position ON chunks(ino, idx, start);
         """
+
+    /// Version 4 stores pieces of chunks (a `start` within the chunk): the table is rebuilt
+    /// once, every row a piece at 0 (row ids kept), in one transaction.
+    func migrateFromVersion3(progress: (String) -> Void) throws(SQLiteError) {
+        progress("upgrading the cache database to schema version 4 (once; it copies the file data)…")
+        try database.execute("""
+            BEGIN IMMEDIATE;
+            ALTER TABLE chunks RENAME TO chunks_v3;
+            DROP INDEX chunks_by_position;
+            \(Self.chunksTable)
+            INSERT INTO chunks(id, ino, idx, start, data) SELECT id, ino, idx, 0, data FROM chunks_v3 ORDER BY id;
+            DROP TABLE chunks_v3;
+            PRAGMA user_version=4;
+            COMMIT;
+            """)
+    }
+
+    /// What is wrong with the pieces of chunks (nil: nothing): every piece lies inside its
+    /// chunk and is not empty (an empty row is a preallocated chunk, alone in it), pieces of
+    /// a chunk do not overlap, and each named file's `stored` is what its pieces hold (a deleted one's go in slices).
+    static func piecesProblem(_ database: SQLiteDatabase) throws(SQLiteError) -> String? {
+        let outside = try database.integers("""
+            SELECT count(*) FROM chunks WHERE start < 0 OR start + length(data) > \(chunkSize)
+                OR (length(data) = 0 AND start != 0)
+            """).first ?? 0
+        let overlapping = try database.integers("""
+            SELECT count(*) FROM (SELECT start, length(data) AS length,
+                lag(start + max(length(data), 1)) OVER (PARTITION BY ino, idx ORDER BY start) AS previous FROM chunks)
+                WHERE previous > start
+            """).first ?? 0
+        let miscounted = try database.integers("""
+            SELECT count(*) FROM inodes WHERE mode & \(S_IFMT) = \(S_IFREG) AND links > 0 AND stored !=
+                (SELECT coalesce(sum(iif(length(data) = 0, \(chunkSize), length(data))), 0) FROM chunks
+                 WHERE chunks.ino = coalesce(inodes.data, inodes.ino))
+            """).first ?? 0
+        var problems: [String] = []
+        if outside > 0 { problems.append("\(outside) pieces of chunks lie outside their chunk") }
+        if overlapping > 0 { problems.append("\(overlapping) pieces of chunks overlap others") }
+        if miscounted > 0 { problems.append("\(miscounted) files' stored bytes differ from their pieces") }
+        return problems.isEmpty ? nil : problems.joined(separator: "; ")
+    }
 
     /// Version 2 counts the bytes each inode's chunk rows hold (`stored`, for `st_blocks`
     /// and the size limit), keeps the clean-shutdown mark (`state`), keeps chunks in a rowid
@@ -441,7 +493,7 @@ public final class CacheStore: @unchecked Sendable {
             CREATE TABLE state(name TEXT PRIMARY KEY, value INTEGER NOT NULL) STRICT, WITHOUT ROWID;
             ALTER TABLE chunks RENAME TO chunks_v1;
             \(Self.chunksTable)
-            INSERT INTO chunks(ino, idx, data) SELECT ino, idx, data FROM chunks_v1 ORDER BY ino, idx;
+            INSERT INTO chunks(ino, idx, start, data) SELECT ino, idx, 0, data FROM chunks_v1 ORDER BY ino, idx;
             DROP TABLE chunks_v1;
             PRAGMA user_version=2;
             COMMIT;

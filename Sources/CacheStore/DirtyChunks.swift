@@ -27,9 +27,6 @@ struct DirtyChunks {
         private(set) var count = 0
 
         var isWhole: Bool { pieces.count == 1 && pieces[0].range == 0..<CacheStore.chunkSize }
-        /// Where the last piece ends.
-        var end: Int { pieces.last?.range.upperBound ?? 0 }
-
         mutating func write(_ data: UnsafeRawBufferPointer, at offset: Int) {
             guard data.count > 0 else { return }
             let new = offset..<(offset + data.count)
@@ -71,15 +68,6 @@ struct DirtyChunks {
 
         /// The whole chunk's bytes (`isWhole`).
         var whole: [UInt8] { pieces[0].bytes }
-
-        /// `stored` (the row's bytes, a preallocated row already expanded to zeros) with the
-        /// written pieces laid over it.
-        func merged(into stored: [UInt8]) -> [UInt8] {
-            var result = stored
-            if result.count < end { result += [UInt8](repeating: 0, count: end - result.count) }
-            for piece in pieces { result.replaceSubrange(piece.range, with: piece.bytes) }
-            return result
-        }
     }
 
     /// One inode's buffered chunks, with the size and modification time they give it.
@@ -139,33 +127,21 @@ extension CacheStore {
             if chunk.isWhole {
                 stored += try putWholeChunk(ino, index, chunk.whole)
                 continue
-            } else if let row = try chunkRow(ino, index), row.length >= chunk.end {
-                // A stored row long enough: the written pieces go in place, page by page.
-                for piece in chunk.pieces {
-                    let failure = piece.bytes.withUnsafeBytes { bytes -> SQLiteError? in
-                        do throws(SQLiteError) {
-                            try writer.write(row: row.id, offset: piece.range.lowerBound, bytes)
-                            return nil
-                        } catch {
-                            return error
-                        }
+            }
+            // The pieces written go where they lie: in place into a stored piece that covers
+            // them, else as pieces of their own (merged with those they touch).
+            var pieces = try chunkPieces(ino, index)
+            let appending = index == (file.size - 1) / Int64(Self.chunkSize)
+            for piece in chunk.pieces {
+                var failure: Errno?
+                piece.bytes.withUnsafeBytes { bytes in
+                    do throws(Errno) {
+                        stored += try storePiece(ino, index, at: piece.range, bytes, pieces: &pieces, room: appending, writer: writer)
+                    } catch {
+                        failure = error
                     }
-                    if let failure { throw Self.errno(failure) }
                 }
-            } else {
-                let (existing, before) = try chunkForUpdate(ino, index)
-                var merged = chunk.merged(into: existing)
-                // Appended to, the file's last chunk gets room to grow (zeros past the end,
-                // up to twice what it held): the appends that follow go in place, page by
-                // page, instead of each rewriting the whole row (a log or a database's
-                // write-ahead log grows by a few KiB an fsync).
-                let lastIndex = (file.size - 1) / Int64(Self.chunkSize)
-                if index == lastIndex, !existing.isEmpty, merged.count > existing.count {
-                    let room = min(Self.chunkSize, max(merged.count, existing.count * 2))
-                    merged += [UInt8](repeating: 0, count: room - merged.count)
-                }
-                try putChunk(ino, index, merged)
-                stored += Int64(merged.count) - before
+                if let failure { throw failure }
             }
             batchBytes += chunk.count
         }

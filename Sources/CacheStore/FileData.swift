@@ -39,49 +39,115 @@ extension CacheStore {
         return try row(statement) ? statement.int(0) : 0
     }
 
-    /// The stored length of a chunk row; nil for a hole.
-    func chunkLength(_ ino: Int64, _ index: Int64) throws(Errno) -> Int? {
-        let ino = key(ino)
-        let statement = try statement("SELECT length(data) FROM chunks WHERE ino = ? AND idx = ?")
-        statement.bind(ino, index)
+    /// One stored piece of a chunk: its row, where it starts within the chunk and the bytes
+    /// it holds (0: the chunk is preallocated, and this row is its only one).
+    ///
+    /// Thread-safety: a value.
+    struct StoredPiece {
+        var id: Int64
+        var start: Int
+        var length: Int
+        var end: Int { start + length }
+    }
+
+    /// A chunk's stored pieces in order (empty: a hole).
+    func chunkPieces(_ ino: Int64, _ index: Int64) throws(Errno) -> [StoredPiece] {
+        let statement = try statement("SELECT id, start, length(data) FROM chunks WHERE ino = ? AND idx = ? ORDER BY start")
+        statement.bind(key(ino), index)
         defer { statement.done() }
-        return try row(statement) ? Int(statement.int(0)) : nil
+        var pieces: [StoredPiece] = []
+        while try row(statement) { pieces.append(StoredPiece(id: statement.int(0), start: Int(statement.int(1)), length: Int(statement.int(2)))) }
+        return pieces
     }
 
     /// Stores a whole chunk (lock held, inside a change); returns what it adds to the
     /// bytes the file holds.
     func putWholeChunk(_ ino: Int64, _ index: Int64, _ bytes: some SQLiteBindable) throws(Errno) -> Int64 {
-        let before = try chunkLength(ino, index).map(Self.allocated) ?? 0
+        let before = try allocatedBytes(ino, chunks: index, index)
         try putChunk(ino, index, bytes)
         batchBytes += Self.chunkSize
         return Int64(Self.chunkSize) - before
     }
 
-    /// A chunk's row id and stored length (0: preallocated); nil for a hole.
-    func chunkRow(_ ino: Int64, _ index: Int64) throws(Errno) -> (id: Int64, length: Int)? {
-        let ino = key(ino)
-        let statement = try statement("SELECT id, length(data) FROM chunks WHERE ino = ? AND idx = ?")
-        statement.bind(ino, index)
-        defer { statement.done() }
-        return try row(statement) ? (statement.int(0), Int(statement.int(1))) : nil
-    }
-
-    /// A chunk's bytes to update in part, and what its row held before: a hole gives no
-    /// bytes, a preallocated chunk a whole chunk of zeros.
+    /// A chunk's bytes to update as a whole, and what its pieces held before: a hole gives
+    /// no bytes, a preallocated chunk a whole chunk of zeros, pieces their bytes up to the
+    /// last one's end with zeros between them.
     func chunkForUpdate(_ ino: Int64, _ index: Int64) throws(Errno) -> (bytes: [UInt8], allocated: Int64) {
-        let ino = key(ino)
-        let statement = try statement("SELECT data FROM chunks WHERE ino = ? AND idx = ?")
-        statement.bind(ino, index)
+        let statement = try statement("SELECT start, data FROM chunks WHERE ino = ? AND idx = ? ORDER BY start")
+        statement.bind(key(ino), index)
         defer { statement.done() }
-        guard try row(statement) else { return ([], 0) }
-        let bytes = statement.bytes(0)
-        if bytes.isEmpty { return ([UInt8](repeating: 0, count: Self.chunkSize), Int64(Self.chunkSize)) }
-        return (bytes, Int64(bytes.count))
+        var bytes: [UInt8] = []
+        var allocated: Int64 = 0
+        while try row(statement) {
+            let start = Int(statement.int(0)), data = statement.blob(1)
+            if data.isEmpty { return ([UInt8](repeating: 0, count: Self.chunkSize), Int64(Self.chunkSize)) }
+            if bytes.count < start + data.count { bytes += repeatElement(0, count: start + data.count - bytes.count) }
+            bytes.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: start).copyMemory(from: data.baseAddress!, byteCount: data.count) }
+            allocated += Int64(data.count)
+        }
+        return (bytes, allocated)
     }
 
+    /// Replaces a chunk's pieces with one piece from its start (empty: preallocated).
     func putChunk(_ ino: Int64, _ index: Int64, _ bytes: some SQLiteBindable) throws(Errno) {
         let ino = key(ino)
-        try run("INSERT OR REPLACE INTO chunks(ino, idx, data) VALUES(?,?,?)", ino, index, bytes)
+        try run("DELETE FROM chunks WHERE ino = ? AND idx = ? AND start > 0", ino, index)
+        try run("INSERT OR REPLACE INTO chunks(ino, idx, start, data) VALUES(?,?,0,?)", ino, index, bytes)
+    }
+
+    /// Stores `bytes` at `range` of chunk `index`, whose stored `pieces` are given and kept
+    /// up to date (lock held, inside a change); returns what the stored bytes grow by.
+    /// A stored piece that covers the range takes the bytes in place (only the pages they
+    /// fall on are written); otherwise the range and the pieces it overlaps or touches become
+    /// one new piece — only what was written is stored, holes stay holes. With `room`
+    /// (the file's last chunk, appended to) a piece that grows past the chunk's last end
+    /// gets zeros after it, up to twice what that piece held, so that the next appends go
+    /// in place (a log, or a database's write-ahead log growing a few KiB an fsync).
+    func storePiece(_ ino: Int64, _ index: Int64, at range: Range<Int>, _ bytes: UnsafeRawBufferPointer,
+                    pieces: inout [StoredPiece], room: Bool, writer: BlobWriter) throws(Errno) -> Int64 {
+        if let covering = pieces.first(where: { $0.length > 0 && $0.start <= range.lowerBound && $0.end >= range.upperBound }) {
+            do throws(SQLiteError) {
+                try writer.write(row: covering.id, offset: range.lowerBound - covering.start, bytes)
+            } catch {
+                throw Self.errno(error)
+            }
+            return 0
+        }
+        if pieces.count == 1 && pieces[0].length == 0 {
+            // Preallocated: the chunk is stored whole, zeros around the bytes.
+            var whole = [UInt8](repeating: 0, count: Self.chunkSize)
+            whole.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: range.lowerBound).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+            try putChunk(ino, index, whole)
+            pieces = [StoredPiece(id: database.lastInsertedRow, start: 0, length: Self.chunkSize)]
+            return 0
+        }
+        let touching = pieces.filter { $0.start <= range.upperBound && $0.end >= range.lowerBound }
+        let lower = min(range.lowerBound, touching.first?.start ?? range.lowerBound)
+        let upper = max(range.upperBound, touching.last?.end ?? range.upperBound)
+        var length = upper - lower
+        if room, let last = pieces.last, upper > last.end, touching.last?.id == last.id {
+            length = min(Self.chunkSize - lower, max(length, 2 * last.length))
+        }
+        var merged = [UInt8](repeating: 0, count: length)
+        if !touching.isEmpty {
+            let key = key(ino)
+            let statement = try statement("SELECT start, data FROM chunks WHERE ino = ? AND idx = ? AND start BETWEEN ? AND ?")
+            statement.bind(key, index, Int64(lower), Int64(touching.last!.start))
+            defer { statement.done() }
+            while try row(statement) {
+                let start = Int(statement.int(0)), data = statement.blob(1)
+                merged.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: start - lower).copyMemory(from: data.baseAddress!, byteCount: data.count) }
+            }
+            statement.done()
+            // (The one at `lower`, if any, is replaced by the insert.)
+            try run("DELETE FROM chunks WHERE ino = ? AND idx = ? AND start BETWEEN ? AND ?", key, index, Int64(lower + 1), Int64(touching.last!.start))
+        }
+        merged.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: range.lowerBound - lower).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+        try run("INSERT OR REPLACE INTO chunks(ino, idx, start, data) VALUES(?,?,?,?)", key(ino), index, Int64(lower), merged)
+        let piece = StoredPiece(id: database.lastInsertedRow, start: lower, length: length)
+        pieces.removeAll { $0.start <= range.upperBound && $0.end >= range.lowerBound }
+        pieces.insert(piece, at: pieces.firstIndex { $0.start > lower } ?? pieces.count)
+        return Int64(length - touching.reduce(0) { $0 + $1.length })
     }
 
     /// Fills `buffer` (zeroed by the caller) with the file's bytes from `offset` (lock held).
@@ -90,12 +156,12 @@ extension CacheStore {
         let ino = key(ino)
         let length = Int64(buffer.count)
         let first = offset / Int64(Self.chunkSize), last = (offset + length - 1) / Int64(Self.chunkSize)
-        let statement = try statement("SELECT idx, data FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ?")
+        let statement = try statement("SELECT idx, start, data FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ?")
         statement.bind(ino, first, last)
         defer { statement.done() }
         while try row(statement) {
-            let chunkStart = statement.int(0) * Int64(Self.chunkSize)
-            let data = statement.blob(1)
+            let chunkStart = statement.int(0) * Int64(Self.chunkSize) + statement.int(1)
+            let data = statement.blob(2)
             let from = max(offset, chunkStart), to = min(offset + length, chunkStart + Int64(data.count))
             guard from < to else { continue }
             buffer.baseAddress!.advanced(by: Int(from - offset))
@@ -261,13 +327,17 @@ extension CacheStore {
             let lastIndex = size == 0 ? -1 : (size - 1) / Int64(Self.chunkSize)
             try cutOff(ino, after: lastIndex)
             inode.storedBytes = try allocatedBytes(ino, chunks: 0, max(0, lastIndex))
-            if lastIndex >= 0 {
-                let keep = Int(size - lastIndex * Int64(Self.chunkSize))
-                let (chunk, before) = try chunkForUpdate(ino, lastIndex)
-                if chunk.count > keep {
-                    try putChunk(ino, lastIndex, Array(chunk[0..<keep]))
-                    inode.storedBytes -= before - Int64(keep)
-                }
+            let keep = size - lastIndex * Int64(Self.chunkSize)
+            if lastIndex >= 0 && keep < Int64(Self.chunkSize) {
+                // The last chunk is cut at the end: pieces past it go, a piece across it is
+                // cut there, a preallocated chunk becomes zeros up to it.
+                let before = try allocatedBytes(ino, chunks: lastIndex, lastIndex)
+                let dataKey = key(ino)
+                try run("UPDATE chunks SET data = zeroblob(?) WHERE ino = ? AND idx = ? AND length(data) = 0", keep, dataKey, lastIndex)
+                try run("DELETE FROM chunks WHERE ino = ? AND idx = ? AND start >= ?", dataKey, lastIndex, keep)
+                try run("UPDATE chunks SET data = substr(data, 1, ? - start) WHERE ino = ? AND idx = ? AND start + length(data) > ?",
+                        keep, dataKey, lastIndex, keep)
+                inode.storedBytes -= before - (try allocatedBytes(ino, chunks: lastIndex, lastIndex))
             }
         }
         inode.size = size
@@ -346,13 +416,14 @@ extension CacheStore {
             for index in edges.sorted() {
                 let from = Int(max(offset, index * size) - index * size)
                 let to = Int(min(end, (index + 1) * size) - index * size)
-                guard let stored = try chunkLength(ino, index) else {
+                let pieces = try chunkPieces(ino, index)
+                guard !pieces.isEmpty else {
                     // A hole: punched already; allocated (reading as zeros) otherwise.
                     if operation != AllocationMode.punchHole { try putChunk(ino, index, [UInt8]()) }
                     continue
                 }
                 // A preallocated chunk reads as zeros already and stays allocated.
-                guard stored > 0 else { continue }
+                guard pieces[0].length > 0 else { continue }
                 var (chunk, _) = try chunkForUpdate(ino, index)
                 if operation == AllocationMode.punchHole {
                     guard from < chunk.count else { continue }
@@ -388,13 +459,16 @@ extension CacheStore {
     private func preallocate(_ ino: Int64, _ first: Int64, _ last: Int64) throws(Errno) {
         try run("""
             WITH RECURSIVE range(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM range WHERE i < ?)
-            INSERT OR IGNORE INTO chunks(ino, idx, data) SELECT ?, i, x'' FROM range
+            INSERT OR IGNORE INTO chunks(ino, idx, start, data) SELECT ?, i, 0, x'' FROM range
             """, first, last, key(ino))
     }
 
-    /// Fills the partial rows among chunks `first...last` up to whole chunks with zeros.
+    /// Fills the partly stored chunks among `first...last` up to whole chunks with zeros.
     private func fillPartialChunks(_ ino: Int64, _ first: Int64, _ last: Int64) throws(Errno) {
-        let statement = try statement("SELECT idx FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ? AND length(data) BETWEEN 1 AND \(Self.chunkSize - 1)")
+        let statement = try statement("""
+            SELECT idx FROM chunks WHERE ino = ? AND idx BETWEEN ? AND ? GROUP BY idx
+                HAVING count(*) > 1 OR min(start) > 0 OR max(length(data)) BETWEEN 1 AND \(Self.chunkSize - 1)
+            """)
         statement.bind(key(ino), first, last)
         var partial: [Int64] = []
         while try row(statement) { partial.append(statement.int(0)) }
@@ -415,13 +489,13 @@ extension CacheStore {
             try flushBeforeReading(ino)
             let inode = try fetchInode(ino)
             guard offset >= 0, offset < inode.size else { throw .noSuchDeviceOrAddress }
-            let statement = try statement("SELECT idx, length(data) FROM chunks WHERE ino = ? AND idx >= ? ORDER BY idx")
+            let statement = try statement("SELECT idx, start, length(data) FROM chunks WHERE ino = ? AND idx >= ? ORDER BY idx, start")
             statement.bind(key(ino), offset / Int64(Self.chunkSize))
             defer { statement.done() }
             var position = offset
             while try row(statement) {
-                let start = statement.int(0) * Int64(Self.chunkSize)
-                let end = min(start + Self.allocated(Int(statement.int(1))), inode.size)
+                let start = statement.int(0) * Int64(Self.chunkSize) + statement.int(1)
+                let end = min(start + Self.allocated(Int(statement.int(2))), inode.size)
                 if end <= position { continue }
                 if data { return max(position, start) }
                 if start > position { return position }
@@ -455,24 +529,24 @@ extension CacheStore {
             let size = Int64(Self.chunkSize)
             let first = destinationOffset / size, last = (destinationOffset + count - 1) / size
             let before = try allocatedBytes(destination, chunks: first, last)
+            let writer = BlobWriter(database, table: "chunks", column: "data")
+            defer { writer.close() }
             var done: Int64 = 0
             while done < count {
                 let target = destinationOffset + done, origin = sourceOffset + done
                 let index = target / size, within = Int(target % size)
                 let piece = min(size - Int64(within), count - done)
                 if within == 0 && piece == size && origin % size == 0 {
-                    try run("INSERT OR REPLACE INTO chunks(ino, idx, data) SELECT ?, ?, data FROM chunks WHERE ino = ? AND idx = ?",
+                    // A whole chunk: its pieces (holes stay holes).
+                    try run("DELETE FROM chunks WHERE ino = ? AND idx = ?", key(destination), index)
+                    try run("INSERT INTO chunks(ino, idx, start, data) SELECT ?, ?, start, data FROM chunks WHERE ino = ? AND idx = ?",
                             key(destination), index, key(source), origin / size)
-                    if database.changes == 0 {
-                        try run("DELETE FROM chunks WHERE ino = ? AND idx = ?", key(destination), index)
-                    }
                 } else {
                     let bytes = try zeroedBuffer(source, offset: origin, count: Int(piece))
                     defer { bytes.deallocate() }
-                    var (chunk, _) = try chunkForUpdate(destination, index)
-                    if chunk.count < within + Int(piece) { chunk += [UInt8](repeating: 0, count: within + Int(piece) - chunk.count) }
-                    chunk.replaceSubrange(within..<(within + Int(piece)), with: bytes)
-                    try putChunk(destination, index, chunk)
+                    var pieces = try chunkPieces(destination, index)
+                    _ = try storePiece(destination, index, at: within..<(within + Int(piece)), UnsafeRawBufferPointer(bytes),
+                                       pieces: &pieces, room: false, writer: writer)
                 }
                 done += piece
             }
