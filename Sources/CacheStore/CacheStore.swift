@@ -115,8 +115,15 @@ public final class CacheStore: @unchecked Sendable {
     /// longer the committing thread waits after a failure to store it.
     var dirty = DirtyChunks()
     var dirtyBackoff = 0.0
-    /// Posted when a group opens, for the thread that commits it when due.
+    /// Posted when a group opens or a write is buffered, for the thread that commits and
+    /// stores them when due (`wakeCommitting()`).
     let batchOpened = Semaphore()
+    /// The committing thread waits for a wake, with no group open and nothing buffered
+    /// (lock held). The store wakes it when the lock is let go with a group left open or
+    /// data buffered — not when a group opens: a group opened and committed within one
+    /// request (an fsync) needs no thread (a database inside, a transaction an fsync, woke
+    /// it 3.5 times a transaction, each wake contending for the lock, to find nothing).
+    var committerAsleep = false
     /// Called (with the lock held: it must only wake a thread) when there is work for the
     /// thread that runs `maintain` and `reclaimStep`: a group committed (the size limit may
     /// be passed), data queued for deletion, an expiry time set.
@@ -667,17 +674,22 @@ public final class CacheStore: @unchecked Sendable {
         }
     }
 
-    /// Commits and makes every change durable: an fsync of the write-ahead log, which holds
-    /// every change not yet checkpointed (a checkpoint syncs the database file before the
-    /// log may be reused).
+    /// Commits and makes every change durable: an fdatasync of the write-ahead log, which
+    /// holds every change not yet checkpointed (a checkpoint syncs the database file before
+    /// the log may be reused or cut). As SQLite syncs its log: the data and the size, not
+    /// the times — the log is mostly overwritten in place, and an fsync there paid a
+    /// journal commit for its mtime each time (a second flush of the disk). The sync runs
+    /// after the store's lock is let go: requests of other files do not wait for the disk,
+    /// and whatever was committed before it is covered.
     public func synchronize() throws(Errno) {
-        try withLock { () throws(Errno) in
+        let fd = try withLock { () throws(Errno) -> Int32? in
             if !dirty.files.isEmpty { try change { () throws(Errno) in try flushAllDirty() } }
             try commitBatch()
-            guard let fd = try? Syscall.open(path + "-wal", O_RDONLY) else { return }  // no log: all is in the database file
-            defer { Syscall.close(fd) }
-            try Syscall.fsync(fd)
+            return try? Syscall.open(path + "-wal", O_RDONLY)  // nil: no log, all is in the database file
         }
+        guard let fd else { return }
+        defer { Syscall.close(fd) }
+        try Syscall.fdatasync(fd)
     }
 
     /// At unmount: writes what is buffered, commits, marks the store clean (the next open

@@ -101,8 +101,10 @@ extension CacheStore {
     /// fall on are written); otherwise the range and the pieces it overlaps or touches become
     /// one new piece — only what was written is stored, holes stay holes. With `room`
     /// (the file's last chunk, appended to) a piece that grows past the chunk's last end
-    /// gets zeros after it, up to twice what that piece held, so that the next appends go
-    /// in place (a log, or a database's write-ahead log growing a few KiB an fsync).
+    /// gets zeros after it — up to twice what that piece held in the first chunk, the rest
+    /// of the chunk after it — so that the next appends go in place (a log, or a database's
+    /// write-ahead log growing a few KiB an fsync). (A file written at once is stored as
+    /// written: only a piece appended to in a later flush gets room.)
     func storePiece(_ ino: Int64, _ index: Int64, at range: Range<Int>, _ bytes: UnsafeRawBufferPointer,
                     pieces: inout [StoredPiece], room: Bool, writer: BlobWriter) throws(Errno) -> Int64 {
         if let covering = pieces.first(where: { $0.length > 0 && $0.start <= range.lowerBound && $0.end >= range.upperBound }) {
@@ -126,7 +128,10 @@ extension CacheStore {
         let upper = max(range.upperBound, touching.last?.end ?? range.upperBound)
         var length = upper - lower
         if room, let last = pieces.last, upper > last.end, touching.last?.id == last.id {
-            length = min(Self.chunkSize - lower, max(length, 2 * last.length))
+            // Past the first chunk the file is growing (a log, a write-ahead log): the rest
+            // of the chunk at once, as one change of the tree's pages, not a rewrite at each
+            // doubling (each one freed and took a dozen pages: 24 log frames for 8 KiB).
+            length = index > 0 ? Self.chunkSize - lower : min(Self.chunkSize - lower, max(length, 2 * last.length))
         }
         var merged = [UInt8](repeating: 0, count: length)
         if !touching.isEmpty {
@@ -275,10 +280,7 @@ extension CacheStore {
             file.size = max(file.size, end)
             file.modified = now
             dirty.files[ino] = consume file
-            if dirty.since == nil {
-                dirty.since = .now
-                batchOpened.post()  // the committing thread writes it within `dirtyDelay`
-            }
+            if dirty.since == nil { dirty.since = .now }  // (the committing thread writes it within `dirtyDelay`)
             // Chunks made whole, or too much buffered: stored now. If that fails the data
             // stays buffered (the write itself succeeded) and goes later or at fsync.
             if !completed.isEmpty || dirty.bytes > Self.dirtyLimit {

@@ -8,7 +8,15 @@ import Posix
 /// (see `groupCommitDelay`), and the write-ahead log is checkpointed off the request path.
 extension CacheStore {
     func withLock<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
-        try lock.withLock { () throws(Errno) -> T in try body() }
+        try lock.withLock { () throws(Errno) -> T in
+            defer {
+                if committerAsleep && (batchStart != nil || dirty.since != nil) {
+                    committerAsleep = false
+                    batchOpened.post()
+                }
+            }
+            return try body()
+        }
     }
 
     /// Runs `body` in one write transaction (rolled back if it throws). On a full disk the
@@ -62,7 +70,6 @@ extension CacheStore {
         batchBytes = 0
         batchTotalChanges = database.totalChanges
         batchMovedPages = false
-        batchOpened.post()
     }
 
     /// Commits the open group, if any (lock held). A failed commit loses the group: said
@@ -115,14 +122,26 @@ extension CacheStore {
         batchStart = nil
     }
 
-    /// For the committing thread: waits (at most `seconds`) for a group to open, then until
-    /// it is `groupCommitDelay` old, and commits it.
+    /// For the committing thread: with a group open, waits until it is `groupCommitDelay`
+    /// old and commits it (a younger one, opened after an fsync committed that one, is left
+    /// for the next pass); with none, waits (at most `seconds`) until a request leaves a
+    /// group open or data buffered.
     public func commitWhenDue(waitingAtMost seconds: Double) {
-        guard batchOpened.wait(seconds: seconds) else { return }
-        guard let started = lock.withLock({ batchStart }) else { return }
+        let (started, asleep) = lock.withLock { () -> (ContinuousClock.Instant?, Bool) in
+            committerAsleep = batchStart == nil && dirty.since == nil
+            return (batchStart, committerAsleep)
+        }
+        guard let started else {
+            // Data buffered: the caller's `seconds` end when it is due.
+            if asleep { batchOpened.wait(seconds: seconds) } else { usleep(UInt32(min(seconds, Self.dirtyDelay) * 1e6)) }
+            lock.withLock { committerAsleep = false }
+            return
+        }
         let left = Self.groupCommitDelay - started.secondsElapsed
-        if left > 0 { usleep(UInt32(left * 1e6)) }
-        _ = try? withLock { () throws(Errno) in try commitBatch() }
+        if left > 0 { usleep(UInt32(min(left, seconds) * 1e6)) }
+        _ = try? withLock { () throws(Errno) in
+            if let open = batchStart, open.secondsElapsed >= Self.groupCommitDelay * 0.99 { try commitBatch() }
+        }
     }
 
     /// Wakes a thread waiting in `commitWhenDue` (at shutdown).

@@ -70,6 +70,12 @@ public enum Syscall {
         _ = try valueOrErrno { Glibc.fsync(fd) }
     }
 
+    /// The data and what is needed to read it back (the size), not the times: a file
+    /// overwritten in place is synced without a journal commit.
+    public static func fdatasync(_ fd: Int32) throws(Errno) {
+        _ = try valueOrErrno { Glibc.fdatasync(fd) }
+    }
+
     /// Takes an exclusive `flock` on `fd` without waiting: `.tryAgain` when another open
     /// file description holds it. The lock goes with the last descriptor of that description
     /// (so with the process, however it ends).

@@ -351,6 +351,28 @@ func errno(_ body: () throws -> Void) -> Errno? {
         #expect(try f.store.inode(ino).storedBytes == 100)
     }
 
+    /// Past its first chunk a growing file gets the rest of a chunk at once: the piece that
+    /// starts a chunk is replaced once, by the whole chunk, and written in place after.
+    @Test func pastTheFirstChunkAChunkIsReplacedOnceThenFilledInPlace() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("wal")
+        let frame = (0..<4120).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 1) }
+        var expected: [UInt8] = []
+        var seen: [Int64: Set<String>] = [1: [], 2: []]
+        while expected.count < 3 * 65536 {
+            try f.write(ino, frame, at: Int64(expected.count))
+            expected += frame
+            try f.store.synchronize()
+            for index in [Int64(1), 2] where expected.count > Int(index) * 65536 {
+                seen[index]!.insert(try f.query("SELECT group_concat(id || ':' || start || '+' || length(data)) FROM chunks WHERE idx = \(index)") ?? "")
+            }
+        }
+        #expect(seen[1]!.count == 2 && seen[2]!.count == 2, "replaced once: \(seen)")
+        #expect(seen[1]!.contains { $0.hasSuffix(":0+65536") } && seen[2]!.contains { $0.hasSuffix(":0+65536") })
+        #expect(try f.read(ino, 0, 1 << 20) == expected)
+        #expect(try f.store.inode(ino).storedBytes == Int64(expected.count), "full chunks, and chunk 3 as written (its first piece)")
+    }
+
     @Test func aChunkInTheMiddleGetsNoRoom() throws {
         let f = try StoreFixture()
         let ino = try f.file("sparse")
