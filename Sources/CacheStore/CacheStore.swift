@@ -118,12 +118,16 @@ public final class CacheStore: @unchecked Sendable {
     /// Posted when a group opens or a write is buffered, for the thread that commits and
     /// stores them when due (`wakeCommitting()`).
     let batchOpened = Semaphore()
-    /// The committing thread waits for a wake, with no group open and nothing buffered
-    /// (lock held). The store wakes it when the lock is let go with a group left open or
-    /// data buffered — not when a group opens: a group opened and committed within one
-    /// request (an fsync) needs no thread (a database inside, a transaction an fsync, woke
-    /// it 3.5 times a transaction, each wake contending for the lock, to find nothing).
-    var committerAsleep = false
+    /// The committing thread waits for a wake with no group open (`committerAwaitsGroup`),
+    /// and with nothing buffered (`committerAwaitsData`) (lock held). The store wakes it
+    /// when the lock is let go with a group left open, or data buffered, that it does not
+    /// know of — not when a group opens: a group opened and committed within one request
+    /// (an fsync) needs no thread (a database inside, a transaction an fsync, woke it 3.5
+    /// times a transaction, each wake contending for the lock, to find nothing).
+    var committerAwaitsGroup = false
+    var committerAwaitsData = false
+    /// Wakes of the committing thread posted by requests (for tests).
+    var committerWakes = 0
     /// Called (with the lock held: it must only wake a thread) when there is work for the
     /// thread that runs `maintain` and `reclaimStep`: a group committed (the size limit may
     /// be passed), data queued for deletion, an expiry time set.

@@ -10,8 +10,9 @@ extension CacheStore {
     func withLock<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
         try lock.withLock { () throws(Errno) -> T in
             defer {
-                if committerAsleep && (batchStart != nil || dirty.since != nil) {
-                    committerAsleep = false
+                if (committerAwaitsGroup && batchStart != nil) || (committerAwaitsData && dirty.since != nil) {
+                    (committerAwaitsGroup, committerAwaitsData) = (false, false)
+                    committerWakes += 1
                     batchOpened.post()
                 }
             }
@@ -122,19 +123,26 @@ extension CacheStore {
         batchStart = nil
     }
 
+    /// One pass of the committing thread: a group committed when due, buffered data
+    /// stored when due, the log checkpointed when due; idle, it sleeps up to `idleSleep`.
+    public func committingPass(idleSleep: Double) {
+        commitWhenDue(waitingAtMost: min(needsCheckpoint ? Self.checkpointQuiet : idleSleep, dirtyDue ?? idleSleep))
+        flushDirtyWhenDue()
+        checkpointIfDue()
+    }
+
     /// For the committing thread: with a group open, waits until it is `groupCommitDelay`
     /// old and commits it (a younger one, opened after an fsync committed that one, is left
-    /// for the next pass); with none, waits (at most `seconds`) until a request leaves a
-    /// group open or data buffered.
+    /// for the next pass); with none, waits (at most `seconds`: with data buffered, until
+    /// it is due) until a request leaves a group open, or data buffered where there was none.
     public func commitWhenDue(waitingAtMost seconds: Double) {
-        let (started, asleep) = lock.withLock { () -> (ContinuousClock.Instant?, Bool) in
-            committerAsleep = batchStart == nil && dirty.since == nil
-            return (batchStart, committerAsleep)
+        let started = lock.withLock { () -> ContinuousClock.Instant? in
+            if batchStart == nil { (committerAwaitsGroup, committerAwaitsData) = (true, dirty.since == nil) }
+            return batchStart
         }
         guard let started else {
-            // Data buffered: the caller's `seconds` end when it is due.
-            if asleep { batchOpened.wait(seconds: seconds) } else { usleep(UInt32(min(seconds, Self.dirtyDelay) * 1e6)) }
-            lock.withLock { committerAsleep = false }
+            batchOpened.wait(seconds: seconds)
+            lock.withLock { (committerAwaitsGroup, committerAwaitsData) = (false, false) }
             return
         }
         let left = Self.groupCommitDelay - started.secondsElapsed

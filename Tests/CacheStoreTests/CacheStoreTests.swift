@@ -386,6 +386,60 @@ func errno(_ body: () throws -> Void) -> Errno? {
     }
 }
 
+/// The committing thread, run as the daemon runs it: woken only when a request leaves a
+/// group open or data buffered that it does not know of.
+@Suite struct CommittingThreadTests {
+    /// Runs `body` with the committing thread's passes running beside it.
+    static func withCommittingThread(_ store: CacheStore, _ body: () throws -> Void) throws {
+        let running = Locked(true)
+        let finished = Semaphore()
+        _ = Threads.detach {
+            while running.withLock({ $0 }) { store.committingPass(idleSleep: 3600) }
+            finished.post()
+        }
+        defer {
+            running.withLock { $0 = false }
+            store.wakeCommitter()
+            finished.wait(seconds: 10)
+        }
+        try body()
+    }
+
+    /// A transaction of a database inside (appends, then fsync): the fsync commits the group
+    /// it opened, and the thread is not woken for each (it was, 3.5 times a transaction).
+    @Test func anFsyncPerTransactionWakesTheThreadRarely() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("wal")
+        try Self.withCommittingThread(f.store) {
+            usleep(50_000)
+            let before = f.store.lock.withLock { f.store.committerWakes }
+            for index in 0..<200 {
+                try f.write(ino, [UInt8](repeating: UInt8(index % 250), count: 4120), at: Int64(index) * 4120)
+                try f.store.synchronize()
+            }
+            let wakes = f.store.lock.withLock { f.store.committerWakes } - before
+            #expect(wakes <= 20, "\(wakes) wakes for 200 transactions")
+        }
+    }
+
+    /// With data buffered (the thread waits until it is due, 0.25 s), a group that a request
+    /// leaves open still reaches the database within the group delay, not the buffer's.
+    /// (It waited 0.25 s: a 1 GiB write let the log grow to 80 MiB.)
+    @Test func aGroupLeftOpenIsCommittedWhileDataWaits() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("buffered")
+        try Self.withCommittingThread(f.store) {
+            usleep(50_000)
+            try f.write(ino, [1, 2, 3], at: 10)  // buffered, due in 0.25 s
+            usleep(20_000)
+            try f.file("new")  // a group left open
+            let started = ContinuousClock.now
+            while try f.query("SELECT count(*) FROM entries WHERE name = 'new'") != "1" && started.secondsElapsed < 1 { usleep(2_000) }
+            #expect(started.secondsElapsed < 0.15, "seen after \(started.secondsElapsed) s")
+        }
+    }
+}
+
 /// The log's content, not its file's size, decides a checkpoint: SQLite starts the log over
 /// without shrinking the file.
 @Suite struct LogFrameCountTests {

@@ -55,10 +55,7 @@ public final class CacheTree: Subtree {
             while true {
                 guard let self, self.running.load(ordering: .relaxed), let store = self.store else { return }
                 _ = consume self
-                let wait = min(store.needsCheckpoint ? CacheStore.checkpointQuiet : Self.idleSleep, store.dirtyDue ?? Self.idleSleep)
-                store.commitWhenDue(waitingAtMost: wait)
-                store.flushDirtyWhenDue()
-                store.checkpointIfDue()
+                store.committingPass(idleSleep: Self.idleSleep)
             }
         }
         // Expiry, the size limit, and the deletion of big files' data in slices (with the
