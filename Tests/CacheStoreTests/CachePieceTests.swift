@@ -1,6 +1,7 @@
 @testable import CacheStore
 import Foundation
 import Posix
+import TestSupport
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -15,7 +16,7 @@ import Glibc
         let f = try StoreFixture()
         let ino = try f.file("sparse")
         _ = try f.store.setAttributes(ino, CacheAttributeChanges(size: 32 << 20))
-        var generator = SeededGenerator(seed: 7)
+        var generator = SplitMix(seed: 7)
         var blocks = Set<Int64>()
         for _ in 0..<1000 {
             let block = Int64.random(in: 0..<(31 * 256), using: &generator)  // (not in the last chunk: no room there)
@@ -50,7 +51,7 @@ import Glibc
         let f = try StoreFixture()
         let a = try f.file("a"), b = try f.file("b")
         var model: [Int64: [UInt8]] = [a: [], b: []]
-        var generator = SeededGenerator(seed: seed)
+        var generator = SplitMix(seed: seed)
         let span = 6 * CacheStore.chunkSize
         func random(_ range: Range<Int>) -> Int { Int.random(in: range, using: &generator) }
         func place(_ bytes: [UInt8], at offset: Int, in ino: Int64) {
@@ -186,18 +187,5 @@ import Glibc
             try SQLiteDatabase(path: f.path).execute(damage)
             #expect(throws: CacheStoreError.self, "\(damage)") { try CacheStore.check(path: f.path) { _ in } }
         }
-    }
-}
-
-/// A small deterministic generator (SplitMix64), so that a failing run can be repeated.
-struct SeededGenerator: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
