@@ -450,20 +450,45 @@ public final class CacheStore: @unchecked Sendable {
         """
 
     /// Version 4 stores pieces of chunks (a `start` within the chunk): the table is rebuilt
-    /// once, every row a piece at 0 (row ids kept), in one transaction.
+    /// once, every row a piece at 0 with its row id kept. The rows move in slices of
+    /// `upgradeSlice`, each slice one transaction that copies them and deletes the old ones
+    /// (whose pages the next slice reuses), with the log emptied between slices: the file
+    /// grows by one slice, not by a copy of the whole cache, and the log stays under its
+    /// bound. A crash between slices leaves both tables; the next open goes on where it was.
     func migrateFromVersion3(progress: (String) -> Void) throws(SQLiteError) {
-        progress("upgrading the cache database to schema version 4 (once; it copies the file data)…")
-        try database.execute("""
-            BEGIN IMMEDIATE;
-            ALTER TABLE chunks RENAME TO chunks_v3;
-            DROP INDEX chunks_by_position;
-            \(Self.chunksTable)
-            INSERT INTO chunks(id, ino, idx, start, data) SELECT id, ino, idx, 0, data FROM chunks_v3 ORDER BY id;
-            DROP TABLE chunks_v3;
-            PRAGMA user_version=4;
-            COMMIT;
-            """)
+        progress("upgrading the cache database to schema version 4 (once; it moves the file data)…")
+        let moving = try database.scalarText("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'chunks_v3'") == "1"
+        if !moving {
+            try database.execute("""
+                BEGIN IMMEDIATE;
+                ALTER TABLE chunks RENAME TO chunks_v3;
+                DROP INDEX chunks_by_position;
+                \(Self.chunksTable)
+                COMMIT;
+                """)
+        }
+        let started = ContinuousClock.now
+        var lastSaid = 0
+        while try database.scalarText("SELECT EXISTS (SELECT 1 FROM chunks_v3)") == "1" {
+            try database.execute("""
+                BEGIN IMMEDIATE;
+                INSERT INTO chunks(id, ino, idx, start, data)
+                    SELECT id, ino, idx, 0, data FROM chunks_v3 ORDER BY id LIMIT \(Self.upgradeSlice);
+                DELETE FROM chunks_v3 WHERE id <= (SELECT max(id) FROM chunks);
+                COMMIT;
+                PRAGMA wal_checkpoint(TRUNCATE);
+                """)
+            let seconds = Int(started.secondsElapsed)
+            if seconds > lastSaid {
+                lastSaid = seconds
+                progress("upgrading the cache database to schema version 4 (once; it moves the file data)… \(seconds) s")
+            }
+        }
+        try database.execute("BEGIN IMMEDIATE; DROP TABLE chunks_v3; PRAGMA user_version=4; COMMIT;")
     }
+
+    /// Rows of chunks one slice of the upgrade to version 4 moves (at most 32 MiB).
+    static let upgradeSlice = 512
 
     /// What is wrong with the pieces of chunks (nil: nothing): every piece lies inside its
     /// chunk and is not empty (an empty row is a preallocated chunk, alone in it), pieces of
