@@ -119,7 +119,8 @@ public final class CacheStore: @unchecked Sendable {
     /// stores them when due (`wakeCommitting()`).
     let batchOpened = Semaphore()
     /// The committing thread waits for a wake with no group open (`committerAwaitsGroup`),
-    /// and with nothing buffered (`committerAwaitsData`) (lock held). The store wakes it
+    /// and, in a wait longer than `dirtyDelay`, with nothing buffered (`committerAwaitsData`)
+    /// (lock held). The store wakes it
     /// when the lock is let go with a group left open, or data buffered, that it does not
     /// know of — not when a group opens: a group opened and committed within one request
     /// (an fsync) needs no thread (a database inside, a transaction an fsync, woke it 3.5

@@ -137,7 +137,9 @@ extension CacheStore {
     /// it is due) until a request leaves a group open, or data buffered where there was none.
     public func commitWhenDue(waitingAtMost seconds: Double) {
         let started = lock.withLock { () -> ContinuousClock.Instant? in
-            if batchStart == nil { (committerAwaitsGroup, committerAwaitsData) = (true, dirty.since == nil) }
+            // Buffered data needs a wake only from a long wait: one that ends within
+            // `dirtyDelay` (a checkpoint pending, say) comes back in time to store it.
+            if batchStart == nil { (committerAwaitsGroup, committerAwaitsData) = (true, dirty.since == nil && seconds > Self.dirtyDelay) }
             return batchStart
         }
         guard let started else {

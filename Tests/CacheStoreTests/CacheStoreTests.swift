@@ -422,6 +422,21 @@ func errno(_ body: () throws -> Void) -> Errno? {
         }
     }
 
+    /// Data buffered while the thread sleeps long (idle) wakes it: the data reaches the
+    /// database when due (0.25 s after the write), not an hour later.
+    @Test func bufferedDataWakesAnIdleThreadAndIsStoredWhenDue() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("late")
+        try f.store.synchronize()
+        try Self.withCommittingThread(f.store) {
+            usleep(400_000)  // the checkpoint done: the thread waits long
+            try f.write(ino, [7, 7, 7], at: 5)
+            let started = ContinuousClock.now
+            while try f.query("SELECT count(*) FROM chunks") != "1" && started.secondsElapsed < 3 { usleep(5_000) }
+            #expect(started.secondsElapsed >= 0.2 && started.secondsElapsed < 1.5, "stored after \(started.secondsElapsed) s")
+        }
+    }
+
     /// With data buffered (the thread waits until it is due, 0.25 s), a group that a request
     /// leaves open still reaches the database within the group delay, not the buffer's.
     /// (It waited 0.25 s: a 1 GiB write let the log grow to 80 MiB.)
