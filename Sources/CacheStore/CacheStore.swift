@@ -115,9 +115,8 @@ public final class CacheStore: @unchecked Sendable {
     /// longer the committing thread waits after a failure to store it.
     var dirty = DirtyChunks()
     var dirtyBackoff = 0.0
-    /// Posted when a group opens or a write is buffered, for the thread that commits and
-    /// stores them when due (`wakeCommitting()`).
-    let batchOpened = Semaphore()
+    /// Wakes the committing thread (see `committerAwaitsGroup`), and at shutdown.
+    let committerWake = Semaphore()
     /// The committing thread waits for a wake with no group open (`committerAwaitsGroup`),
     /// and, in a wait longer than `dirtyDelay`, with nothing buffered (`committerAwaitsData`)
     /// (lock held). The store wakes it
@@ -500,7 +499,7 @@ public final class CacheStore: @unchecked Sendable {
                 OR (length(data) = 0 AND start != 0)
             """).first ?? 0
         let overlapping = try database.integers("""
-            SELECT count(*) FROM (SELECT start, length(data) AS length,
+            SELECT count(*) FROM (SELECT start,
                 lag(start + max(length(data), 1)) OVER (PARTITION BY ino, idx ORDER BY start) AS previous FROM chunks)
                 WHERE previous > start
             """).first ?? 0

@@ -69,23 +69,20 @@ extension CacheStore {
         return Int64(Self.chunkSize) - before
     }
 
-    /// A chunk's bytes to update as a whole, and what its pieces held before: a hole gives
-    /// no bytes, a preallocated chunk a whole chunk of zeros, pieces their bytes up to the
-    /// last one's end with zeros between them.
-    func chunkForUpdate(_ ino: Int64, _ index: Int64) throws(Errno) -> (bytes: [UInt8], allocated: Int64) {
+    /// A chunk's bytes to update as a whole: a hole gives no bytes, a preallocated chunk a
+    /// whole chunk of zeros, pieces their bytes up to the last one's end with zeros between.
+    func chunkForUpdate(_ ino: Int64, _ index: Int64) throws(Errno) -> [UInt8] {
         let statement = try statement("SELECT start, data FROM chunks WHERE ino = ? AND idx = ? ORDER BY start")
         statement.bind(key(ino), index)
         defer { statement.done() }
         var bytes: [UInt8] = []
-        var allocated: Int64 = 0
         while try row(statement) {
             let start = Int(statement.int(0)), data = statement.blob(1)
-            if data.isEmpty { return ([UInt8](repeating: 0, count: Self.chunkSize), Int64(Self.chunkSize)) }
+            if data.isEmpty { return [UInt8](repeating: 0, count: Self.chunkSize) }
             if bytes.count < start + data.count { bytes += repeatElement(0, count: start + data.count - bytes.count) }
             bytes.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: start).copyMemory(from: data.baseAddress!, byteCount: data.count) }
-            allocated += Int64(data.count)
         }
-        return (bytes, allocated)
+        return bytes
     }
 
     /// Replaces a chunk's pieces with one piece from its start (empty: preallocated).
@@ -328,19 +325,17 @@ extension CacheStore {
         if size < inode.size {
             let lastIndex = size == 0 ? -1 : (size - 1) / Int64(Self.chunkSize)
             try cutOff(ino, after: lastIndex)
-            inode.storedBytes = try allocatedBytes(ino, chunks: 0, max(0, lastIndex))
             let keep = size - lastIndex * Int64(Self.chunkSize)
             if lastIndex >= 0 && keep < Int64(Self.chunkSize) {
                 // The last chunk is cut at the end: pieces past it go, a piece across it is
                 // cut there, a preallocated chunk becomes zeros up to it.
-                let before = try allocatedBytes(ino, chunks: lastIndex, lastIndex)
                 let dataKey = key(ino)
                 try run("UPDATE chunks SET data = zeroblob(?) WHERE ino = ? AND idx = ? AND length(data) = 0", keep, dataKey, lastIndex)
                 try run("DELETE FROM chunks WHERE ino = ? AND idx = ? AND start >= ?", dataKey, lastIndex, keep)
                 try run("UPDATE chunks SET data = substr(data, 1, ? - start) WHERE ino = ? AND idx = ? AND start + length(data) > ?",
                         keep, dataKey, lastIndex, keep)
-                inode.storedBytes -= before - (try allocatedBytes(ino, chunks: lastIndex, lastIndex))
             }
+            inode.storedBytes = try allocatedBytes(ino, chunks: 0, max(0, lastIndex))
         }
         inode.size = size
         inode.modificationNanoseconds = now
@@ -426,7 +421,7 @@ extension CacheStore {
                 }
                 // A preallocated chunk reads as zeros already and stays allocated.
                 guard pieces[0].length > 0 else { continue }
-                var (chunk, _) = try chunkForUpdate(ino, index)
+                var chunk = try chunkForUpdate(ino, index)
                 if operation == AllocationMode.punchHole {
                     guard from < chunk.count else { continue }
                     let upTo = min(to, chunk.count)
@@ -476,7 +471,7 @@ extension CacheStore {
         while try row(statement) { partial.append(statement.int(0)) }
         statement.done()
         for index in partial {
-            var (chunk, _) = try chunkForUpdate(ino, index)
+            var chunk = try chunkForUpdate(ino, index)
             chunk += [UInt8](repeating: 0, count: Self.chunkSize - chunk.count)
             try putChunk(ino, index, chunk)
         }

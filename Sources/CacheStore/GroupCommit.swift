@@ -13,7 +13,7 @@ extension CacheStore {
                 if (committerAwaitsGroup && batchStart != nil) || (committerAwaitsData && dirty.since != nil) {
                     (committerAwaitsGroup, committerAwaitsData) = (false, false)
                     committerWakes += 1
-                    batchOpened.post()
+                    committerWake.post()
                 }
             }
             return try body()
@@ -143,7 +143,7 @@ extension CacheStore {
             return batchStart
         }
         guard let started else {
-            batchOpened.wait(seconds: seconds)
+            committerWake.wait(seconds: seconds)
             lock.withLock { (committerAwaitsGroup, committerAwaitsData) = (false, false) }
             return
         }
@@ -155,7 +155,7 @@ extension CacheStore {
     }
 
     /// Wakes a thread waiting in `commitWhenDue` (at shutdown).
-    public func wakeCommitter() { batchOpened.post() }
+    public func wakeCommitter() { committerWake.post() }
 
     /// Committed changes wait for a checkpoint (the committing thread then comes back
     /// within `checkpointQuiet` rather than sleeping long).

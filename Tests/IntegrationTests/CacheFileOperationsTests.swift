@@ -206,6 +206,32 @@ import Glibc
         #expect(onMount.stdout.contains("write 755\n") && onMount.stdout.contains("root write 6755\n"), "\(onMount.stdout)")
     }
 
+    /// SPEC §5: a write stores what it covers. 4 KiB writes into holes of a sparse file
+    /// give the blocks and the data/hole map of the machine's own file system (ext4: 4 KiB
+    /// blocks), not 64 KiB chunks; a byte written far into a new file stores that byte.
+    @Test func aWriteStoresWhatItCoversAsOnTheMachinesOwnFileSystem() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let model = store.scratch.sub("model")
+        mkdir(model, 0o755)
+        let script = #"""
+            cd "$1" || exit 1
+            truncate -s 1M f
+            dd if=/dev/urandom of=f bs=4k seek=10 count=1 conv=notrunc,fsync status=none
+            dd if=/dev/urandom of=f bs=4k seek=100 count=2 conv=notrunc,fsync status=none
+            echo "blocks $(stat -c %b f)"
+            python3 -c 'import os; fd = os.open("f", os.O_RDONLY); print("data", os.lseek(fd, 0, os.SEEK_DATA), "hole", os.lseek(fd, 40960, os.SEEK_HOLE), "data", os.lseek(fd, 45056, os.SEEK_DATA), "hole", os.lseek(fd, 409600, os.SEEK_HOLE))'
+            """#
+        let onModel = Run.program("sh", ["-c", script, "sh", model])
+        let onMount = Run.program("sh", ["-c", script, "sh", store.path("cache")])
+        #expect(onModel.status == 0 && onMount.status == 0, "\(onModel) \(onMount)")
+        #expect(onMount.stdout == onModel.stdout, "model:\n\(onModel.stdout)\nmount:\n\(onMount.stdout)")
+        #expect(onMount.stdout == "blocks 24\ndata 40960 hole 45056 data 409600 hole 417792\n", "\(onMount.stdout)")
+        // One byte at 250,000 of a new file: one byte stored (a chunk from 196,608 held 53,393).
+        let c = store.path("cache")
+        #expect(Run.shell("printf x | dd of=\(c)/n bs=1 seek=250000 conv=fsync status=none && stat -c '%s %b' \(c)/n").stdout == "250001 1\n")
+    }
+
     @Test func sparseCopiesAndTheSizeLimitCountStoredBytes() throws {
         let store = try MountedStore(options: ["--cache-limit", "3M"])
         defer { store.close() }
