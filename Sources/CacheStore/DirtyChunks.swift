@@ -77,6 +77,9 @@ struct DirtyChunks {
         var chunks: [Int64: Chunk] = [:]
         var size: Int64
         var modified: Int64
+        /// Whether its mode has set-ID bits a write by a caller without CAP_FSETID drops (every
+        /// change of mode goes through `setAttributes`, which takes the buffers out first).
+        var setID: Bool
         /// Bytes buffered (at most what the chunks will add to the stored bytes).
         var buffered: Int { chunks.values.reduce(0) { $0 + $1.count } }
     }

@@ -225,19 +225,38 @@ extension CacheStore {
     /// chunks are buffered (`DirtyChunks`) until the chunk is whole or the data is needed
     /// there. A write that fails changes nothing, buffers included.
     public func write(_ ino: Int64, offset: Int64, data: UnsafeRawBufferPointer, append: Bool) throws(Errno) -> Int {
-        guard !data.isEmpty else { return 0 }
-        return try withLock { () throws(Errno) -> Int in
+        try write(ino, offset: offset, data: data, append: append, droppingSetID: false).written
+    }
+
+    /// The same, and with `droppingSetID` (a writer without CAP_FSETID) the file's set-ID
+    /// bits go first, in the same visit (`SetIDBits`); `modeChanged` says whether they did.
+    /// The mode is known from the buffers' state: no row is read for a file written to.
+    public func write(_ ino: Int64, offset: Int64, data: UnsafeRawBufferPointer, append: Bool,
+                      droppingSetID: Bool) throws(Errno) -> (written: Int, modeChanged: Bool) {
+        guard !data.isEmpty else { return (0, false) }
+        return try withLock { () throws(Errno) -> (written: Int, modeChanged: Bool) in
             var fresh: DirtyChunks.File?
             if dirty.files[ino] == nil {
                 let inode = try fetchInode(ino)
                 guard !inode.isDirectory else { throw .isDirectory }
-                fresh = DirtyChunks.File(size: inode.size, modified: inode.modificationNanoseconds)
+                fresh = DirtyChunks.File(size: inode.size, modified: inode.modificationNanoseconds,
+                                         setID: SetIDBits.wouldDrop(inode.mode))
+            }
+            let now = Self.now()
+            var modeChanged = false
+            if droppingSetID && (fresh ?? dirty.files[ino]!).setID {
+                try change { () throws(Errno) in
+                    let mode = mode_t(try fetchInode(ino).mode)
+                    try run("UPDATE inodes SET mode = ?, ctime = max(ctime, ?) WHERE ino = ?", Int64(SetIDBits.killed(mode)), now, ino)
+                }
+                fresh?.setID = false
+                dirty.files[ino]?.setID = false
+                modeChanged = true
             }
             try requireHeadroom(adding: data.count)
             let start = append ? (fresh ?? dirty.files[ino]!).size : offset
             guard start >= 0, start <= Int64.max - Int64(data.count) else { throw .fileTooLarge }
             let end = start + Int64(data.count)
-            let now = Self.now()
             // The pieces: whole chunks, and the parts of chunks at the ends.
             var whole: [(index: Int64, piece: UnsafeRawBufferPointer)] = []
             var parts: [(index: Int64, within: Int, piece: UnsafeRawBufferPointer)] = []
@@ -294,7 +313,7 @@ extension CacheStore {
                     Log.error("cache: buffered data of inode \(ino) could not be stored yet: \(error)")
                 }
             }
-            return data.count
+            return (data.count, modeChanged)
         }
     }
 

@@ -272,6 +272,13 @@ public protocol FileSystem: AnyObject, Sendable {
               reply: (UnsafeRawBufferPointer) -> Void) throws(Errno)
     func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
                flags: Int32, context: RequestContext) throws(Errno) -> Int
+    /// A write whose caller lacks CAP_FSETID (the kernel's FUSE_WRITE_KILL_SUIDGID: every
+    /// write of a normal user): the file's set-ID bits go with it. Returns the bytes written
+    /// and whether the mode changed (the kernel's cached attributes are then stale). By
+    /// default the attributes are asked and changed before the write; a tree that knows the
+    /// mode at hand decides in the write itself.
+    func writeDroppingSetID(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
+                            flags: Int32, context: RequestContext) throws(Errno) -> (written: Int, modeChanged: Bool)
     func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno)
     func release(_ inode: InodeNumber, handle: UInt64, flags: Int32)
     func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno)
@@ -359,6 +366,24 @@ public extension FileSystem {
                 context: RequestContext) throws(Errno) -> (Entry, OpenedFile) { throw .permissionDenied }
     func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
                flags: Int32, context: RequestContext) throws(Errno) -> Int { throw .badFileDescriptor }
+    func writeDroppingSetID(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
+                            flags: Int32, context: RequestContext) throws(Errno) -> (written: Int, modeChanged: Bool) {
+        let changed = dropSetID(of: inode, context: context)
+        return (try write(inode, handle: handle, offset: offset, data: data, flags: flags, context: context), changed)
+    }
+
+    /// Drops the set-ID bits of `inode` through its attributes, if it has any a kill drops;
+    /// true when the mode changed. What cannot be done is logged: the request goes on.
+    func dropSetID(of inode: InodeNumber, context: RequestContext) -> Bool {
+        guard let (current, _) = try? attributes(of: inode, context: context), SetIDBits.wouldDrop(current.mode) else { return false }
+        do {
+            _ = try setAttributes(of: inode, AttributeChanges(mode: SetIDBits.killed(current.mode)), handle: nil, context: context)
+            return true
+        } catch {
+            Log.error("the set-ID bits of inode \(inode) could not be dropped: \(error)")
+            return false
+        }
+    }
     func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {}
     func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {}
     func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {}

@@ -17,7 +17,7 @@ final class FuseBridge: Sendable {
     let fileSystem: any FileSystem
     let kernel: KernelOptions
     /// The session (its address; set once it exists), for what a request must tell the
-    /// kernel before its reply (`killSetID`).
+    /// kernel before its reply (`attributesChanged`).
     let session = Atomic<UInt>(0)
 
     init(fileSystem: any FileSystem, kernel: KernelOptions) {
@@ -171,10 +171,10 @@ final class FuseBridge: Sendable {
                 var changes = FuseBridge.attributeChanges(attr!.pointee, toSet)
                 if SetIDKill.requested {  // a chown, or a truncate by a caller without CAP_FSETID
                     if let mode = changes.mode {
-                        changes.mode = SetIDKill.killed(mode)
+                        changes.mode = SetIDBits.killed(mode)
                     } else if let (current, _) = try? fs.attributes(of: inode, context: context),
-                              SetIDKill.killed(current.mode) != current.mode {
-                        changes.mode = SetIDKill.killed(current.mode)
+                              SetIDBits.killed(current.mode) != current.mode {
+                        changes.mode = SetIDBits.killed(current.mode)
                     }
                 }
                 let handle = fi.map { $0.pointee.fh }
@@ -238,7 +238,8 @@ final class FuseBridge: Sendable {
                 guard let opened = try fs.open(inode, flags: fi!.pointee.flags, context: context,
                                                request: OpenRequest(request: req, info: fi)) else { return }
                 FuseBridge.apply(opened, to: fi!)
-                if SetIDKill.requested { FuseBridge.killSetID(req, inode, fs, context) }  // O_TRUNC without CAP_FSETID
+                // O_TRUNC without CAP_FSETID: the set-ID bits go.
+                if SetIDKill.requested && fs.dropSetID(of: inode, context: context) { FuseBridge.attributesChanged(req, inode) }
                 // Not taken by the kernel (interrupted): no RELEASE will come for it.
                 if fuse_reply_open(req, fi) != 0 { fs.release(inode, handle: fi!.pointee.fh, flags: fi!.pointee.flags) }
             }
@@ -265,9 +266,14 @@ final class FuseBridge: Sendable {
         ops.write = { req, inode, buffer, size, offset, fi in
             FuseBridge.respond(req, "write", inode) { fs, context throws(Errno) in
                 let data = UnsafeRawBufferPointer(start: buffer, count: size)
-                if SetIDKill.requested { FuseBridge.killSetID(req, inode, fs, context) }  // a writer without CAP_FSETID
-                let written = try fs.write(inode, handle: fi!.pointee.fh, offset: UInt64(offset),
-                                           data: data, flags: fi!.pointee.flags, context: context)
+                guard SetIDKill.requested else {
+                    return _ = fuse_reply_write(req, try fs.write(inode, handle: fi!.pointee.fh, offset: UInt64(offset),
+                                                                  data: data, flags: fi!.pointee.flags, context: context))
+                }
+                // A writer without CAP_FSETID: the tree drops the set-ID bits with the write.
+                let (written, modeChanged) = try fs.writeDroppingSetID(inode, handle: fi!.pointee.fh, offset: UInt64(offset),
+                                                                       data: data, flags: fi!.pointee.flags, context: context)
+                if modeChanged { FuseBridge.attributesChanged(req, inode) }
                 _ = fuse_reply_write(req, written)
             }
         }
@@ -466,21 +472,11 @@ final class FuseBridge: Sendable {
         return parameters
     }
 
-    /// Drops the set-ID bits a write or truncation by a caller without CAP_FSETID drops
-    /// (`SetIDKill`). What cannot be done is logged: the write itself goes on.
-    /// The kernel keeps the old mode until told (a WRITE's or OPEN's reply carries no
-    /// attributes): its copy is dropped before the reply.
-    static func killSetID(_ req: fuse_req_t?, _ inode: InodeNumber, _ fs: any FileSystem, _ context: RequestContext) {
-        guard let (current, _) = try? fs.attributes(of: inode, context: context) else { return }
-        let kept = SetIDKill.killed(current.mode)
-        guard kept != current.mode else { return }
-        do {
-            _ = try fs.setAttributes(of: inode, AttributeChanges(mode: kept), handle: nil, context: context)
-            if let session = OpaquePointer(bitPattern: bridge(req).session.load(ordering: .acquiring)) {
-                _ = fuse_lowlevel_notify_inval_inode(session, inode, -1, 0)  // attributes only
-            }
-        } catch {
-            Log.error("the set-ID bits of inode \(inode) could not be dropped: \(error)")
+    /// The kernel's cached attributes of `inode` are stale (its mode changed behind a request
+    /// that does not answer with attributes).
+    static func attributesChanged(_ req: fuse_req_t?, _ inode: InodeNumber) {
+        if let session = OpaquePointer(bitPattern: bridge(req).session.load(ordering: .acquiring)) {
+            _ = fuse_lowlevel_notify_inval_inode(session, inode, -1, 0)  // attributes only
         }
     }
 

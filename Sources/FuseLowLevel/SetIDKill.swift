@@ -10,14 +10,16 @@ import Synchronization
 /// of the mount as having none to drop (SB_NOSEC) and instead tells the file system, in the
 /// request, when set-user-ID and set-group-ID bits must go: a WRITE or a truncating OPEN by
 /// a caller without CAP_FSETID, a truncating SETATTR likewise, a chown always. The file
-/// system then drops S_ISUID, and S_ISGID where the group may execute — as the kernel does
-/// for ext4.
+/// system then drops S_ISUID, and S_ISGID where the group may execute (`SetIDBits`) — as
+/// the kernel does for ext4.
 ///
 /// How, with libfuse 3.14: the session writes to /dev/fuse through our own `writev`
 /// (`fuse_session_custom_io`), which adds the flag to the INIT reply when the kernel offered
 /// it; each worker looks at a request's raw bytes before libfuse parses them and notes
 /// whether it asks for the bits to go (`requested`, per thread: a request is processed on the
-/// thread that read it), which the bridge applies (`FuseBridge`).
+/// thread that read it), which the bridge applies (`FuseBridge`) — a WRITE through the
+/// tree's `writeDroppingSetID`, so that `cache/` decides with the mode it has at hand
+/// instead of a lookup of the file's attributes before each write of a normal user.
 ///
 /// Thread-safety: the INIT state is behind a mutex; the per-request flag is thread-specific.
 enum SetIDKill {
@@ -78,14 +80,6 @@ enum SetIDKill {
 
     /// Whether the request being processed on this thread asks for the set-ID bits to go.
     static var requested: Bool { pthread_getspecific(key) != nil }
-
-    /// `mode` without the bits a kill drops: S_ISUID, and S_ISGID when the group may execute
-    /// (without group execute, S_ISGID marks mandatory locking and stays).
-    static func killed(_ mode: mode_t) -> mode_t {
-        var kept = mode & ~S_ISUID
-        if mode & S_IXGRP != 0 { kept &= ~S_ISGID }
-        return kept
-    }
 
     /// The session's I/O: plain read and writev, but the INIT reply gains the flag.
     static func io() -> fuse_custom_io {

@@ -117,6 +117,33 @@ func errno(_ body: () throws -> Void) -> Errno? {
         #expect(errno { try f.write(CacheStore.rootInode, [1], at: 0) } == .isDirectory)
     }
 
+    /// A write by a caller without CAP_FSETID drops the set-ID bits in the store, knowing the
+    /// mode from the file's buffers: S_ISUID always, S_ISGID only with group execute; a
+    /// chmod between writes is seen; a file without the bits changes nothing.
+    @Test func aWriteWithoutFsetidDropsTheSetIDBitsWithTheModeAtHand() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("s")
+        func weakWrite(_ byte: UInt8) throws -> Bool {
+            try [byte].withUnsafeBytes { (buffer) throws(Errno) in
+                try f.store.write(ino, offset: 0, data: buffer, append: true, droppingSetID: true).modeChanged
+            }
+        }
+        func mode() throws -> mode_t { try f.store.inode(ino).mode & 0o7777 }
+        #expect(try weakWrite(1) == false && mode() == 0o644)
+        _ = try f.store.setAttributes(ino, CacheAttributeChanges(mode: 0o6755))
+        try f.write(ino, [2], at: 1)  // buffered by a writer with CAP_FSETID: the bits stay
+        #expect(try mode() == 0o6755)
+        #expect(try weakWrite(3) == true && mode() == 0o755)
+        #expect(try weakWrite(4) == false && mode() == 0o755)
+        _ = try f.store.setAttributes(ino, CacheAttributeChanges(mode: 0o2644))  // S_ISGID without group execute stays
+        #expect(try weakWrite(5) == false && mode() == 0o2644)
+        _ = try f.store.setAttributes(ino, CacheAttributeChanges(mode: 0o4711))
+        #expect(try weakWrite(6) == true && mode() == 0o711)
+        try f.store.synchronize()
+        #expect(try f.query("SELECT mode & 4095 FROM inodes WHERE ino = \(ino)") == "\(0o711)")
+        #expect(try f.read(ino, 0, 10) == [1, 2, 3, 4, 5, 6])
+    }
+
     /// A writer that never stops: the log stays under its bound when the committing thread
     /// does its work between writes, as the daemon's thread does.
     @Test func theLogStaysBounded() throws {

@@ -256,6 +256,14 @@ public final class CacheTree: Subtree {
                                append: handle == 1 || flags & O_APPEND != 0)
     }
 
+    /// The store drops the set-ID bits with the write, knowing the mode from the file's
+    /// buffers (no inode row read before every write of a normal user).
+    public func writeDroppingSetID(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
+                                   flags: Int32, context: RequestContext) throws(Errno) -> (written: Int, modeChanged: Bool) {
+        try storeOrEIO().write(ino(inode), offset: Int64(clamping: offset), data: data,
+                               append: handle == 1 || flags & O_APPEND != 0, droppingSetID: true)
+    }
+
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
         store?.released(ino(inode))
     }

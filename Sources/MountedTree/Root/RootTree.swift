@@ -155,6 +155,12 @@ public final class RootTree: FileSystem {
                                    context: context)
     }
 
+    public func writeDroppingSetID(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
+                                   flags: Int32, context: RequestContext) throws(Errno) -> (written: Int, modeChanged: Bool) {
+        try owner(of: inode).writeDroppingSetID(inode, handle: handle, offset: offset, data: data, flags: flags,
+                                                context: context)
+    }
+
     public func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {
         try owner(of: inode).flush(inode, handle: handle, context: context)
     }
