@@ -40,6 +40,10 @@ static inline int mtmfs_open(const char *path, int flags, unsigned int mode) {
     return open(path, flags, (mode_t)mode);
 }
 
+/// O_PATH (Linux; glibc defines it only with _GNU_SOURCE): a descriptor that names a file
+/// without opening it for reading or writing.
+static const int MTMFS_O_PATH = 010000000;
+
 static inline int mtmfs_openat(int dirfd, const char *path, int flags, unsigned int mode) {
     return openat(dirfd, path, flags, (mode_t)mode);
 }
@@ -101,15 +105,10 @@ static inline long long mtmfs_pidfd_parent(int pidfd) {
     return (long long)info.ppid;
 }
 
-/* statfs(2)'s file system type (f_type) of a path or a descriptor; -1 on failure. */
+/* statfs(2)'s file system type (f_type) of a path; -1 on failure. */
 static inline long long mtmfs_statfs_type(const char *path) {
     struct statfs fs;
     return statfs(path, &fs) == 0 ? (long long)fs.f_type : -1;
-}
-
-static inline long long mtmfs_fstatfs_type(int fd) {
-    struct statfs fs;
-    return fstatfs(fd, &fs) == 0 ? (long long)fs.f_type : -1;
 }
 
 /* PROCMAP_QUERY (Linux 6.11, <linux/fs.h>; declared here for older headers): one

@@ -246,12 +246,6 @@ public enum ProcessInspection {
         return type < 0 ? nil : Int64(type)
     }
 
-    /// The same for an open file.
-    public static func fileSystemType(of fd: Int32) -> Int64? {
-        let type = mtmfs_fstatfs_type(fd)
-        return type < 0 ? nil : Int64(type)
-    }
-
     /// FUSE's `statfs` magic: a file system whose owner chooses each byte a reader gets.
     public static let fuseMagic: Int64 = 0x6573_5546
 

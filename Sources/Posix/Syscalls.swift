@@ -28,6 +28,10 @@ public enum Syscall {
         try valueOrErrno { mtmfs_open(path, flags | O_CLOEXEC, UInt32(mode)) }
     }
 
+    /// An `O_PATH` descriptor: names the file (for `fstat`, `fstatfs`) without opening it for
+    /// reading or writing, and keeps it from being freed while held.
+    public static func openPath(_ path: String) throws(Errno) -> Int32 { try open(path, MTMFS_O_PATH) }
+
     public static func openat(_ dirfd: Int32, _ path: String, _ flags: Int32, mode: mode_t = 0) throws(Errno) -> Int32 {
         try valueOrErrno { mtmfs_openat(dirfd, path, flags | O_CLOEXEC, UInt32(mode)) }
     }

@@ -320,6 +320,35 @@ struct GuardTests {
         #expect(mount.decisions.contains(" by="), "\(mount.decisions)")
     }
 
+    /// A program already checked is known by its file (the daemon keeps a descriptor of the
+    /// code it has found): a change of that very file's owner is seen at the next open.
+    @Test func aTrustedProgramItsUserMayWriteSinceIsRefused() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        let bin = mount.scratch.sub("bin")  // the test's (root's): nobody cannot write it
+        mkdir(bin, 0o755)
+        let program = bin + "/reader"
+        #expect(Run.shell("cp /usr/bin/head \(program) && chmod 755 \(program)").status == 0)
+        let account = mount.path("accounts/\(GuardedMount.uuid)")
+        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"), account, program).status == 0)
+        mount.answer("ok")  // were anyone asked, they would allow: nobody may be
+        let asked = mount.prompts
+        #expect(mount.run(program, ["-c", "100", mount.password]).stdout == "hunter2\n")
+        #expect(mount.run(program, ["-c", "100", mount.password]).stdout == "hunter2\n")
+        chown(program, 65534, 65534)
+        let owned = mount.run(program, ["-c", "100", mount.password])
+        #expect(owned.status == 1 && !owned.stdout.contains("hunter2"), "\(owned)")
+        #expect(mount.decisions.contains("it runs code from \(program), which its user (uid 65534) can write"), "\(mount.decisions)")
+        chown(program, 0, 0)
+        chmod(program, 0o757)
+        let open = mount.run(program, ["-c", "100", mount.password])
+        #expect(open.status == 1 && !open.stdout.contains("hunter2"), "\(open)")
+        chmod(program, 0o755)
+        #expect(mount.run(program, ["-c", "100", mount.password]).stdout == "hunter2\n")
+        #expect(mount.prompts == asked, "nobody was asked")
+    }
+
     /// Refused without asking: a traced trusted program, a user-writable copy of a trusted
     /// binary, a trusted binary with a user-writable LD_PRELOAD library.
     @Test func suspiciousRequestersAreRefusedWithoutAsking() throws {

@@ -90,6 +90,18 @@ final class RequesterInspector: Sendable {
     /// back for another at once.
     private let blockDeviceTypes = Locked<[dev_t: (type: Int64, at: ContinuousClock.Instant)]>([:])
     private let daemonUser = geteuid()
+    /// Mapped code already found where its path says, by device and inode: an `O_PATH`
+    /// descriptor of each, so that the next process that maps it (every `cat` maps the same
+    /// libc) is checked with an `fstat` of that very file — its mode and owner now — instead
+    /// of a walk of its path through `/proc/PID/root`, which also leaves the kernel a /proc
+    /// entry to take down at the process's exit. Only files of the daemon's root file
+    /// system, which stays mounted while the daemon runs: a descriptor held on another
+    /// would keep it from being unmounted.
+    private let knownCode = Locked<[CodeFile: Int32]>([:])
+    private let rootDevice: UInt64
+    private static let knownCodeLimit = 256
+
+    struct CodeFile: Hashable { let device: UInt64, inode: UInt64 }
     /// The daemon's own program: the same file (or the same bytes) run as a command is
     /// mtmfs's command line, whose caller is what a decision is about.
     private let own: (version: FileIdentity?, digest: Locked<[UInt8]?>)
@@ -102,6 +114,35 @@ final class RequesterInspector: Sendable {
             Syscall.close(fd)
         }
         own = (version, Locked(nil))
+        rootDevice = (try? Syscall.stat("/")).map { UInt64($0.st_dev) } ?? .max
+    }
+
+    deinit {
+        knownCode.withLock { known in for fd in known.values { Syscall.close(fd) } }
+    }
+
+    /// The mapped file `device`/`inode` as it is now: through the descriptor kept for it,
+    /// else through its path as the thread sees it (`seen`), checked to be that very file
+    /// (nil when it is not: replaced since) and kept for the next time.
+    private func codeFile(_ seen: String, device: UInt64, inode: UInt64) -> stat? {
+        let key = CodeFile(device: device, inode: inode)
+        var st = stat()
+        if let fd = knownCode.withLock({ $0[key] }), fstat(fd, &st) == 0 { return st }
+        guard let named = try? Syscall.stat(seen), UInt64(named.st_ino) == inode, UInt64(named.st_dev) == device else { return nil }
+        guard device == rootDevice, let fd = try? Syscall.openPath(seen) else { return named }
+        // Kept only if the descriptor names the same file (the path may have changed between).
+        guard fstat(fd, &st) == 0, UInt64(st.st_ino) == inode, UInt64(st.st_dev) == device else {
+            Syscall.close(fd)
+            return named
+        }
+        knownCode.withLock { known in
+            if known.count >= Self.knownCodeLimit {
+                for fd in known.values { Syscall.close(fd) }
+                known.removeAll()
+            }
+            if let other = known.updateValue(fd, forKey: key) { Syscall.close(other) }
+        }
+        return named
     }
 
     /// The daemon's own digest, made at the first guarded request that needs it.
@@ -196,24 +237,29 @@ final class RequesterInspector: Sendable {
     /// is mtmfs itself; and why it cannot be trusted, if it cannot (on a FUSE file system,
     /// whose owner may show the hash other bytes than the kernel runs).
     private func identify(_ thread: pid_t, mappings: [ProcessInspection.CodeMapping]) -> (TrustedProgram?, isMtmfs: Bool, problem: String?) {
-        guard let fd = try? Syscall.open("/proc/\(thread)/exe", O_RDONLY) else { return (nil, false, nil) }
-        defer { Syscall.close(fd) }
-        var st = stat()
-        guard fstat(fd, &st) == 0 else { return (nil, false, nil) }
+        // The file the kernel runs (the link followed), opened only to be hashed.
+        let exe = "/proc/\(thread)/exe"
+        guard let st = try? Syscall.stat(exe) else { return (nil, false, nil) }
         let version = FileIdentity(st)
         let digest: [UInt8]
         if let known = digests.withLock({ $0[version] }) {
             digest = known
         } else {
-            guard let made = try? ProgramDigest.sha256(of: fd) else { return (nil, false, nil) }
+            guard let fd = try? Syscall.open(exe, O_RDONLY) else { return (nil, false, nil) }
+            defer { Syscall.close(fd) }
+            var opened = stat()
+            guard fstat(fd, &opened) == 0, FileIdentity(opened) == version, let made = try? ProgramDigest.sha256(of: fd) else {
+                return (nil, false, nil)
+            }
             digest = made
             digests.withLock { cache in
                 if cache.count >= Self.cacheLimit { cache.remove(at: cache.startIndex) }
                 cache[version] = made
             }
         }
-        // Its path: the one its code mapping shows (which `unsafeCode` checks to name that
-        // very file in the thread's mount namespace, or refuses); else read and checked here.
+        // Its path: the one its code mapping shows (the kernel's name of that very file, which
+        // `unsafeCode` finds in the thread's mount namespace the first time, or refuses);
+        // else read and checked here.
         let mapped = mappings.lazy.compactMap { mapping -> String? in
             guard case .file(let path, let device, let inode) = mapping, device == UInt64(st.st_dev), inode == UInt64(st.st_ino)
             else { return nil }
@@ -228,17 +274,13 @@ final class RequesterInspector: Sendable {
             }
         }
         let isMtmfs = version == own.version || ownDigest() == digest
-        let problem = fileSystemType(of: fd, device: st.st_dev) == ProcessInspection.fuseMagic
+        let problem = fileSystemType(exe, device: st.st_dev) == ProcessInspection.fuseMagic
             ? "its program is on a FUSE file system (\(Requester.printable(path)))" : nil
         return (TrustedProgram(sha256: digest, path: path), isMtmfs, problem)
     }
 
     private func fileSystemType(_ path: String, device: dev_t) -> Int64? {
         cachedType(device) { ProcessInspection.fileSystemType(path) }
-    }
-
-    private func fileSystemType(of fd: Int32, device: dev_t) -> Int64? {
-        cachedType(device) { ProcessInspection.fileSystemType(of: fd) }
     }
 
     private func cachedType(_ device: dev_t, _ ask: () -> Int64?) -> Int64? {
@@ -267,10 +309,11 @@ final class RequesterInspector: Sendable {
             case .deletedFile(let path):
                 return "it runs code from a file removed since (\(path))"
             case .file(let path, let device, let inode):
-                // The path as the thread sees it (its mount namespace), and the very file it mapped.
+                // The very file it mapped: known, or found by its path as the thread sees it
+                // (its mount namespace).
                 let seen = "/proc/\(thread)/root" + path
                 let shown = Requester.printable(path)
-                guard let st = try? Syscall.stat(seen), UInt64(st.st_ino) == inode, UInt64(st.st_dev) == device else {
+                guard let st = codeFile(seen, device: device, inode: inode) else {
                     return "it runs code from a file replaced since (\(shown))"
                 }
                 // (An ACL entry can grant its user write access only when the mask allows it;
@@ -289,18 +332,24 @@ final class RequesterInspector: Sendable {
 
     /// What ran a process: its parent, the parent's parent … up to the session leader.
     /// Ancestors live long and are asked about again and again (every `cat` of a script
-    /// has the same shell): the chain above a process is kept a few seconds, by its pid
-    /// and start time (a pid reused is another process).
+    /// has the same shell): the chain above a process is kept a few seconds with a pidfd of
+    /// that process, which says whether it still runs without reading /proc (a pid reused
+    /// is another process, and the pidfd of the old one reads as ended).
     static func chain(from parent: pid_t) -> [String] {
-        guard let stat = ProcessInspection.stat(of: parent) else { return [] }
         let now = ContinuousClock.now
-        if let kept = chains.withLock({ $0[parent] }), kept.startTime == stat.startTime,
-           kept.at.duration(to: now) < .seconds(5) {
-            return kept.chain
+        let kept = chains.withLock { chains -> [String]? in
+            guard let kept = chains[parent] else { return nil }
+            if kept.at.duration(to: now) < .seconds(5) && ProcessInspection.isRunning(pinned: kept.pin) { return kept.chain }
+            Syscall.close(kept.pin)
+            chains[parent] = nil
+            return nil
         }
+        if let kept { return kept }
+        // Pinned first, read, then checked: the chain read is that process's.
+        guard let pin = try? ProcessInspection.pin(parent) else { return [] }
         var chain: [String] = []
         var next = parent
-        var current: ProcessInspection.Stat? = stat
+        var current = ProcessInspection.stat(of: parent)
         while next > 1, chain.count < 12, let process = current {
             let program = ProcessInspection.executablePath(of: next) ?? process.command
             chain.append("\(program) (\(next))")
@@ -308,12 +357,19 @@ final class RequesterInspector: Sendable {
             next = process.parent
             current = ProcessInspection.stat(of: next)
         }
+        guard ProcessInspection.isRunning(pinned: pin) else {
+            Syscall.close(pin)
+            return chain
+        }
         chains.withLock { kept in
-            if kept.count >= 64 { kept.removeAll() }
-            kept[parent] = (stat.startTime, now, chain)
+            if kept.count >= 64 {
+                for entry in kept.values { Syscall.close(entry.pin) }
+                kept.removeAll()
+            }
+            if let replaced = kept.updateValue((pin, now, chain), forKey: parent) { Syscall.close(replaced.pin) }
         }
         return chain
     }
 
-    private static let chains = Locked<[pid_t: (startTime: UInt64, at: ContinuousClock.Instant, chain: [String])]>([:])
+    private static let chains = Locked<[pid_t: (pin: Int32, at: ContinuousClock.Instant, chain: [String])]>([:])
 }
