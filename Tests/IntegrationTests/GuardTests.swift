@@ -139,6 +139,17 @@ final class GuardedMount {
         answer("cancel")
     }
 
+    /// A copy of `/usr/bin/head` in a directory of the test's (root's: nobody cannot write
+    /// it), trusted with the account; its path.
+    func trustedReader() -> String {
+        let bin = scratch.sub("bin")
+        mkdir(bin, 0o755)
+        let program = bin + "/reader"
+        #expect(Run.shell("cp /usr/bin/head \(program) && chmod 755 \(program)").status == 0)
+        #expect(mtmfs("trust", "--passphrase-file", scratch.sub("pass"), path("accounts/\(GuardedMount.uuid)"), program).status == 0)
+        return program
+    }
+
     /// GnuPG's pinentry protocol, answering CONFIRM from `answers`, recording every line.
     static func pinentryScript(answers: String, record: String) -> String {
         """
@@ -298,12 +309,8 @@ struct GuardTests {
         let mount = try GuardedMount()
         defer { mount.close() }
         try mount.makeAccount()
-        let bin = mount.scratch.sub("bin")  // the test's (root's): nobody cannot write it
-        mkdir(bin, 0o755)
-        let program = bin + "/reader"
-        #expect(Run.shell("cp /usr/bin/head \(program) && chmod 755 \(program)").status == 0)
+        let program = mount.trustedReader()
         let account = mount.path("accounts/\(GuardedMount.uuid)")
-        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"), account, program).status == 0)
         mount.answer("cancel")
         let asked = mount.prompts
         #expect(mount.run(program, ["-c", "100", mount.password]).stdout == "hunter2\n")
@@ -326,12 +333,7 @@ struct GuardTests {
         let mount = try GuardedMount()
         defer { mount.close() }
         try mount.makeAccount()
-        let bin = mount.scratch.sub("bin")  // the test's (root's): nobody cannot write it
-        mkdir(bin, 0o755)
-        let program = bin + "/reader"
-        #expect(Run.shell("cp /usr/bin/head \(program) && chmod 755 \(program)").status == 0)
-        let account = mount.path("accounts/\(GuardedMount.uuid)")
-        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"), account, program).status == 0)
+        let program = mount.trustedReader()
         mount.answer("ok")  // were anyone asked, they would allow: nobody may be
         let asked = mount.prompts
         #expect(mount.run(program, ["-c", "100", mount.password]).stdout == "hunter2\n")
