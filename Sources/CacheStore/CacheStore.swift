@@ -115,6 +115,10 @@ public final class CacheStore: @unchecked Sendable {
     /// longer the committing thread waits after a failure to store it.
     var dirty = DirtyChunks()
     var dirtyBackoff = 0.0
+    /// Files that grew by appends in later flushes (a log, a database's write-ahead log):
+    /// each new chunk of theirs gets its room when it is made (`storePiece`). Only a hint,
+    /// kept in memory and bounded: a file not in it gets its room at its second append.
+    var growing: Set<Int64> = []
     /// Wakes the committing thread (see `committerAwaitsGroup`), and at shutdown.
     let committerWake = Semaphore()
     /// The committing thread waits for a wake with no group open (`committerAwaitsGroup`),

@@ -101,7 +101,8 @@ extension CacheStore {
     /// gets zeros after it — up to twice what that piece held in the first chunk, the rest
     /// of the chunk after it — so that the next appends go in place (a log, or a database's
     /// write-ahead log growing a few KiB an fsync). (A file written at once is stored as
-    /// written: only a piece appended to in a later flush gets room.)
+    /// written: only a piece appended to in a later flush gets room — and then, the file
+    /// being one that grows (`growing`), each new chunk it enters gets its room at once.)
     func storePiece(_ ino: Int64, _ index: Int64, at range: Range<Int>, _ bytes: UnsafeRawBufferPointer,
                     pieces: inout [StoredPiece], room: Bool, writer: BlobWriter) throws(Errno) -> Int64 {
         if let covering = pieces.first(where: { $0.length > 0 && $0.start <= range.lowerBound && $0.end >= range.upperBound }) {
@@ -129,6 +130,13 @@ extension CacheStore {
             // of the chunk at once, as one change of the tree's pages, not a rewrite at each
             // doubling (each one freed and took a dozen pages: 24 log frames for 8 KiB).
             length = index > 0 ? Self.chunkSize - lower : min(Self.chunkSize - lower, max(length, 2 * last.length))
+            if growing.count >= 4096 { growing.removeAll() }
+            growing.insert(ino)
+        } else if room, pieces.isEmpty, index > 0, lower == 0, growing.contains(ino) {
+            // A file known to grow by appends enters a new chunk: its room now, rather than a
+            // small piece that the next append replaces (a commit of 5–9 frames, then one of
+            // 20–30, at every chunk a write-ahead log crosses).
+            length = Self.chunkSize
         }
         var merged = [UInt8](repeating: 0, count: length)
         if !touching.isEmpty {

@@ -394,10 +394,38 @@ func errno(_ body: () throws -> Void) -> Errno? {
                 seen[index]!.insert(try f.query("SELECT group_concat(id || ':' || start || '+' || length(data)) FROM chunks WHERE idx = \(index)") ?? "")
             }
         }
-        #expect(seen[1]!.count == 2 && seen[2]!.count == 2, "replaced once: \(seen)")
-        #expect(seen[1]!.contains { $0.hasSuffix(":0+65536") } && seen[2]!.contains { $0.hasSuffix(":0+65536") })
+        // Grown by appends in chunk 0 (its room doubled), the file is known to grow: each
+        // later chunk is made with its room when the file enters it, and filled in place.
+        #expect(seen[1] == ["\(seen[1]!.first!.prefix { $0 != ":" }):0+65536"] && seen[2]!.count == 1, "made once: \(seen)")
+        #expect(seen[2]!.first!.hasSuffix(":0+65536"))
         #expect(try f.read(ino, 0, 1 << 20) == expected)
-        #expect(try f.store.inode(ino).storedBytes == Int64(expected.count), "full chunks, and chunk 3 as written (its first piece)")
+        #expect(try f.store.inode(ino).size == Int64(expected.count))
+        #expect(try f.store.inode(ino).storedBytes == 4 * 65536, "full chunks, chunk 3 with its room")
+        #expect(try f.query("SELECT count(*) FROM chunks WHERE ino = \(ino)") == "4")
+    }
+
+    /// A file that never grew by appends gets no room in a new chunk: a tail written at
+    /// once, or a byte far past its end, is stored as written — also after another file
+    /// was found growing.
+    @Test func aNewChunkOfAFileThatDoesNotGrowGetsNoRoom() throws {
+        let f = try StoreFixture()
+        let log = try f.file("log")
+        for offset in stride(from: 0, to: 3 * 4120, by: 4120) {
+            try f.write(log, [UInt8](repeating: 9, count: 4120), at: Int64(offset))
+            try f.store.synchronize()
+        }
+        let copied = try f.file("copied")
+        try f.write(copied, [UInt8](repeating: 1, count: 2 * 65536 + 1000), at: 0)
+        try f.store.synchronize()
+        let far = try f.file("far")
+        try f.write(far, [1], at: 5 * 65536 + 10)
+        try f.store.synchronize()
+        func pieces(_ ino: Int64) throws -> String? {
+            try f.query("SELECT group_concat(idx || ':' || start || '+' || length(data)) FROM (SELECT * FROM chunks WHERE ino = \(ino) ORDER BY idx)")
+        }
+        #expect(try pieces(copied) == "0:0+65536,1:0+65536,2:0+1000")
+        #expect(try pieces(far) == "5:10+1")
+        #expect(try f.store.inode(copied).storedBytes == 2 * 65536 + 1000 && f.store.inode(far).storedBytes == 1)
     }
 
     @Test func aChunkInTheMiddleGetsNoRoom() throws {
