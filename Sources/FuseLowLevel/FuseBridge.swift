@@ -173,7 +173,7 @@ final class FuseBridge: Sendable {
                     if let mode = changes.mode {
                         changes.mode = SetIDBits.killed(mode)
                     } else if let (current, _) = try? fs.attributes(of: inode, context: context),
-                              SetIDBits.killed(current.mode) != current.mode {
+                              SetIDBits.wouldDrop(current.mode) {
                         changes.mode = SetIDBits.killed(current.mode)
                     }
                 }
