@@ -75,7 +75,10 @@ import Glibc
         }
         let line = command.replacingOccurrences(of: " N", with: " \(key)").replacingOccurrences(of: "'N'", with: "'\(key)'")
             .replacingOccurrences(of: " S", with: " \(other)")
-        return Run.shell("cd \(directory) && \(line)", timeout: 30)
+        // The tools' own temporaries (neovim's runtime directory) go into one of the test's.
+        let temporary = Scratch("editor")
+        defer { temporary.remove() }
+        return Run.shell("export TMPDIR=\(temporary.path) && cd \(directory) && \(line)", timeout: 30)
     }
 
     func readValue(_ path: String) -> String? { try? String(contentsOfFile: path, encoding: .utf8) }

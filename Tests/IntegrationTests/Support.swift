@@ -93,12 +93,16 @@ func errnoOf(_ body: () -> Int32) -> Int32 {
     return body() == -1 ? errno : 0
 }
 
-/// A terminal program driven through tmux (nano, prompts without echo).
+/// A terminal program driven through tmux (nano, prompts without echo), on a tmux server of
+/// its own whose socket lives in the session's scratch directory (the default one,
+/// /tmp/tmux-UID, would outlive the tests).
 final class TerminalSession {
     let name = "mtmfs-test-\(getpid())-\(Int.random(in: 0...1_000_000_000))"
+    private let scratch = Scratch("tmux")
+    private var tmux: [String] { ["-S", scratch.sub("socket")] }
 
     init(_ command: String, directory: String? = nil) {
-        var arguments = ["new-session", "-d", "-s", name, "-x", "120", "-y", "24"]
+        var arguments = tmux + ["new-session", "-d", "-s", name, "-x", "120", "-y", "24"]
         if let directory { arguments += ["-c", directory] }
         Run.program("tmux", arguments + [command])
         usleep(400_000)
@@ -106,11 +110,14 @@ final class TerminalSession {
 
     /// Sends keys (tmux names such as "C-o" and "Enter", or text), then lets it react.
     func send(_ keys: String...) {
-        Run.program("tmux", ["send-keys", "-t", name] + keys)
+        Run.program("tmux", tmux + ["send-keys", "-t", name] + keys)
         usleep(300_000)
     }
 
-    var screen: String { Run.program("tmux", ["capture-pane", "-p", "-t", name]).stdout }
+    var screen: String { Run.program("tmux", tmux + ["capture-pane", "-p", "-t", name]).stdout }
 
-    func close() { Run.program("tmux", ["kill-session", "-t", name]) }
+    func close() {
+        Run.program("tmux", tmux + ["kill-server"])
+        scratch.remove()
+    }
 }
