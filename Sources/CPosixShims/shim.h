@@ -40,8 +40,8 @@ static inline int mtmfs_open(const char *path, int flags, unsigned int mode) {
     return open(path, flags, (mode_t)mode);
 }
 
-/// O_PATH (Linux; glibc defines it only with _GNU_SOURCE): a descriptor that names a file
-/// without opening it for reading or writing.
+/* O_PATH (Linux; glibc defines it only with _GNU_SOURCE): a descriptor that names a file
+   without opening it for reading or writing. */
 static const int MTMFS_O_PATH = 010000000;
 
 static inline int mtmfs_openat(int dirfd, const char *path, int flags, unsigned int mode) {

@@ -252,16 +252,20 @@ public final class CacheTree: Subtree {
 
     public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
                       flags: Int32, context: RequestContext) throws(Errno) -> Int {
-        try storeOrEIO().write(ino(inode), offset: Int64(clamping: offset), data: data,
-                               append: handle == 1 || flags & O_APPEND != 0)
+        try write(inode, handle: handle, offset: offset, data: data, flags: flags, droppingSetID: false).written
     }
 
     /// The store drops the set-ID bits with the write, knowing the mode from the file's
     /// buffers (no inode row read before every write of a normal user).
     public func writeDroppingSetID(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
                                    flags: Int32, context: RequestContext) throws(Errno) -> (written: Int, modeChanged: Bool) {
+        try write(inode, handle: handle, offset: offset, data: data, flags: flags, droppingSetID: true)
+    }
+
+    private func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer, flags: Int32,
+                       droppingSetID: Bool) throws(Errno) -> (written: Int, modeChanged: Bool) {
         try storeOrEIO().write(ino(inode), offset: Int64(clamping: offset), data: data,
-                               append: handle == 1 || flags & O_APPEND != 0, droppingSetID: true)
+                               append: handle == 1 || flags & O_APPEND != 0, droppingSetID: droppingSetID)
     }
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
