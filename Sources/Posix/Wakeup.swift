@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CPosixShims
+import Synchronization
 
 /// How a daemon thread sleeps: until its next deadline, until another thread (or a signal
 /// handler) wakes it, or until one of its own descriptors is readable (an inotify watch).
@@ -28,7 +29,15 @@ public final class Wakeup: Sendable {
 
     deinit { if fd >= 0 { Syscall.close(fd) } }
 
-    public func wake() { Self.wake(fd) }
+    /// A wake written and not yet read by `wait`: a wake then writes nothing (a committing
+    /// store wakes its maintenance thread at every commit — an fsync each, for a database
+    /// inside — and the thread reads the wakes at most twice a second).
+    private let posted = Atomic<Bool>(false)
+
+    public func wake() {
+        guard !posted.exchange(true, ordering: .sequentiallyConsistent) else { return }
+        Self.wake(fd)
+    }
 
     /// The same for a signal handler that knows only the descriptor.
     public static func wake(_ fd: Int32) {
@@ -56,6 +65,9 @@ public final class Wakeup: Sendable {
         if fd >= 0 && polled[0].revents != 0 {
             var value: UInt64 = 0
             _ = Glibc.read(fd, &value, 8)
+            // After the read: a wake between the two finds it posted and writes nothing, and
+            // the caller, about to look at its work, sees what that wake was for.
+            posted.store(false, ordering: .sequentiallyConsistent)
         }
         return polled.dropFirst().filter { $0.revents != 0 }.map(\.fd)
     }
