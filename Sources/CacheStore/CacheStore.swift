@@ -119,6 +119,15 @@ public final class CacheStore: @unchecked Sendable {
     /// each new chunk of theirs gets its room when it is made (`storePiece`). Only a hint,
     /// kept in memory and bounded: a file not in it gets its room at its second append.
     var growing: Set<Int64> = []
+    /// The files an fsync just stored, as the rows hold them, while no row has changed
+    /// since (`settledAt`, SQLite's count of changed rows): a write right after an fsync (a
+    /// database inside writing its next transaction) starts its buffer from here instead of
+    /// reading the row again — measured 38 µs for that first WRITE against 18 µs for the next.
+    var settled: [Int64: DirtyChunks.File] = [:]
+    var settledAt: Int64 = -1
+    /// The write-ahead log, opened at the first fsync and kept for the next ones (SQLite
+    /// keeps the file while a connection is open: truncated or started over, never replaced).
+    var logDescriptor: Int32?
     /// Wakes the committing thread (see `committerAwaitsGroup`), and at shutdown.
     let committerWake = Semaphore()
     /// The committing thread waits for a wake with no group open (`committerAwaitsGroup`),
@@ -158,13 +167,19 @@ public final class CacheStore: @unchecked Sendable {
     /// every fsync). fsync syncs only the log, which is what makes a change durable
     /// (`synchronize`).
     public static let checkpointQuiet = 0.1
-    /// See `checkpointIfDue`: the log is copied from `checkpointThreshold` bytes on, emptied
-    /// under the lock from `restartThreshold` on, and never holds much more than `logBound`.
+    /// See `checkpointIfDue`: the log is copied from `checkpointThreshold` bytes on, started
+    /// over under the lock from `restartThreshold` on, and never holds much more than `logBound`.
     static let checkpointThreshold: Int64 = 8 << 20
     static let restartThreshold: Int64 = 16 << 20
     public static let logBound: Int64 = 64 << 20
-    /// A quiet store whose log file is larger than this gets it truncated.
-    static let idleLogSize: Int64 = 4 << 20
+    /// The log's file is kept up to this size, written over from its start each time SQLite
+    /// starts the log over (`journal_size_limit` cuts it back to this then; a quiet store
+    /// whose file is larger gets it truncated). A commit that overwrites blocks the file
+    /// already has costs an `fdatasync` of the data and a flush of the disk; one that
+    /// lengthens the file pays a journal commit of the file system too. Measured with the
+    /// kernel's FUSE tracepoints (a database inside, 500 transactions): the daemon's
+    /// `fdatasync` 305–366 µs with the file started at 0, 155–188 µs written over.
+    static let keptLogSize: Int64 = 16 << 20
     /// Committed changes not yet checkpointed, and when the last change was committed.
     var uncheckpointed = false
     var lastCommit = ContinuousClock.now
@@ -245,7 +260,7 @@ public final class CacheStore: @unchecked Sendable {
             // The header and schema are read here: a file that is not a database fails now.
             try database.execute("""
                 PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;
-                PRAGMA secure_delete=OFF; PRAGMA journal_size_limit=\(Self.logBound);
+                PRAGMA secure_delete=OFF; PRAGMA journal_size_limit=\(Self.keptLogSize);
                 """)
             // Each change is a savepoint, whose undo pages SQLite keeps in a statement journal:
             // by default a temporary file in /var/tmp, made, written and removed for nearly
@@ -716,13 +731,21 @@ public final class CacheStore: @unchecked Sendable {
     /// and whatever was committed before it is covered.
     public func synchronize() throws(Errno) {
         let fd = try withLock { () throws(Errno) -> Int32? in
-            if !dirty.files.isEmpty { try change { () throws(Errno) in try flushAllDirty() } }
+            let stored = dirty.files.mapValues { DirtyChunks.File(size: $0.size, modified: $0.modified, setID: $0.setID) }
+            if !stored.isEmpty { try change { () throws(Errno) in try flushAllDirty() } }
             try commitBatch()
-            return try? Syscall.open(path + "-wal", O_RDONLY)  // nil: no log, all is in the database file
+            (settled, settledAt) = (stored, database.totalChanges)
+            if logDescriptor == nil { logDescriptor = try? Syscall.open(path + "-wal", O_RDONLY | O_CLOEXEC) }
+            return logDescriptor  // nil: no log, all is in the database file
         }
         guard let fd else { return }
-        defer { Syscall.close(fd) }
         try Syscall.fdatasync(fd)
+    }
+
+    /// A buffer for a file with none, as an fsync left its row (see `settled`), or nil.
+    func settledFile(_ ino: Int64) -> DirtyChunks.File? {
+        guard settledAt == database.totalChanges else { return nil }
+        return settled[ino]
     }
 
     /// At unmount: writes what is buffered, commits, marks the store clean (the next open
@@ -734,10 +757,15 @@ public final class CacheStore: @unchecked Sendable {
             try commitBatch()
             try exec("INSERT OR REPLACE INTO state(name, value) VALUES('clean', 1)")
             try exec("PRAGMA wal_checkpoint(TRUNCATE)")
+            if let fd = logDescriptor { Syscall.close(fd) }
+            logDescriptor = nil
         }
     }
 
-    deinit { try? commitBatch() }
+    deinit {
+        try? commitBatch()
+        if let fd = logDescriptor { Syscall.close(fd) }
+    }
 
     /// Files and bytes stored (holes not counted, preallocated bytes counted): the kept
     /// totals, one row, whatever the store holds.

@@ -168,8 +168,11 @@ extension CacheStore {
     /// - a writer that never pauses keeps the log from being reused (SQLite starts it over
     ///   only when everything in it was copied and no transaction is open), so when it
     ///   still holds `restartThreshold` bytes after that, the store's lock is taken, the
-    ///   group committed, and a TRUNCATE checkpoint copies the little the PASSIVE one left
-    ///   and empties the log. Requests wait only for that remainder.
+    ///   group committed, and a RESTART checkpoint copies the little the PASSIVE one left,
+    ///   so that the next commit starts the log over (and SQLite cuts its file back to
+    ///   `keptLogSize`). Requests wait only for that remainder;
+    /// - a quiet store whose log file is larger than `keptLogSize` gets it truncated (a
+    ///   TRUNCATE checkpoint under the lock); a smaller one keeps it, to be written over.
     public func checkpointIfDue() {
         let (pending, quiet, frames) = lock.withLock {
             (uncheckpointed, lastCommit.secondsElapsed >= Self.checkpointQuiet && batchStart == nil, database.logFrames)
@@ -200,17 +203,18 @@ extension CacheStore {
                 }
                 let pageSize = Int64(self.pageSize)
                 let complete = result.copied >= result.log
-                // Over the threshold, or everything copied while quiet and the file left large:
-                // start the log over (and truncate the file) under the lock.
-                if Int64(result.log) * (pageSize + 24) >= Self.restartThreshold
-                    || (quiet && complete && Self.fileSize(path + "-wal") > Self.idleLogSize) {
+                // Over the threshold while writes go on: the log started over under the lock.
+                // Everything copied while quiet and the file left large: the file truncated.
+                let truncate = quiet && complete && Self.fileSize(path + "-wal") > Self.keptLogSize
+                if truncate || (!quiet && Int64(result.log) * (pageSize + 24) >= Self.restartThreshold) {
                     lock.withLock {
                         do {
                             try commitBatch()
-                            try database.checkpoint(mode: SQLITE_CHECKPOINT_TRUNCATE, waitingAtMost: 0.05)
+                            try database.checkpoint(mode: truncate ? SQLITE_CHECKPOINT_TRUNCATE : SQLITE_CHECKPOINT_RESTART,
+                                                    waitingAtMost: 0.05)
                             if lastCommit == started { uncheckpointed = false }
                         } catch {
-                            Log.error("cache: checkpoint (truncate): \(error)")
+                            Log.error("cache: checkpoint (\(truncate ? "truncate" : "restart")): \(error)")
                         }
                     }
                 }

@@ -477,6 +477,63 @@ func errno(_ body: () throws -> Void) -> Errno? {
         }
     }
 
+    /// A write right after an fsync starts its buffer from what the fsync stored (no row
+    /// read), and from the row again once any row changed: a truncate, a chmod between them.
+    @Test func aWriteAfterAnFsyncStartsFromWhatItStoredUntilARowChanges() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("db-wal")
+        try f.write(ino, [UInt8](repeating: 1, count: 4096), at: 0)
+        try f.store.synchronize()
+        #expect(f.store.lock.withLock { f.store.settledFile(ino)?.size } == 4096)
+        try f.write(ino, [UInt8](repeating: 2, count: 4096), at: 4096)  // from the fsync's state
+        try f.store.synchronize()
+        #expect(try f.store.inode(ino).size == 8192)
+        // Cut short after the fsync: the next write must not bring the old size back.
+        _ = try f.store.setAttributes(ino, CacheAttributeChanges(size: 100))
+        #expect(f.store.lock.withLock { f.store.settledFile(ino) } == nil)
+        try f.write(ino, [9], at: 200)
+        try f.store.synchronize()
+        #expect(try f.store.inode(ino).size == 201)
+        #expect(try f.read(ino, 0, 300) == [UInt8](repeating: 1, count: 100) + [UInt8](repeating: 0, count: 100) + [9])
+        // Set-ID bits given after the fsync: a write without CAP_FSETID still drops them.
+        _ = try f.store.setAttributes(ino, CacheAttributeChanges(mode: 0o4755))
+        let dropped = try [UInt8(3)].withUnsafeBytes { (buffer) throws(Errno) in
+            try f.store.write(ino, offset: 0, data: buffer, append: false, droppingSetID: true).modeChanged
+        }
+        #expect(dropped)
+        #expect(try f.store.inode(ino).mode & 0o7777 == 0o755)
+    }
+
+    /// The log's file is kept once SQLite starts the log over, and written over from its
+    /// start (commits after an fsync do not lengthen it); a quiet store whose file grew past
+    /// `keptLogSize` gets it truncated.
+    @Test func theLogFileIsKeptAndWrittenOverUnlessLarge() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("db-wal")
+        let frames = [UInt8](repeating: 0x5a, count: 2 * 4120)
+        for index in 0..<400 {
+            try f.write(ino, frames, at: Int64(index) * 8240)
+            try f.store.synchronize()
+        }
+        usleep(UInt32(CacheStore.checkpointQuiet * 1.5e6))
+        f.store.checkpointIfDue()  // everything copied, quiet: the file stays
+        let kept = CacheStore.fileSize(f.path + "-wal")
+        #expect(kept > 4 << 20 && kept <= CacheStore.keptLogSize, "log file \(kept) bytes")
+        for index in 0..<20 {
+            try f.write(ino, frames, at: Int64(index) * 8240)
+            try f.store.synchronize()
+        }
+        #expect(CacheStore.fileSize(f.path + "-wal") == kept, "written over from its start")
+        // Past the kept size (one group of 8 MiB after another, no checkpoint between):
+        let megabyte = [UInt8](repeating: 0x33, count: 1 << 20)
+        for index in 0..<40 { try f.write(ino, megabyte, at: Int64(index) << 20) }
+        try f.store.synchronize()
+        #expect(CacheStore.fileSize(f.path + "-wal") > CacheStore.keptLogSize)
+        usleep(UInt32(CacheStore.checkpointQuiet * 1.5e6))
+        f.store.checkpointIfDue()
+        #expect(CacheStore.fileSize(f.path + "-wal") == 0, "truncated when quiet")
+    }
+
     /// Data buffered while the thread sleeps long (idle) wakes it: the data reaches the
     /// database when due (0.25 s after the write), not an hour later.
     @Test func bufferedDataWakesAnIdleThreadAndIsStoredWhenDue() throws {
