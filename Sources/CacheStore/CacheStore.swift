@@ -174,7 +174,7 @@ public final class CacheStore: @unchecked Sendable {
     public static let logBound: Int64 = 64 << 20
     /// The log's file is kept up to this size, written over from its start each time SQLite
     /// starts the log over (`journal_size_limit` cuts it back to this then; a quiet store
-    /// whose file is larger gets it truncated). A commit that overwrites blocks the file
+    /// whose file is larger gets it started over at once, see `checkpointIfDue`). A commit that overwrites blocks the file
     /// already has costs an `fdatasync` of the data and a flush of the disk; one that
     /// lengthens the file pays a journal commit of the file system too. Measured with the
     /// kernel's FUSE tracepoints (a database inside, 500 transactions): the daemon's

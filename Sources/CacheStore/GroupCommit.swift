@@ -171,8 +171,9 @@ extension CacheStore {
     ///   group committed, and a RESTART checkpoint copies the little the PASSIVE one left,
     ///   so that the next commit starts the log over (and SQLite cuts its file back to
     ///   `keptLogSize`). Requests wait only for that remainder;
-    /// - a quiet store whose log file is larger than `keptLogSize` gets it truncated (a
-    ///   TRUNCATE checkpoint under the lock); a smaller one keeps it, to be written over.
+    /// - a quiet store whose log file is larger than `keptLogSize` gets the same, and one
+    ///   commit of an unchanged row to start the log over, which cuts the file back to
+    ///   `keptLogSize`; a smaller one keeps it, to be written over.
     public func checkpointIfDue() {
         let (pending, quiet, frames) = lock.withLock {
             (uncheckpointed, lastCommit.secondsElapsed >= Self.checkpointQuiet && batchStart == nil, database.logFrames)
@@ -203,18 +204,29 @@ extension CacheStore {
                 }
                 let pageSize = Int64(self.pageSize)
                 let complete = result.copied >= result.log
-                // Over the threshold while writes go on: the log started over under the lock.
-                // Everything copied while quiet and the file left large: the file truncated.
-                let truncate = quiet && complete && Self.fileSize(path + "-wal") > Self.keptLogSize
-                if truncate || (!quiet && Int64(result.log) * (pageSize + 24) >= Self.restartThreshold) {
+                // Over the threshold while writes go on, or everything copied while quiet and
+                // the file left large: the log started over under the lock.
+                let large = quiet && complete && Self.fileSize(path + "-wal") > Self.keptLogSize
+                if large || (!quiet && Int64(result.log) * (pageSize + 24) >= Self.restartThreshold) {
                     lock.withLock {
                         do {
                             try commitBatch()
-                            try database.checkpoint(mode: truncate ? SQLITE_CHECKPOINT_TRUNCATE : SQLITE_CHECKPOINT_RESTART,
-                                                    waitingAtMost: 0.05)
+                            try database.checkpoint(mode: SQLITE_CHECKPOINT_RESTART, waitingAtMost: 0.05)
                             if lastCommit == started { uncheckpointed = false }
+                            if large {
+                                // A commit that leaves a row as it was starts the log over, and
+                                // SQLite cuts the file back to `keptLogSize` with it (not to
+                                // nothing: the next commits write over what is kept). A change
+                                // and its undo: an update to the same value writes no page.
+                                try exec("""
+                                    BEGIN IMMEDIATE; UPDATE totals SET files = files + 1 WHERE id = 1;
+                                    UPDATE totals SET files = files - 1 WHERE id = 1; COMMIT;
+                                    """)
+                                uncheckpointed = true
+                            }
                         } catch {
-                            Log.error("cache: checkpoint (\(truncate ? "truncate" : "restart")): \(error)")
+                            if batchStart == nil && database.isInTransaction { try? exec("ROLLBACK") }
+                            Log.error("cache: checkpoint (restart): \(error)")
                         }
                     }
                 }
