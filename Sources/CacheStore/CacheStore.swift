@@ -734,7 +734,7 @@ public final class CacheStore: @unchecked Sendable {
             let stored = dirty.files.mapValues { DirtyChunks.File(size: $0.size, modified: $0.modified, setID: $0.setID) }
             if !stored.isEmpty { try change { () throws(Errno) in try flushAllDirty() } }
             try commitBatch()
-            (settled, settledAt) = (stored, database.totalChanges)
+            if !stored.isEmpty { (settled, settledAt) = (stored, database.totalChanges) }
             if logDescriptor == nil { logDescriptor = try? Syscall.open(path + "-wal", O_RDONLY | O_CLOEXEC) }
             return logDescriptor  // nil: no log, all is in the database file
         }

@@ -90,6 +90,13 @@ func errno(_ body: () throws -> Void) -> Errno? {
         try f.file("kept too")
         try f.store.synchronize()
         #expect(try f.query("SELECT group_concat(name, ',') FROM (SELECT name FROM entries ORDER BY name)") == "kept,kept too")
+        // The first change of a group (no savepoint: it is the transaction) fails: undone, no
+        // transaction left open, and the next change opens a group of its own.
+        #expect(errno { try f.store.rename(parent: CacheStore.rootInode, name: "missing", newParent: CacheStore.rootInode, newName: "x", flags: 0) } != nil)
+        #expect(f.store.lock.withLock { !f.store.database.isInTransaction && f.store.batchStart == nil })
+        try f.file("after")
+        try f.store.synchronize()
+        #expect(try f.query("SELECT count(*) FROM entries") == "3")
     }
 
     /// Small writes are buffered: read back at once, stored whole, and in the database after
