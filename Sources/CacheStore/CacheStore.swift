@@ -54,7 +54,8 @@ public struct CacheAttributeChanges: Sendable {
 /// chunks, symlink targets and extended attributes, with the errno rules of Linux ext4.
 ///
 /// Changes are grouped into SQLite transactions (group commit, see `groupCommitDelay`);
-/// each change is a savepoint in it, so a failing change rolls back alone. `synchronize()`
+/// each change after the first is a savepoint in it (the first is the transaction itself),
+/// so a failing change rolls back alone. `synchronize()`
 /// commits and makes everything durable (an fsync of the write-ahead log); checkpoints run
 /// off the request path (`checkpointIfDue`). Writes of parts of chunks are buffered
 /// (`DirtyChunks`); big files' data is deleted in slices (`reclaimStep`). Inodes that lost
@@ -174,9 +175,10 @@ public final class CacheStore: @unchecked Sendable {
     public static let logBound: Int64 = 64 << 20
     /// The log's file is kept up to this size, written over from its start each time SQLite
     /// starts the log over (`journal_size_limit` cuts it back to this then; a quiet store
-    /// whose file is larger gets it started over at once, see `checkpointIfDue`). A commit that overwrites blocks the file
-    /// already has costs an `fdatasync` of the data and a flush of the disk; one that
-    /// lengthens the file pays a journal commit of the file system too. Measured with the
+    /// whose file is larger gets the log started over at once, see `checkpointIfDue`). A
+    /// commit that overwrites blocks the file already has costs an `fdatasync` of the data
+    /// and a flush of the disk; one that lengthens the file pays a journal commit of the
+    /// file system too. Measured with the
     /// kernel's FUSE tracepoints (a database inside, 500 transactions): the daemon's
     /// `fdatasync` 305–366 µs with the file started at 0, 155–188 µs written over.
     static let keptLogSize: Int64 = 16 << 20
@@ -262,7 +264,7 @@ public final class CacheStore: @unchecked Sendable {
                 PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF;
                 PRAGMA secure_delete=OFF; PRAGMA journal_size_limit=\(Self.keptLogSize);
                 """)
-            // Each change is a savepoint, whose undo pages SQLite keeps in a statement journal:
+            // A change in an open group is a savepoint, whose undo pages SQLite keeps in a statement journal:
             // by default a temporary file in /var/tmp, made, written and removed for nearly
             // every change (postmark: 2,132 of them in 8,000 transactions). Kept in memory,
             // where it lives only as long as one change.
@@ -731,7 +733,7 @@ public final class CacheStore: @unchecked Sendable {
     /// and whatever was committed before it is covered.
     public func synchronize() throws(Errno) {
         let fd = try withLock { () throws(Errno) -> Int32? in
-            let stored = dirty.files.mapValues { DirtyChunks.File(size: $0.size, modified: $0.modified, setID: $0.setID) }
+            let stored = dirty.files.mapValues { file in var left = file; left.chunks = [:]; return left }
             if !stored.isEmpty { try change { () throws(Errno) in try flushAllDirty() } }
             try commitBatch()
             if !stored.isEmpty { (settled, settledAt) = (stored, database.totalChanges) }

@@ -244,13 +244,15 @@ extension CacheStore {
         guard !data.isEmpty else { return (0, false) }
         return try withLock { () throws(Errno) -> (written: Int, modeChanged: Bool) in
             var fresh: DirtyChunks.File?
-            if dirty.files[ino] == nil, let known = settledFile(ino) {
-                fresh = known
-            } else if dirty.files[ino] == nil {
-                let inode = try fetchInode(ino)
-                guard !inode.isDirectory else { throw .isDirectory }
-                fresh = DirtyChunks.File(size: inode.size, modified: inode.modificationNanoseconds,
-                                         setID: SetIDBits.wouldDrop(inode.mode))
+            if dirty.files[ino] == nil {
+                if let known = settledFile(ino) {
+                    fresh = known
+                } else {
+                    let inode = try fetchInode(ino)
+                    guard !inode.isDirectory else { throw .isDirectory }
+                    fresh = DirtyChunks.File(size: inode.size, modified: inode.modificationNanoseconds,
+                                             setID: SetIDBits.wouldDrop(inode.mode))
+                }
             }
             let now = Self.now()
             var modeChanged = false

@@ -4,7 +4,8 @@ import Glibc
 import CSQLite
 import Posix
 
-/// Transactions: every change is a savepoint in a group of changes committed together
+/// Transactions: every change is one of a group of changes committed together (a savepoint
+/// in it, the first being the transaction itself)
 /// (see `groupCommitDelay`), and the write-ahead log is checkpointed off the request path.
 extension CacheStore {
     func withLock<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
@@ -179,8 +180,8 @@ extension CacheStore {
     ///   so that the next commit starts the log over (and SQLite cuts its file back to
     ///   `keptLogSize`). Requests wait only for that remainder;
     /// - a quiet store whose log file is larger than `keptLogSize` gets the same, and one
-    ///   commit of an unchanged row to start the log over, which cuts the file back to
-    ///   `keptLogSize`; a smaller one keeps it, to be written over.
+    ///   commit that changes a row and back, which starts the log over and so cuts the file
+    ///   back to `keptLogSize`; a smaller one keeps it, to be written over.
     public func checkpointIfDue() {
         let (pending, quiet, frames) = lock.withLock {
             (uncheckpointed, lastCommit.secondsElapsed >= Self.checkpointQuiet && batchStart == nil, database.logFrames)
