@@ -129,6 +129,15 @@ public final class CacheStore: @unchecked Sendable {
     /// The write-ahead log, opened at the first fsync and kept for the next ones (SQLite
     /// keeps the file while a connection is open: truncated or started over, never replaced).
     var logDescriptor: Int32?
+    /// fsync's short way (see `SyncJournal`), and the connection's count of changed rows
+    /// when everything committed was last made durable (-1: not yet in this open; the
+    /// short way needs it equal to the count now).
+    var journal: SyncJournal
+    var syncedChanges: Int64 = -1
+    /// Whether fsync may go the short way (tests of the long way turn it off).
+    var shortFsyncs = true
+    /// Drains of the journal (for tests).
+    var journalDrains = 0
     /// Wakes the committing thread (see `committerAwaitsGroup`), and at shutdown.
     let committerWake = Semaphore()
     /// The committing thread waits for a wake with no group open (`committerAwaitsGroup`),
@@ -249,6 +258,7 @@ public final class CacheStore: @unchecked Sendable {
                 progress: @escaping (String) -> Void = { _ in }) throws(CacheStoreError) {
         self.path = path
         self.holders = holders
+        journal = SyncJournal(path: path + "-fsync")
         do {
             database = try SQLiteDatabase(path: path)
         } catch {
@@ -308,6 +318,8 @@ public final class CacheStore: @unchecked Sendable {
             reclaimQueue += try database.integers(
                 "SELECT ino FROM inodes WHERE data IS NOT NULL AND EXISTS (SELECT 1 FROM chunks WHERE chunks.ino = inodes.ino)"
             ).map { ($0, nil) }
+            // fsyncs that went the short way and were not stored before the stop.
+            try recoverJournal(progress: progress)
         } catch let error as CacheStoreError {
             throw error
         } catch let error as SQLiteError {
@@ -336,6 +348,14 @@ public final class CacheStore: @unchecked Sendable {
             }
             if version >= 4, let problem = try piecesProblem(database) {
                 throw CacheStoreError.damaged("\(path): \(problem)")
+            }
+            // Records of the fsync journal not yet stored: normal while mounted (the next
+            // transaction stores them), and after a crash (the next mount does).
+            let mark = version < schemaVersion ? 0
+                : try database.scalarText("SELECT value FROM state WHERE name = 'synced'").flatMap { Int64($0) } ?? 0
+            let waiting = try SyncJournal.read(path: path + "-fsync", after: mark).entries
+            if !waiting.isEmpty {
+                progress("\(waiting.count) fsynced writes wait in \(path)-fsync, to be stored by the mount (or the next one)")
             }
         } catch let error as CacheStoreError {
             throw error
@@ -731,17 +751,37 @@ public final class CacheStore: @unchecked Sendable {
     /// journal commit for its mtime each time (a second flush of the disk). The sync runs
     /// after the store's lock is let go: requests of other files do not wait for the disk,
     /// and whatever was committed before it is covered.
+    ///
+    /// With everything committed already durable and the writes buffered since then few
+    /// enough, those writes go the short way instead: appended to the journal, which alone
+    /// is synced (`SyncJournal`).
     public func synchronize() throws(Errno) {
-        let fd = try withLock { () throws(Errno) -> Int32? in
+        enum Way { case journal(Int32), log(Int32?, changes: Int64) }
+        let way = try withLock { () throws(Errno) -> Way in
+            if shortFsyncs, journal.canTakePending, batchStart == nil, !database.isInTransaction, database.totalChanges == syncedChanges {
+                do throws(Errno) {
+                    return .journal(try journal.appendPending())
+                } catch {
+                    Log.error("cache: the fsync journal \(journal.path) cannot be written (\(error)): fsync stores into the database")
+                }
+            }
+            try drainJournal()
             let stored = dirty.files.mapValues { file in var left = file; left.chunks = [:]; return left }
             if !stored.isEmpty { try change { () throws(Errno) in try flushAllDirty() } }
             try commitBatch()
             if !stored.isEmpty { (settled, settledAt) = (stored, database.totalChanges) }
+            // Everything buffered is in the database now: later writes are the pending ones.
+            journal.startOver()
             if logDescriptor == nil { logDescriptor = try? Syscall.open(path + "-wal", O_RDONLY | O_CLOEXEC) }
-            return logDescriptor  // nil: no log, all is in the database file
+            return .log(logDescriptor, changes: database.totalChanges)  // nil: no log, all is in the database file
         }
-        guard let fd else { return }
-        try Syscall.fdatasync(fd)
+        switch way {
+        case .journal(let fd):
+            try Syscall.fdatasync(fd)
+        case .log(let fd, let changes):
+            if let fd { try Syscall.fdatasync(fd) }
+            lock.withLock { syncedChanges = max(syncedChanges, changes) }
+        }
     }
 
     /// A buffer for a file with none, as an fsync left its row (see `settled`), or nil.
@@ -761,6 +801,8 @@ public final class CacheStore: @unchecked Sendable {
             try exec("PRAGMA wal_checkpoint(TRUNCATE)")
             if let fd = logDescriptor { Syscall.close(fd) }
             logDescriptor = nil
+            // Drained by the flush above, and the mark checkpointed: nothing in it counts.
+            journal.remove()
         }
     }
 

@@ -307,6 +307,7 @@ extension CacheStore {
             }
             file.size = max(file.size, end)
             file.modified = now
+            journal.note(ino, offset: start, data, size: file.size, modified: now)
             dirty.files[ino] = consume file
             if dirty.since == nil { dirty.since = .now }  // (the committing thread writes it within `dirtyDelay`)
             // Chunks made whole, or too much buffered: stored now. If that fails the data

@@ -73,6 +73,8 @@ extension CacheStore {
     func openBatch() throws(Errno) {
         noticeRollback()
         guard batchStart == nil else { return }
+        // Records in the fsync journal must apply to the state they were written against.
+        try drainJournal()
         try run("BEGIN IMMEDIATE")
         batchStart = .now
         batchChanges = 0

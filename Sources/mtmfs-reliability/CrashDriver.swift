@@ -180,7 +180,7 @@ final class CrashDriver {
         nodes = []
         attemptedFiles = []
         let expectedData: Set<String> = ["vault", "Settings.plist", "cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm",
-                                         "mtmfs.lock"]
+                                         "cache.sqlite-fsync", "mtmfs.lock"]
         let data = Set(listing(store.dataDirectory) ?? [])
         if !data.isSubset(of: expectedData) {
             problems.append("data directory holds \(data.subtracting(expectedData).sorted())")

@@ -356,6 +356,7 @@ func errno(_ body: () throws -> Void) -> Errno? {
 @Suite struct CacheAppendRoomTests {
     @Test func appendsGrowTheLastChunkInPlaceAndTheRoomReadsAsZeros() throws {
         let f = try StoreFixture()
+        f.store.lock.withLock { f.store.shortFsyncs = false }  // each fsync stores its buffers
         let ino = try f.file("wal")
         let frame = (0..<4120).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ 5) }
         var expected: [UInt8] = []
@@ -389,6 +390,7 @@ func errno(_ body: () throws -> Void) -> Errno? {
     /// starts a chunk is replaced once, by the whole chunk, and written in place after.
     @Test func pastTheFirstChunkAChunkIsReplacedOnceThenFilledInPlace() throws {
         let f = try StoreFixture()
+        f.store.lock.withLock { f.store.shortFsyncs = false }  // each fsync stores its buffers
         let ino = try f.file("wal")
         let frame = (0..<4120).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 1) }
         var expected: [UInt8] = []
@@ -437,6 +439,7 @@ func errno(_ body: () throws -> Void) -> Errno? {
 
     @Test func aChunkInTheMiddleGetsNoRoom() throws {
         let f = try StoreFixture()
+        f.store.lock.withLock { f.store.shortFsyncs = false }  // each fsync stores its buffers
         let ino = try f.file("sparse")
         try f.write(ino, [1], at: 5 * 65536)
         try f.store.synchronize()
@@ -516,6 +519,7 @@ func errno(_ body: () throws -> Void) -> Errno? {
     /// `keptLogSize` gets it cut back to that size, not to nothing.
     @Test func theLogFileIsKeptAndWrittenOverUnlessLarge() throws {
         let f = try StoreFixture()
+        f.store.lock.withLock { f.store.shortFsyncs = false }  // every fsync commits to the log
         let ino = try f.file("db-wal")
         let frames = [UInt8](repeating: 0x5a, count: 2 * 4120)
         for index in 0..<400 {

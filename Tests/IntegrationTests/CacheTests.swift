@@ -160,6 +160,41 @@ import Glibc
         #expect(Run.shell("head -c 16 \(store.path("cache/kept")); stat -c %s \(store.path("cache/kept"))").stdout == "durable durable 80000\n")
     }
 
+    /// A database inside commits by small writes and an fsync each: those fsyncs go the short
+    /// way (the fsync journal, `cache.sqlite-fsync`) and still survive a kill -9 that comes
+    /// before their data reached the database; the next mount stores them and says so.
+    @Test func shortFsyncsSurviveKillNine() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let pid = try #require(Int32(try store.status()["pid"] ?? ""))
+        let write = Run.program("python3", ["-c", """
+            import hashlib, os, sys
+            path, journal, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            data = bytearray(os.urandom(200000))
+            os.pwrite(fd, bytes(data), 0); os.fsync(fd)
+            for i in range(60):
+                piece = os.urandom(100 + i * 37); at = (i * 7919) % 200000 + (250000 if i % 5 == 0 else 0)
+                if len(data) < at + len(piece): data.extend(bytes(at + len(piece) - len(data)))
+                data[at:at + len(piece)] = piece
+                os.pwrite(fd, piece, at); os.fsync(fd)
+            with open(journal, 'rb') as f: head = f.read(4)
+            os.kill(pid, 9)
+            print(head.hex(), len(data), hashlib.sha256(bytes(data)).hexdigest())
+            """, store.path("cache/inner.db-wal"), store.dataDirectory + "/cache.sqlite-fsync", String(pid)])
+        let fields = write.stdout.split(separator: " ").map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
+        try #require(write.status == 0 && fields.count == 3, "\(write)")
+        #expect(fields[0] == "4d4d534a", "records in the journal at the kill")
+        #expect(Poll.until { !ProcessState.isRunning(pid) })
+        Run.program("fusermount3", ["-uz", store.mountPoint])
+        let mount = Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint)
+        #expect(mount.status == 0 && mount.stderr.contains("fsynced writes that were only in"), "\(mount)")
+        let file = store.path("cache/inner.db-wal")
+        #expect(Run.shell("stat -c %s \(file); sha256sum < \(file) | cut -d' ' -f1").stdout == "\(fields[1])\n\(fields[2])\n")
+        #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
+        #expect(!FileManager.default.fileExists(atPath: store.dataDirectory + "/cache.sqlite-fsync"), "removed at unmount")
+    }
+
     /// docs/cache-schema.md: the write-ahead log is copied into the database file once the
     /// store is quiet (not inside requests), and unmounting checkpoints and truncates it.
     @Test func logIsCheckpointedWhenQuietAndTruncatedAtUnmount() throws {

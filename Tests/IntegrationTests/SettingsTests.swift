@@ -356,10 +356,10 @@ import Glibc
 }
 
 enum DataFiles {
-    /// The files of a data directory, less SQLite's own -wal and -shm companions of the
-    /// open cache database.
+    /// The files of a data directory, less the companions of the open cache database
+    /// (SQLite's -wal and -shm, the fsync journal).
     static func names(in path: String) throws -> [String] {
         try FileManager.default.contentsOfDirectory(atPath: path)
-            .filter { $0 != "cache.sqlite-wal" && $0 != "cache.sqlite-shm" }
+            .filter { !["cache.sqlite-wal", "cache.sqlite-shm", "cache.sqlite-fsync"].contains($0) }
     }
 }
