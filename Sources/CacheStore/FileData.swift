@@ -307,7 +307,13 @@ extension CacheStore {
             }
             file.size = max(file.size, end)
             file.modified = now
-            journal.note(ino, offset: start, data, size: file.size, modified: now)
+            // Kept for fsync's short way only while it may be taken: nothing committed since
+            // the last sync (a writer of whole chunks commits: it copies nothing here).
+            if database.totalChanges == syncedChanges {
+                journal.note(ino, offset: start, data, size: file.size, modified: now)
+            } else {
+                journal.giveUp()
+            }
             dirty.files[ino] = consume file
             if dirty.since == nil { dirty.since = .now }  // (the committing thread writes it within `dirtyDelay`)
             // Chunks made whole, or too much buffered: stored now. If that fails the data
