@@ -317,8 +317,13 @@ extension CacheStore {
             dirty.files[ino] = consume file
             if dirty.since == nil { dirty.since = .now }  // (the committing thread writes it within `dirtyDelay`)
             // Chunks made whole, or too much buffered: stored now. If that fails the data
-            // stays buffered (the write itself succeeded) and goes later or at fsync.
-            if !completed.isEmpty || dirty.bytes > Self.dirtyLimit {
+            // stays buffered (the write itself succeeded) and goes later or at fsync. Not
+            // a chunk made whole while the next fsync may go the short way: storing it is a
+            // transaction, which drains the journal first — an fdatasync inside a WRITE (a
+            // database inside appending its log completes a chunk every 16 pages); it
+            // waits, at most 4 MiB of writes, for the drain that comes anyway.
+            let shortWay = journal.isTaking && database.totalChanges == syncedChanges
+            if (!completed.isEmpty && !shortWay) || dirty.bytes > Self.dirtyLimit {
                 do throws(Errno) {
                     try change { () throws(Errno) in
                         // Over the limit: written down to half of it, not all (the request waits for it).

@@ -61,6 +61,8 @@ struct SyncJournal {
     init(path: String) { self.path = path }
 
     var isEmpty: Bool { end == 0 }
+    /// Whether writes are still noted (they have not outgrown the journal).
+    var isTaking: Bool { pending != nil }
 
     /// A write just buffered.
     mutating func note(_ ino: Int64, offset: Int64, _ data: UnsafeRawBufferPointer, size: Int64, modified: Int64) {

@@ -152,6 +152,26 @@ func read(_ store: CacheStore, _ ino: Int64, _ offset: Int64, _ count: Int) thro
         #expect(try read(after, ino, 0, 16384) == [UInt8](repeating: 6, count: 16384))
     }
 
+    /// A chunk made whole by appends waits in its buffer while fsyncs go the short way
+    /// (storing it would drain the journal: an fdatasync inside a write); once the writes
+    /// outgrow the journal, chunks made whole are stored at once again.
+    @Test func aChunkMadeWholeWaitsWhileFsyncsGoTheShortWay() throws {
+        let f = try StoreFixture()
+        let ino = try f.file("inner.db-wal")
+        try f.store.synchronize()
+        for index in 0..<16 {
+            try f.write(ino, [UInt8](repeating: UInt8(index), count: 4096), at: Int64(index) * 4096)
+            try f.store.synchronize()
+        }
+        #expect(f.store.lock.withLock { f.store.journalDrains } == 0)
+        #expect(!f.journalIsEmpty)
+        #expect(try f.query("SELECT count(*) FROM chunks") == "0")
+        for index in 16..<1200 { try f.write(ino, [UInt8](repeating: 1, count: 4096), at: Int64(index) * 4096) }
+        #expect(f.store.lock.withLock { f.store.journalDrains } == 1)
+        #expect(try Int(f.query("SELECT count(*) FROM chunks") ?? "") ?? 0 >= 60)
+        #expect(try f.read(ino, 15 * 4096, 2) == [15, 15])
+    }
+
     /// Decoding: records numbered in order after the mark, each whole; anything else ends it.
     @Test func decodingStopsAtTheFirstRecordThatDoesNotFollow() {
         let entry = { (ino: Int64) in SyncJournal.Entry(ino: ino, offset: 0, bytes: [1, 2, 3], size: 3, modified: 5) }
