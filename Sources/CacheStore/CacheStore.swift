@@ -802,7 +802,9 @@ public final class CacheStore: @unchecked Sendable {
             if let fd = logDescriptor { Syscall.close(fd) }
             logDescriptor = nil
             // Drained by the flush above, and the mark checkpointed: nothing in it counts.
-            journal.remove()
+            // The file stays, for the next mount's fsyncs to write over (making it is a
+            // write and a sync of 4 MiB).
+            journal.close()
         }
     }
 

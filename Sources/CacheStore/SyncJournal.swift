@@ -25,8 +25,9 @@ import Posix
 /// 56-byte header — magic `MMSJ`, data length (UInt32), sequence number, inode, offset,
 /// the file's size and modification time after the write (Int64s), checksum (UInt64), all
 /// little-endian — then the data. The file is made `capacity` bytes of zeros once and
-/// kept (written over in place: a sync of data only, no size to journal), and removed at
-/// a clean unmount.
+/// kept, also across mounts (written over in place: a sync of data only, no size to
+/// journal; made at each mount, the first short fsync of every mount would wait for
+/// 4 MiB of zeros to be written and synced).
 ///
 /// Thread-safety: none; it lives inside `CacheStore`, behind its lock.
 struct SyncJournal {
@@ -129,12 +130,11 @@ struct SyncJournal {
         return fd
     }
 
-    /// Closes and removes the file (everything in it is stored and durable).
-    mutating func remove() {
+    /// Closes the file (everything in it is stored and durable).
+    mutating func close() {
         if let descriptor { Syscall.close(descriptor) }
         descriptor = nil
         end = 0
-        unlink(path)
     }
 
     // MARK: Records
