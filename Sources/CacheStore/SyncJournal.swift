@@ -251,10 +251,13 @@ struct SyncJournal {
 
 extension CacheStore {
     /// Stores every buffer, marks the journal's records as stored and syncs the log, so
-    /// that a transaction may follow (lock held, no group open). A failure changes nothing:
-    /// the buffers stay, the journal too, and the caller's change fails.
+    /// that a transaction may follow (lock held). A failure changes nothing: the buffers
+    /// stay, the journal too, and the caller's change fails. A group is open here only while
+    /// records are written again at open (a chunk they made whole was stored): it is
+    /// committed first.
     func drainJournal() throws(Errno) {
         guard !journal.isEmpty else { return }
+        try commitBatch()
         let saved = dirty
         try run("BEGIN IMMEDIATE")
         do throws(Errno) {
