@@ -762,7 +762,9 @@ public final class CacheStore: @unchecked Sendable {
                 do throws(Errno) {
                     return .journal(try journal.appendPending())
                 } catch {
-                    Log.error("cache: the fsync journal \(journal.path) cannot be written (\(error)): fsync stores into the database")
+                    // Said once: the rest of this mount goes the long way.
+                    Log.error("cache: the fsync journal \(journal.path) cannot be written (\(error)): fsyncs store into the database")
+                    shortFsyncs = false
                 }
             }
             try drainJournal()

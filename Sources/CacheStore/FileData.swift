@@ -309,7 +309,7 @@ extension CacheStore {
             file.modified = now
             // Kept for fsync's short way only while it may be taken: nothing committed since
             // the last sync (a writer of whole chunks commits: it copies nothing here).
-            if database.totalChanges == syncedChanges {
+            if shortFsyncs && database.totalChanges == syncedChanges {
                 journal.note(ino, offset: start, data, size: file.size, modified: now)
             } else {
                 journal.giveUp()

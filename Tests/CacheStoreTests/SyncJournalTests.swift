@@ -176,6 +176,22 @@ func read(_ store: CacheStore, _ ino: Int64, _ offset: Int64, _ count: Int) thro
         #expect(try f.read(ino, 15 * 4096, 2) == [15, 15])
     }
 
+    /// A journal that cannot be written (here a directory in its place) leaves fsync the long
+    /// way for the rest of the open: every fsync still succeeds and stores.
+    @Test func aJournalThatCannotBeWrittenLeavesTheLongWay() throws {
+        let f = try StoreFixture()
+        try FileManager.default.createDirectory(atPath: f.path + "-fsync", withIntermediateDirectories: false)
+        let ino = try f.file("f")
+        try f.store.synchronize()
+        for index in 0..<3 {
+            try f.write(ino, [UInt8(index)], at: Int64(index))
+            try f.store.synchronize()
+            #expect(f.journalIsEmpty)
+            #expect(try f.query("SELECT size FROM inodes WHERE ino = \(ino)") == "\(index + 1)")
+        }
+        #expect(!f.store.lock.withLock { f.store.shortFsyncs })
+    }
+
     /// Decoding: records numbered in order after the mark, each whole; anything else ends it.
     @Test func decodingStopsAtTheFirstRecordThatDoesNotFollow() {
         let entry = { (ino: Int64) in SyncJournal.Entry(ino: ino, offset: 0, bytes: [1, 2, 3], size: 3, modified: 5) }
