@@ -20,6 +20,14 @@ extension StoreFixture {
     }
 
     var journalIsEmpty: Bool { store.lock.withLock { store.journal.isEmpty } }
+
+    /// A new file, after the open's first fsync (which goes the long way): the next fsyncs
+    /// of a few writes go the short one.
+    func fileAfterTheFirstFsync(_ name: String) throws -> Int64 {
+        let ino = try file(name)
+        try store.synchronize()
+        return ino
+    }
 }
 
 func read(_ store: CacheStore, _ ino: Int64, _ offset: Int64, _ count: Int) throws -> [UInt8] {
@@ -80,8 +88,7 @@ func read(_ store: CacheStore, _ ino: Int64, _ offset: Int64, _ count: Int) thro
     /// written again over newer data.
     @Test func aDrainStoresTheBuffersAndMarksTheRecords() throws {
         let f = try StoreFixture()
-        let ino = try f.file("f")
-        try f.store.synchronize()
+        let ino = try f.fileAfterTheFirstFsync("f")
         try f.write(ino, [UInt8](repeating: 2, count: 4096), at: 0)
         try f.store.synchronize()
         #expect(!f.journalIsEmpty)
@@ -109,8 +116,7 @@ func read(_ store: CacheStore, _ ino: Int64, _ offset: Int64, _ count: Int) thro
     /// returned) ends the journal: the records before it come back, it does not.
     @Test func aTornRecordEndsTheJournal() throws {
         let f = try StoreFixture()
-        let ino = try f.file("f")
-        try f.store.synchronize()
+        let ino = try f.fileAfterTheFirstFsync("f")
         try f.write(ino, [UInt8](repeating: 7, count: 1000), at: 0)
         try f.store.synchronize()
         try f.write(ino, [UInt8](repeating: 8, count: 1000), at: 1000)
@@ -131,8 +137,7 @@ func read(_ store: CacheStore, _ ino: Int64, _ offset: Int64, _ count: Int) thro
     /// changed and before the next long sync.
     @Test func writesThatOutgrowTheJournalGoTheLongWay() throws {
         let f = try StoreFixture()
-        let ino = try f.file("f")
-        try f.store.synchronize()
+        let ino = try f.fileAfterTheFirstFsync("f")
         let piece = [UInt8](repeating: 6, count: 4096)
         // Every other 4 KiB: no chunk made whole, 5 MiB buffered.
         for index in 0..<1280 { try f.write(ino, piece, at: Int64(index) * 8192) }
@@ -157,8 +162,7 @@ func read(_ store: CacheStore, _ ino: Int64, _ offset: Int64, _ count: Int) thro
     /// outgrow the journal, chunks made whole are stored at once again.
     @Test func aChunkMadeWholeWaitsWhileFsyncsGoTheShortWay() throws {
         let f = try StoreFixture()
-        let ino = try f.file("inner.db-wal")
-        try f.store.synchronize()
+        let ino = try f.fileAfterTheFirstFsync("inner.db-wal")
         for index in 0..<16 {
             try f.write(ino, [UInt8](repeating: UInt8(index), count: 4096), at: Int64(index) * 4096)
             try f.store.synchronize()
