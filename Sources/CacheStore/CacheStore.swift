@@ -56,7 +56,8 @@ public struct CacheAttributeChanges: Sendable {
 /// Changes are grouped into SQLite transactions (group commit, see `groupCommitDelay`);
 /// each change after the first is a savepoint in it (the first is the transaction itself),
 /// so a failing change rolls back alone. `synchronize()`
-/// commits and makes everything durable (an fsync of the write-ahead log); checkpoints run
+/// makes everything durable: commits and syncs the write-ahead log, or appends the few
+/// writes since the last sync to the fsync journal and syncs that (`SyncJournal`); checkpoints run
 /// off the request path (`checkpointIfDue`). Writes of parts of chunks are buffered
 /// (`DirtyChunks`); big files' data is deleted in slices (`reclaimStep`). Inodes that lost
 /// their last name but are still open or held (`InodeHolders`: the kernel's references,
@@ -174,7 +175,7 @@ public final class CacheStore: @unchecked Sendable {
     /// `checkpointIfDue`, once no change came for `checkpointQuiet` seconds or the log has
     /// grown — not inside a request, as SQLite's automatic checkpoint would (it rewrites
     /// every page of the log in the write that crosses its limit and syncs the database in
-    /// every fsync). fsync syncs only the log, which is what makes a change durable
+    /// every fsync). fsync syncs only the log (or the fsync journal), which is what makes a change durable
     /// (`synchronize`).
     public static let checkpointQuiet = 0.1
     /// See `checkpointIfDue`: the log is copied from `checkpointThreshold` bytes on, started
@@ -330,8 +331,10 @@ public final class CacheStore: @unchecked Sendable {
     }
 
     /// The full check of a cache database, read only (also while it is mounted): what
-    /// `mtmfs check` runs. Throws what is wrong.
-    public static func check(path: String, progress: @escaping (String) -> Void) throws(CacheStoreError) {
+    /// `mtmfs check` runs. Throws what is wrong; returns what is right but worth saying
+    /// (fsynced writes waiting in the fsync journal), or nil.
+    @discardableResult
+    public static func check(path: String, progress: @escaping (String) -> Void) throws(CacheStoreError) -> String? {
         do {
             let database = try SQLiteDatabase(path: path, readOnly: true)
             try database.execute("PRAGMA busy_timeout=5000;")
@@ -351,12 +354,10 @@ public final class CacheStore: @unchecked Sendable {
             }
             // Records of the fsync journal not yet stored: normal while mounted (the next
             // transaction stores them), and after a crash (the next mount does).
-            let mark = version < schemaVersion ? 0
-                : try database.scalarText("SELECT value FROM state WHERE name = 'synced'").flatMap { Int64($0) } ?? 0
+            let mark = version < schemaVersion ? 0 : try SyncJournal.storedMark(in: database)
             let waiting = try SyncJournal.read(path: path + "-fsync", after: mark).entries
-            if !waiting.isEmpty {
-                progress("\(waiting.count) fsynced writes wait in \(path)-fsync, to be stored by the mount (or the next one)")
-            }
+            return waiting.isEmpty ? nil
+                : "\(waiting.count) fsynced writes wait in \(path)-fsync, to be stored by the mount (or the next one)"
         } catch let error as CacheStoreError {
             throw error
         } catch {
@@ -758,7 +759,7 @@ public final class CacheStore: @unchecked Sendable {
     public func synchronize() throws(Errno) {
         enum Way { case journal(Int32), log(Int32?, changes: Int64) }
         let way = try withLock { () throws(Errno) -> Way in
-            if shortFsyncs, journal.canTakePending, batchStart == nil, !database.isInTransaction, database.totalChanges == syncedChanges {
+            if journal.canTakePending, batchStart == nil, !database.isInTransaction, everythingSynced {
                 do throws(Errno) {
                     return .journal(try journal.appendPending())
                 } catch {
@@ -774,8 +775,7 @@ public final class CacheStore: @unchecked Sendable {
             if !stored.isEmpty { (settled, settledAt) = (stored, database.totalChanges) }
             // Everything buffered is in the database now: later writes are the pending ones.
             journal.startOver()
-            if logDescriptor == nil { logDescriptor = try? Syscall.open(path + "-wal", O_RDONLY | O_CLOEXEC) }
-            return .log(logDescriptor, changes: database.totalChanges)  // nil: no log, all is in the database file
+            return .log(logFile(), changes: database.totalChanges)
         }
         switch way {
         case .journal(let fd):
@@ -785,6 +785,17 @@ public final class CacheStore: @unchecked Sendable {
             lock.withLock { syncedChanges = max(syncedChanges, changes) }
         }
     }
+
+    /// The write-ahead log's descriptor, opened once (nil: no log, all is in the database
+    /// file) (lock held).
+    func logFile() -> Int32? {
+        if logDescriptor == nil { logDescriptor = try? Syscall.open(path + "-wal", O_RDONLY | O_CLOEXEC) }
+        return logDescriptor
+    }
+
+    /// Whether the short way is open to writes now: nothing committed since everything was
+    /// last made durable (lock held).
+    var everythingSynced: Bool { shortFsyncs && database.totalChanges == syncedChanges }
 
     /// A buffer for a file with none, as an fsync left its row (see `settled`), or nil.
     func settledFile(_ ino: Int64) -> DirtyChunks.File? {

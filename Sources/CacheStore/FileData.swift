@@ -309,7 +309,7 @@ extension CacheStore {
             file.modified = now
             // Kept for fsync's short way only while it may be taken: nothing committed since
             // the last sync (a writer of whole chunks commits: it copies nothing here).
-            if shortFsyncs && database.totalChanges == syncedChanges {
+            if everythingSynced {
                 journal.note(ino, offset: start, data, size: file.size, modified: now)
             } else {
                 journal.giveUp()
@@ -322,8 +322,7 @@ extension CacheStore {
             // transaction, which drains the journal first — an fdatasync inside a WRITE (a
             // database inside appending its log completes a chunk every 16 pages); it
             // waits, at most 4 MiB of writes, for the drain that comes anyway.
-            let shortWay = journal.isTaking && database.totalChanges == syncedChanges
-            if (!completed.isEmpty && !shortWay) || dirty.bytes > Self.dirtyLimit {
+            if (!completed.isEmpty && !journal.isTaking) || dirty.bytes > Self.dirtyLimit {
                 do throws(Errno) {
                     try change { () throws(Errno) in
                         // Over the limit: written down to half of it, not all (the request waits for it).

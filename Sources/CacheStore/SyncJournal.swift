@@ -101,7 +101,7 @@ struct SyncJournal {
                 sequence += 1
                 Self.encode(entry, sequence: sequence, into: &records)
             }
-            try Self.writeAll(fd, records, at: end)
+            try Syscall.writeAll(fd, records, at: end)
             end += records.count
             lastSequence = sequence
             startOver()
@@ -120,7 +120,7 @@ struct SyncJournal {
         var st = Glibc.stat()
         if fstat(fd, &st) != 0 || st.st_size < Self.capacity {
             do throws(Errno) {
-                try Self.writeAll(fd, [UInt8](repeating: 0, count: Self.capacity), at: 0)
+                try Syscall.writeAll(fd, [UInt8](repeating: 0, count: Self.capacity), at: 0)
             } catch {
                 Syscall.close(fd)
                 throw error
@@ -183,6 +183,11 @@ struct SyncJournal {
         return (entries, offset)
     }
 
+    /// The number of the last record stored in the database (`state.synced`; 0: none yet).
+    static func storedMark(in database: SQLiteDatabase) throws(SQLiteError) -> Int64 {
+        try database.scalarText("SELECT value FROM state WHERE name = 'synced'").flatMap { Int64($0) } ?? 0
+    }
+
     /// Reads the journal at `path` (nothing if there is none) and decodes it (`decode`).
     static func read(path: String, after mark: Int64) throws(Errno) -> (entries: [(sequence: Int64, entry: Entry)], end: Int) {
         let fd: Int32
@@ -230,23 +235,6 @@ struct SyncJournal {
         h = h &* 0xBF58_476D_1CE4_E5B9
         return h ^ (h >> 32)
     }
-
-    /// `pwrite`s all of `bytes` at `offset`.
-    static func writeAll(_ fd: Int32, _ bytes: [UInt8], at offset: Int) throws(Errno) {
-        let result: Result<Void, Errno> = bytes.withUnsafeBytes { buffer in
-            var done = 0
-            while done < buffer.count {
-                let n = pwrite(fd, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done))
-                if n < 0 {
-                    if errno == EINTR { continue }
-                    return .failure(Errno.current)
-                }
-                done += n
-            }
-            return .success(())
-        }
-        try result.get()
-    }
 }
 
 extension CacheStore {
@@ -271,8 +259,7 @@ extension CacheStore {
         }
         uncheckpointed = true
         lastCommit = .now
-        if logDescriptor == nil { logDescriptor = try? Syscall.open(path + "-wal", O_RDONLY | O_CLOEXEC) }
-        if let fd = logDescriptor { try Syscall.fdatasync(fd) }
+        if let fd = logFile() { try Syscall.fdatasync(fd) }
         journal.end = 0
         journal.startOver()
         syncedChanges = database.totalChanges
@@ -282,13 +269,12 @@ extension CacheStore {
     /// At open: the writes of fsyncs whose records were not yet stored when the daemon
     /// stopped (a crash, a power cut) are written again, in order, and drained.
     func recoverJournal(progress: (String) -> Void) throws(Errno) {
-        let text: String?
+        let mark: Int64
         do throws(SQLiteError) {
-            text = try database.scalarText("SELECT value FROM state WHERE name = 'synced'")
+            mark = try SyncJournal.storedMark(in: database)
         } catch {
             throw Self.errno(error)
         }
-        let mark = text.flatMap { Int64($0) } ?? 0
         let (entries, end) = try SyncJournal.read(path: journal.path, after: mark)
         journal.lastSequence = max(mark, entries.last?.sequence ?? mark)
         guard !entries.isEmpty else { return }

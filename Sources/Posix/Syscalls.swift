@@ -41,18 +41,22 @@ public enum Syscall {
         _ = Glibc.close(fd)
     }
 
-    /// Writes all of `bytes`, looping over short writes.
-    public static func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(Errno) {
+    /// Writes all of `bytes`, looping over short writes: at the file's offset, or with
+    /// `pwrite` at `position` when given.
+    public static func writeAll(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, at position: Int? = nil) throws(Errno) {
         var offset = 0
         while offset < bytes.count {
-            let n = try valueOrErrno { Glibc.write(fd, bytes.baseAddress! + offset, bytes.count - offset) }
+            let start = bytes.baseAddress! + offset, count = bytes.count - offset
+            let n = try valueOrErrno {
+                if let position { Glibc.pwrite(fd, start, count, off_t(position + offset)) } else { Glibc.write(fd, start, count) }
+            }
             offset += n
         }
     }
 
-    public static func writeAll(_ fd: Int32, _ bytes: [UInt8]) throws(Errno) {
+    public static func writeAll(_ fd: Int32, _ bytes: [UInt8], at position: Int? = nil) throws(Errno) {
         let result: Result<Void, Errno> = bytes.withUnsafeBytes { buffer in
-            do throws(Errno) { try writeAll(fd, buffer); return .success(()) } catch { return .failure(error) }
+            do throws(Errno) { try writeAll(fd, buffer, at: position); return .success(()) } catch { return .failure(error) }
         }
         try result.get()
     }

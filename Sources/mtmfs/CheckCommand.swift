@@ -56,9 +56,10 @@ struct CheckCommand: Command {
             report("Settings.plist", error.description)
         }
         do throws(CacheStoreError) {
-            try CacheStore.check(path: dataDirectory.cachePath) { line in
+            let note = try CacheStore.check(path: dataDirectory.cachePath) { line in
                 if isatty(2) == 1 { Terminal.error("mtmfs: " + line) }
             }
+            if let note { Terminal.error("mtmfs: " + note) }
             report("cache.sqlite", nil)
         } catch {
             report("cache.sqlite", error.description)

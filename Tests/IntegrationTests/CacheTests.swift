@@ -187,6 +187,8 @@ import Glibc
         #expect(fields[0] == "4d4d534a", "records in the journal at the kill")
         #expect(Poll.until { !ProcessState.isRunning(pid) })
         Run.program("fusermount3", ["-uz", store.mountPoint])
+        let waiting = Run.mtmfs("check", "--data-dir", store.dataDirectory)
+        #expect(waiting.status == 0 && waiting.stderr.contains("fsynced writes wait"), "\(waiting)")
         let mount = Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint)
         #expect(mount.status == 0 && mount.stderr.contains("fsynced writes that were only in"), "\(mount)")
         let file = store.path("cache/inner.db-wal")
