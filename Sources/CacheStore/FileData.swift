@@ -243,30 +243,12 @@ extension CacheStore {
                       droppingSetID: Bool) throws(Errno) -> (written: Int, modeChanged: Bool) {
         guard !data.isEmpty else { return (0, false) }
         return try withLock { () throws(Errno) -> (written: Int, modeChanged: Bool) in
-            var fresh: DirtyChunks.File?
-            if dirty.files[ino] == nil {
-                if let known = settledFile(ino) {
-                    fresh = known
-                } else {
-                    let inode = try fetchInode(ino)
-                    guard !inode.isDirectory else { throw .isDirectory }
-                    fresh = DirtyChunks.File(size: inode.size, modified: inode.modificationNanoseconds,
-                                             setID: SetIDBits.wouldDrop(inode.mode))
-                }
-            }
-            let now = Self.now()
-            var modeChanged = false
-            if droppingSetID && (fresh ?? dirty.files[ino]!).setID {
-                try change { () throws(Errno) in
-                    let mode = mode_t(try fetchInode(ino).mode)
-                    try run("UPDATE inodes SET mode = ?, ctime = max(ctime, ?) WHERE ino = ?", Int64(SetIDBits.killed(mode)), now, ino)
-                }
-                fresh?.setID = false
-                dirty.files[ino]?.setID = false
-                modeChanged = true
-            }
-            try requireHeadroom(adding: data.count)
-            let start = append ? (fresh ?? dirty.files[ino]!).size : offset
+            // A change opens a transaction, and the first after short fsyncs drains the
+            // journal, which stores every buffer, this file's too. So a write that commits
+            // drains first, and looks at its buffers only after: no change of this write can
+            // take them out from under it (the journal stays empty until the next fsync).
+            var before = try writeBase(ino)
+            let start = append ? before.size : offset
             guard start >= 0, start <= Int64.max - Int64(data.count) else { throw .fileTooLarge }
             let end = start + Int64(data.count)
             // The pieces: whole chunks, and the parts of chunks at the ends.
@@ -282,28 +264,48 @@ extension CacheStore {
                 if count == Self.chunkSize { whole.append((index, piece)) } else { parts.append((index, within, piece)) }
                 position += count
             }
-            if !whole.isEmpty {
+            let dropsSetID = droppingSetID && before.setID
+            if (dropsSetID || !whole.isEmpty) && !journal.isEmpty {
+                try drainJournal()
+                before = try writeBase(ino)
+            }
+            let now = Self.now()
+            if dropsSetID {
+                try change { () throws(Errno) in
+                    let mode = mode_t(try fetchInode(ino).mode)
+                    try run("UPDATE inodes SET mode = ?, ctime = max(ctime, ?) WHERE ino = ?", Int64(SetIDBits.killed(mode)), now, ino)
+                }
+                before.fresh?.setID = false
+                dirty.files[ino]?.setID = false
+            }
+            try requireHeadroom(adding: data.count)
+            if let last = whole.last {
                 // Stored with the size they reach, so that no chunk lies past the recorded end.
                 try change { () throws(Errno) in
                     var stored: Int64 = 0
                     for (index, piece) in whole { stored += try putWholeChunk(ino, index, piece) }
-                    let reached = whole.last!.index * Int64(Self.chunkSize) + Int64(Self.chunkSize)
+                    let reached = last.index * Int64(Self.chunkSize) + Int64(Self.chunkSize)
                     try run("UPDATE inodes SET size = max(size, ?), stored = stored + ?, mtime = ?, ctime = ? WHERE ino = ?",
                             reached, stored, now, now, ino)
                 }
             }
             // From here nothing throws until the buffers are back in the table; taken out,
             // they change in place (no copy on write of a chunk per write).
-            var file = dirty.files.removeValue(forKey: ino) ?? fresh!
+            guard var file = dirty.files.removeValue(forKey: ino) ?? before.fresh else {
+                Log.error("cache: broken invariant: the buffers of inode \(ino) went during its write (answered EIO)")
+                throw .ioError
+            }
             var completed: [Int64] = []
             for (index, _) in whole {
                 if let superseded = file.chunks.removeValue(forKey: index) { dirty.bytes -= superseded.count }
             }
             for (index, within, piece) in parts {
-                let before = file.chunks[index]?.count ?? 0
-                file.chunks[index, default: DirtyChunks.Chunk()].write(piece, at: within)
-                dirty.bytes += file.chunks[index]!.count - before
-                if file.chunks[index]!.isWhole { completed.append(index) }
+                var chunk = file.chunks.removeValue(forKey: index) ?? DirtyChunks.Chunk()
+                let had = chunk.count
+                chunk.write(piece, at: within)
+                dirty.bytes += chunk.count - had
+                if chunk.isWhole { completed.append(index) }
+                file.chunks[index] = consume chunk
             }
             file.size = max(file.size, end)
             file.modified = now
@@ -336,8 +338,20 @@ extension CacheStore {
                     Log.error("cache: buffered data of inode \(ino) could not be stored yet: \(error)")
                 }
             }
-            return (data.count, modeChanged)
+            return (data.count, dropsSetID)
         }
+    }
+
+    /// What a write starts from (lock held): the file's size and whether its mode has set-ID
+    /// bits, and the buffer to start when it has none (`fresh`: as an fsync left it, else
+    /// from its row; nil while it has buffers).
+    func writeBase(_ ino: Int64) throws(Errno) -> (size: Int64, setID: Bool, fresh: DirtyChunks.File?) {
+        if let file = dirty.files[ino] { return (file.size, file.setID, nil) }
+        if let known = settledFile(ino) { return (known.size, known.setID, known) }
+        let inode = try fetchInode(ino)
+        guard !inode.isDirectory else { throw .isDirectory }
+        let fresh = DirtyChunks.File(size: inode.size, modified: inode.modificationNanoseconds, setID: SetIDBits.wouldDrop(inode.mode))
+        return (fresh.size, fresh.setID, fresh)
     }
 
     public func setAttributes(_ ino: Int64, _ changes: CacheAttributeChanges) throws(Errno) -> CacheInode {
