@@ -139,14 +139,18 @@ enum Workload {
                     if ok { note("K file \(path) \(counter) \(size) \(from) \(to)") }
                 default:
                     // Whole in one write, after a fallocate, in 4 KiB pieces in random order
-                    // (buffered by the daemon until the fsync), or appended a WAL frame at a
-                    // time with an fsync after each (into the room of the last chunk).
-                    let how = random.next() % 4
+                    // (buffered by the daemon until the fsync), appended a WAL frame at a
+                    // time with an fsync after each (into the room of the last chunk), or as
+                    // a database inside writes before a checkpoint (small writes each
+                    // fsynced, then whole chunks).
+                    let how = random.next() % 5
+                    let size = how == 4 ? 200_000 : size
                     note("A file \(path) \(counter) \(size)")
                     let content = cacheContent(counter, size: size)
                     ok = (how != 1 || size == 0 || preallocateFile(file, size: size) == 0)
                         && (how == 2 ? writeInPieces(file, content, seed: random.next())
                             : how == 3 ? appendWithSyncs(file, content)
+                            : how == 4 ? writeLikeADatabase(file, content)
                                        : writeFile(file, content, sync: true)) == 0
                     if ok {
                         note("K file \(path) \(counter) \(size)")
@@ -193,6 +197,40 @@ func appendWithSyncs(_ path: String, _ bytes: [UInt8]) -> Int32 {
         let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, count) }
         if written != count { return written < 0 ? errno : EIO }
         if fsync(fd) != 0 { return errno }
+    }
+    return fsync(fd) == 0 ? 0 : errno
+}
+
+/// The pattern that once killed the daemon (an outside exerciser's, and a database inside
+/// before a checkpoint): 100-byte writes each followed by an fsync (fsync's short way), one
+/// more small write, the whole 64 KiB chunks of the file in one write, then the rest in
+/// 4 KiB pieces and an fsync. Files shorter than two chunks are written whole.
+func writeLikeADatabase(_ path: String, _ bytes: [UInt8]) -> Int32 {
+    let chunk = 65_536
+    guard bytes.count >= 3 * chunk else { return writeFile(path, bytes, sync: true) }
+    let fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+    guard fd >= 0 else { return errno }
+    defer { close(fd) }
+    func put(_ range: Range<Int>) -> Int32 {
+        let written = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress! + range.lowerBound, range.count, off_t(range.lowerBound)) }
+        return written == range.count ? 0 : written < 0 ? errno : EIO
+    }
+    var done: [Range<Int>] = []
+    for i in 0..<4 {
+        let range = (300 * i)..<(300 * i + 100)
+        if put(range) != 0 { return errno }
+        if fsync(fd) != 0 { return errno }
+        done.append(range)
+    }
+    let wholeChunks = chunk..<(bytes.count / chunk * chunk)
+    for range in [5000..<5100, wholeChunks] {
+        if put(range) != 0 { return errno }
+        done.append(range)
+    }
+    for offset in stride(from: 0, to: bytes.count, by: 4096) {
+        let page = offset..<min(offset + 4096, bytes.count)
+        if done.contains(where: { $0.lowerBound <= page.lowerBound && $0.upperBound >= page.upperBound }) { continue }
+        if put(page) != 0 { return errno }
     }
     return fsync(fd) == 0 ? 0 : errno
 }

@@ -12,8 +12,9 @@ import TestSupport
 let usage = """
 Usage: mtmfs-reliability [--short] [--seed N] [--keep] [--rounds N] [PART…]
 
-Parts: crash, full-disk, damage, concurrency, security, soak (default: all of them).
-  --short    the CI form: 20 crashes, 8 processes × 6 s, fewer damage cases, 5,000 saves
+Parts: crash, full-disk, damage, concurrency, security, soak, differential (default: all).
+  --short    the CI form: 20 crashes, 8 processes × 6 s, fewer damage cases, 5,000 saves,
+             6 differential sequences of 1,500 operations (60 of 3,000 without it)
   --saves N  soak: this many editor saves instead of 100,000 (5,000 with --short)
   --seed N   the random seed (printed at the start, to repeat a run)
   --rounds N crash: this many kills instead of 200 (20 with --short)
@@ -55,11 +56,11 @@ while let argument = arguments.first {
         seed = value
         arguments.removeFirst()
     case "-h", "--help": say(usage); exit(0)
-    case "crash", "full-disk", "damage", "concurrency", "security", "soak": parts.append(argument)
+    case "crash", "full-disk", "damage", "concurrency", "security", "soak", "differential": parts.append(argument)
     default: complain("mtmfs-reliability: unknown argument \(argument)\n\(usage)"); exit(2)
     }
 }
-if parts.isEmpty { parts = ["damage", "full-disk", "security", "concurrency", "crash", "soak"] }
+if parts.isEmpty { parts = ["differential", "damage", "full-disk", "security", "concurrency", "crash", "soak"] }
 if let problem = FuseAvailability.problem {
     // Every part mounts: without FUSE there is nothing to try, which is not a failure.
     say("mtmfs-reliability: skipped, FUSE cannot be used here (\(problem))")
@@ -77,6 +78,8 @@ for part in parts {
     case "full-disk": partTallies = [FullDisk().run()]
     case "damage": partTallies = DamagedStores(short: short, seed: seed).run()
     case "concurrency": partTallies = [ConcurrencyRun(processes: 8, seconds: short ? 6 : 60, seed: seed).run()]
+    case "differential":
+        partTallies = [Differential(seeds: short ? 6 : 60, operations: short ? 1_500 : 3_000, seed: seed).run()]
     case "soak": partTallies = Soak(saves: soakSaves ?? (short ? 5_000 : 100_000), seed: seed).run()
     default: partTallies = SecurityChecks().run()
     }
