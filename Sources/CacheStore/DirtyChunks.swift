@@ -26,7 +26,7 @@ struct DirtyChunks {
         /// Bytes buffered: what the pieces hold.
         private(set) var count = 0
 
-        var isWhole: Bool { pieces.count == 1 && pieces[0].range == 0..<CacheStore.chunkSize }
+        var isWhole: Bool { pieces.count == 1 && pieces.first?.range == 0..<CacheStore.chunkSize }
         mutating func write(_ data: UnsafeRawBufferPointer, at offset: Int) {
             guard data.count > 0 else { return }
             let new = offset..<(offset + data.count)
@@ -43,9 +43,7 @@ struct DirtyChunks {
                     pieces[first].range = base..<new.upperBound
                     count += grow
                 }
-                pieces[first].bytes.withUnsafeMutableBytes {
-                    $0.baseAddress!.advanced(by: new.lowerBound - base).copyMemory(from: data.baseAddress!, byteCount: data.count)
-                }
+                pieces[first].bytes.withUnsafeMutableBytes { $0.copy(data, to: new.lowerBound - base) }
                 return
             }
             let merging = pieces[first..<last]
@@ -53,21 +51,15 @@ struct DirtyChunks {
                 ..< max(new.upperBound, merging.last?.range.upperBound ?? new.upperBound)
             var bytes = [UInt8](repeating: 0, count: union.count)
             bytes.withUnsafeMutableBytes { buffer in
-                for piece in merging {
-                    piece.bytes.withUnsafeBytes {
-                        buffer.baseAddress!.advanced(by: piece.range.lowerBound - union.lowerBound)
-                            .copyMemory(from: $0.baseAddress!, byteCount: $0.count)
-                    }
-                }
-                buffer.baseAddress!.advanced(by: new.lowerBound - union.lowerBound)
-                    .copyMemory(from: data.baseAddress!, byteCount: data.count)
+                for piece in merging { piece.bytes.withUnsafeBytes { buffer.copy($0, to: piece.range.lowerBound - union.lowerBound) } }
+                buffer.copy(data, to: new.lowerBound - union.lowerBound)
             }
             count += union.count - merging.reduce(0) { $0 + $1.range.count }
             pieces.replaceSubrange(first..<last, with: [(union, bytes)])
         }
 
         /// The whole chunk's bytes (`isWhole`).
-        var whole: [UInt8] { pieces[0].bytes }
+        var whole: [UInt8] { pieces.first?.bytes ?? [] }
     }
 
     /// One inode's buffered chunks, with the size and modification time they give it.
@@ -126,7 +118,7 @@ extension CacheStore {
         var stored: Int64 = 0
         let flushed = (indices ?? Array(file.chunks.keys)).filter { file.chunks[$0] != nil }.sorted()
         for index in flushed {
-            let chunk = file.chunks[index]!
+            guard let chunk = file.chunks[index] else { continue }
             if chunk.isWhole {
                 stored += try putWholeChunk(ino, index, chunk.whole)
                 continue
@@ -152,9 +144,10 @@ extension CacheStore {
         // show up later as old data when the file grows (a crash may leave zeros, no more).
         try run("UPDATE inodes SET size = max(size, ?), stored = stored + ?, mtime = ?, ctime = max(ctime, ?) WHERE ino = ?",
                 file.size, stored, file.modified, file.modified, ino)
-        var remaining = dirty.files.removeValue(forKey: ino)!
+        var remaining = file
+        dirty.files[ino] = nil
         for index in flushed {
-            dirty.bytes -= remaining.chunks.removeValue(forKey: index)!.count
+            dirty.bytes -= remaining.chunks.removeValue(forKey: index)?.count ?? 0
         }
         if !remaining.chunks.isEmpty { dirty.files[ino] = remaining }
         if dirty.files.isEmpty { dirty.since = nil }
@@ -169,21 +162,21 @@ extension CacheStore {
     /// A failure (a full disk, say) is said once and tried again later, waiting longer each
     /// time (up to 5 s): the buffers stay, fsync reports the error.
     public func flushDirtyWhenDue() {
-        var left: Int?
+        var left = Int.max  // what was buffered at the first pass
         while true {
             let more = lock.withLock { () -> Bool in
                 guard !closed, let since = dirty.since, since.secondsElapsed >= Self.dirtyDelay + dirtyBackoff else { return false }
-                if left == nil { left = dirty.bytes }
+                if left == .max { left = dirty.bytes }
                 do throws(Errno) {
                     let written = try change { () throws(Errno) -> Int in try flushSomeDirty(atLeast: Self.flushSlice) }
                     dirtyBackoff = 0
-                    left! -= written
+                    left -= written
                 } catch {
                     if dirtyBackoff == 0 { Log.error("cache: buffered data could not be stored (trying again): \(error)") }
                     dirtyBackoff = min(5, max(0.25, dirtyBackoff * 2))
                     return false
                 }
-                return left! > 0 && !dirty.files.isEmpty
+                return left > 0 && !dirty.files.isEmpty
             }
             if !more { return }
         }
@@ -213,5 +206,13 @@ extension CacheStore {
     /// When the oldest buffer is due (nil: nothing buffered), for the committing thread.
     public var dirtyDue: Double? {
         lock.withLock { dirty.since.map { max(0.01, Self.dirtyDelay + dirtyBackoff - $0.secondsElapsed) } }
+    }
+}
+
+extension UnsafeMutableRawBufferPointer {
+    /// Copies `source` to `offset` of this buffer (the range lies inside it; an empty
+    /// source, whose start may be nil, copies nothing).
+    func copy(_ source: UnsafeRawBufferPointer, to offset: Int) {
+        UnsafeMutableRawBufferPointer(rebasing: self[offset..<(offset + source.count)]).copyMemory(from: source)
     }
 }

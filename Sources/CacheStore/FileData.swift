@@ -80,7 +80,7 @@ extension CacheStore {
             let start = Int(statement.int(0)), data = statement.blob(1)
             if data.isEmpty { return [UInt8](repeating: 0, count: Self.chunkSize) }
             if bytes.count < start + data.count { bytes += repeatElement(0, count: start + data.count - bytes.count) }
-            bytes.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: start).copyMemory(from: data.baseAddress!, byteCount: data.count) }
+            bytes.withUnsafeMutableBytes { $0.copy(data, to: start) }
         }
         return bytes
     }
@@ -113,10 +113,10 @@ extension CacheStore {
             }
             return 0
         }
-        if pieces.count == 1 && pieces[0].length == 0 {
+        if pieces.count == 1, pieces.first?.length == 0 {
             // Preallocated: the chunk is stored whole, zeros around the bytes.
             var whole = [UInt8](repeating: 0, count: Self.chunkSize)
-            whole.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: range.lowerBound).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+            whole.withUnsafeMutableBytes { $0.copy(bytes, to: range.lowerBound) }
             try putChunk(ino, index, whole)
             pieces = [StoredPiece(id: database.lastInsertedRow, start: 0, length: Self.chunkSize)]
             return 0
@@ -139,20 +139,20 @@ extension CacheStore {
             length = Self.chunkSize
         }
         var merged = [UInt8](repeating: 0, count: length)
-        if !touching.isEmpty {
+        if let lastTouching = touching.last {
             let key = key(ino)
             let statement = try statement("SELECT start, data FROM chunks WHERE ino = ? AND idx = ? AND start BETWEEN ? AND ?")
-            statement.bind(key, index, Int64(lower), Int64(touching.last!.start))
+            statement.bind(key, index, Int64(lower), Int64(lastTouching.start))
             defer { statement.done() }
             while try row(statement) {
                 let start = Int(statement.int(0)), data = statement.blob(1)
-                merged.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: start - lower).copyMemory(from: data.baseAddress!, byteCount: data.count) }
+                merged.withUnsafeMutableBytes { $0.copy(data, to: start - lower) }
             }
             statement.done()
             // (The one at `lower`, if any, is replaced by the insert.)
-            try run("DELETE FROM chunks WHERE ino = ? AND idx = ? AND start BETWEEN ? AND ?", key, index, Int64(lower + 1), Int64(touching.last!.start))
+            try run("DELETE FROM chunks WHERE ino = ? AND idx = ? AND start BETWEEN ? AND ?", key, index, Int64(lower + 1), Int64(lastTouching.start))
         }
-        merged.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: range.lowerBound - lower).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count) }
+        merged.withUnsafeMutableBytes { $0.copy(bytes, to: range.lowerBound - lower) }
         try run("INSERT OR REPLACE INTO chunks(ino, idx, start, data) VALUES(?,?,?,?)", key(ino), index, Int64(lower), merged)
         let piece = StoredPiece(id: database.lastInsertedRow, start: lower, length: length)
         pieces.removeAll { $0.start <= range.upperBound && $0.end >= range.lowerBound }
@@ -174,8 +174,7 @@ extension CacheStore {
             let data = statement.blob(2)
             let from = max(offset, chunkStart), to = min(offset + length, chunkStart + Int64(data.count))
             guard from < to else { continue }
-            buffer.baseAddress!.advanced(by: Int(from - offset))
-                .copyMemory(from: data.baseAddress!.advanced(by: Int(from - chunkStart)), byteCount: Int(to - from))
+            buffer.copy(UnsafeRawBufferPointer(rebasing: data[Int(from - chunkStart)..<Int(to - chunkStart)]), to: Int(from - offset))
         }
     }
 
@@ -476,7 +475,7 @@ extension CacheStore {
                     continue
                 }
                 // A preallocated chunk reads as zeros already and stays allocated.
-                guard pieces[0].length > 0 else { continue }
+                guard let first = pieces.first, first.length > 0 else { continue }
                 var chunk = try chunkForUpdate(ino, index)
                 if operation == AllocationMode.punchHole {
                     guard from < chunk.count else { continue }

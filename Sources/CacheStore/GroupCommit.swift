@@ -198,15 +198,18 @@ extension CacheStore {
         guard quiet || logBytes >= Self.checkpointThreshold else { return }
         checkpointLock.withLock {
             do {
-                if checkpointer == nil {
-                    let connection = try SQLiteDatabase(path: path)
+                let connection: SQLiteDatabase
+                if let checkpointer {
+                    connection = checkpointer
+                } else {
+                    connection = try SQLiteDatabase(path: path)
                     // journal_mode reads the header: a connection that has read nothing yet
                     // does not know the database is in WAL mode and checkpoints nothing.
                     try connection.execute("PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=0; PRAGMA journal_mode=WAL;")
                     checkpointer = connection
                 }
                 let started = lock.withLock { lastCommit }
-                let result = try checkpointer!.checkpoint(mode: SQLITE_CHECKPOINT_PASSIVE)
+                let result = try connection.checkpoint(mode: SQLITE_CHECKPOINT_PASSIVE)
                 Log.debug("cache: checkpoint copied \(result.copied) of \(result.log) log frames (\(logBytes) bytes)")
                 // Everything copied, and nothing committed meanwhile: nothing is pending.
                 if result.copied >= result.log {

@@ -47,7 +47,7 @@ public final class SQLiteDatabase {
     /// replace this: the owner checkpoints.
     public func countLogFrames() {
         sqlite3_wal_hook(handle, { context, _, _, pages in
-            Unmanaged<SQLiteDatabase>.fromOpaque(context!).takeUnretainedValue().logFrames = Int(pages)
+            if let context { Unmanaged<SQLiteDatabase>.fromOpaque(context).takeUnretainedValue().logFrames = Int(pages) }
             return SQLITE_OK
         }, Unmanaged.passUnretained(self).toOpaque())
     }
@@ -139,7 +139,7 @@ public final class SQLiteDatabase {
         let box = Unmanaged.passRetained(ProgressBox(tick))
         defer { box.release() }
         sqlite3_progress_handler(handle, steps, { context in
-            Unmanaged<ProgressBox>.fromOpaque(context!).takeUnretainedValue().tick()
+            if let context { Unmanaged<ProgressBox>.fromOpaque(context).takeUnretainedValue().tick() }
             return 0
         }, box.toOpaque())
         defer { sqlite3_progress_handler(handle, 0, nil, nil) }
@@ -279,8 +279,12 @@ extension String: SQLiteBindable {
 
 extension UnsafeRawBufferPointer: SQLiteBindable {
     func bind(to statement: OpaquePointer, at index: Int32) {
-        // A zero-length blob needs a non-NULL pointer, or SQLite binds NULL.
-        sqlite3_bind_blob(statement, index, baseAddress ?? SQLiteBinding.emptyBlob, Int32(count), SQLiteBinding.transient)
+        // A zero-length blob (not NULL, which a nil pointer would bind).
+        if let baseAddress, count > 0 {
+            sqlite3_bind_blob(statement, index, baseAddress, Int32(count), SQLiteBinding.transient)
+        } else {
+            sqlite3_bind_zeroblob(statement, index, 0)
+        }
     }
 }
 
@@ -302,13 +306,12 @@ extension Optional: SQLiteBindable where Wrapped: SQLiteBindable {
     }
 }
 
-/// Constants for binding: SQLite's `SQLITE_TRANSIENT` and a pointer for empty blobs.
+/// Constants for binding: SQLite's `SQLITE_TRANSIENT`.
 ///
 /// Thread-safety: constants only.
 enum SQLiteBinding {
     /// `SQLITE_TRANSIENT` (a macro): SQLite copies the bytes before the call returns.
     static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
-    static var emptyBlob: UnsafeRawPointer { UnsafeRawPointer(bitPattern: 1)! }
 }
 
 /// The closure a progress handler calls, kept alive while the handler is set.

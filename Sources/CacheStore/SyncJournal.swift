@@ -70,7 +70,7 @@ struct SyncJournal {
         guard pending != nil else { return }
         let cost = Self.headerSize + data.count
         guard pendingBytes + cost <= Self.capacity else { return giveUp() }
-        pending!.append(Entry(ino: ino, offset: offset, bytes: Array(data), size: size, modified: modified))
+        pending?.append(Entry(ino: ino, offset: offset, bytes: Array(data), size: size, modified: modified))
         pendingBytes += cost
     }
 

@@ -147,14 +147,12 @@ final class FuseBridge: Sendable {
             }
         }
         ops.forget = { req, inode, lookups in
-            FuseBridge.bridge(req).fileSystem.forget(inode: inode, lookups: lookups)
+            FuseBridge.bridge(req)?.fileSystem.forget(inode: inode, lookups: lookups)
             fuse_reply_none(req)
         }
         ops.forget_multi = { req, count, forgets in
-            let fs = FuseBridge.bridge(req).fileSystem
-            for index in 0..<count {
-                let forget = forgets![index]
-                fs.forget(inode: forget.ino, lookups: forget.nlookup)
+            if let fs = FuseBridge.bridge(req)?.fileSystem, let forgets {
+                for index in 0..<count { fs.forget(inode: forgets[index].ino, lookups: forgets[index].nlookup) }
             }
             fuse_reply_none(req)
         }
@@ -168,7 +166,8 @@ final class FuseBridge: Sendable {
         }
         ops.setattr = { req, inode, attr, toSet, fi in
             FuseBridge.respond(req, "setattr", inode) { fs, context throws(Errno) in
-                var changes = FuseBridge.attributeChanges(attr!.pointee, toSet)
+                guard let attr else { throw FuseBridge.missing("setattr's attributes") }
+                var changes = FuseBridge.attributeChanges(attr.pointee, toSet)
                 if SetIDKill.requested {  // a chown, or a truncate by a caller without CAP_FSETID
                     if let mode = changes.mode {
                         changes.mode = SetIDBits.killed(mode)
@@ -234,62 +233,69 @@ final class FuseBridge: Sendable {
         }
         ops.open = { req, inode, fi in
             FuseBridge.respond(req, "open", inode) { fs, context throws(Errno) in
+                let fi = try FuseBridge.fileInfo(fi, "open")
                 // nil: postponed (a prompt); the PendingOpen replies later.
-                guard let opened = try fs.open(inode, flags: fi!.pointee.flags, context: context,
+                guard let opened = try fs.open(inode, flags: fi.pointee.flags, context: context,
                                                request: OpenRequest(request: req, info: fi)) else { return }
-                FuseBridge.apply(opened, to: fi!)
+                FuseBridge.apply(opened, to: fi)
                 // O_TRUNC without CAP_FSETID: the set-ID bits go.
                 if SetIDKill.requested && fs.dropSetID(of: inode, context: context) { FuseBridge.attributesChanged(req, inode) }
                 // Not taken by the kernel (interrupted): no RELEASE will come for it.
-                if fuse_reply_open(req, fi) != 0 { fs.release(inode, handle: fi!.pointee.fh, flags: fi!.pointee.flags) }
+                if fuse_reply_open(req, fi) != 0 { fs.release(inode, handle: fi.pointee.fh, flags: fi.pointee.flags) }
             }
         }
         ops.create = { req, parent, name, mode, fi in
             FuseBridge.respond(req, "create", parent) { fs, context throws(Errno) in
+                let fi = try FuseBridge.fileInfo(fi, "create")
                 let (entry, opened) = try fs.create(parent: parent, name: try FuseBridge.decode(name), mode: mode,
-                                                    flags: fi!.pointee.flags, context: context)
-                FuseBridge.apply(opened, to: fi!)
+                                                    flags: fi.pointee.flags, context: context)
+                FuseBridge.apply(opened, to: fi)
                 var parameters = FuseBridge.entryParameters(entry)
                 // Not taken by the kernel (interrupted): neither a RELEASE nor a FORGET will come.
                 if fuse_reply_create(req, &parameters, fi) != 0 {
-                    fs.release(entry.inode, handle: fi!.pointee.fh, flags: fi!.pointee.flags)
+                    fs.release(entry.inode, handle: fi.pointee.fh, flags: fi.pointee.flags)
                     fs.forget(inode: entry.inode, lookups: 1)
                 }
             }
         }
         ops.read = { req, inode, size, offset, fi in
             FuseBridge.respond(req, "read", inode) { fs, context throws(Errno) in
-                try fs.read(inode, handle: fi!.pointee.fh, offset: UInt64(offset), size: size,
+                try fs.read(inode, handle: try FuseBridge.fileInfo(fi, "read").pointee.fh, offset: UInt64(offset), size: size,
                             context: context) { bytes in _ = fuse_reply_buf(req, bytes.baseAddress, bytes.count) }
             }
         }
         ops.write = { req, inode, buffer, size, offset, fi in
             FuseBridge.respond(req, "write", inode) { fs, context throws(Errno) in
+                let fi = try FuseBridge.fileInfo(fi, "write")
                 let data = UnsafeRawBufferPointer(start: buffer, count: size)
                 guard SetIDKill.requested else {
-                    return _ = fuse_reply_write(req, try fs.write(inode, handle: fi!.pointee.fh, offset: UInt64(offset),
-                                                                  data: data, flags: fi!.pointee.flags, context: context))
+                    return _ = fuse_reply_write(req, try fs.write(inode, handle: fi.pointee.fh, offset: UInt64(offset),
+                                                                  data: data, flags: fi.pointee.flags, context: context))
                 }
                 // A writer without CAP_FSETID: the tree drops the set-ID bits with the write.
-                let (written, modeChanged) = try fs.writeDroppingSetID(inode, handle: fi!.pointee.fh, offset: UInt64(offset),
-                                                                       data: data, flags: fi!.pointee.flags, context: context)
+                let (written, modeChanged) = try fs.writeDroppingSetID(inode, handle: fi.pointee.fh, offset: UInt64(offset),
+                                                                       data: data, flags: fi.pointee.flags, context: context)
                 if modeChanged { FuseBridge.attributesChanged(req, inode) }
                 _ = fuse_reply_write(req, written)
             }
         }
         ops.flush = { req, inode, fi in
             FuseBridge.respond(req, "flush", inode) { fs, context throws(Errno) in
-                try fs.flush(inode, handle: fi!.pointee.fh, context: context)
+                try fs.flush(inode, handle: try FuseBridge.fileInfo(fi, "flush").pointee.fh, context: context)
                 fuse_reply_err(req, 0)
             }
         }
         ops.release = { req, inode, fi in
-            FuseBridge.bridge(req).fileSystem.release(inode, handle: fi!.pointee.fh, flags: fi!.pointee.flags)
+            if let fs = FuseBridge.bridge(req)?.fileSystem, let fi {
+                fs.release(inode, handle: fi.pointee.fh, flags: fi.pointee.flags)
+            } else {
+                Log.error("FUSE: release of inode \(inode) came without its file information (its handle stays)")
+            }
             fuse_reply_err(req, 0)
         }
         ops.fsync = { req, inode, dataOnly, fi in
             FuseBridge.respond(req, "fsync", inode) { fs, _ throws(Errno) in
-                try fs.synchronize(inode, handle: fi!.pointee.fh, dataOnly: dataOnly != 0)
+                try fs.synchronize(inode, handle: try FuseBridge.fileInfo(fi, "fsync").pointee.fh, dataOnly: dataOnly != 0)
                 fuse_reply_err(req, 0)
             }
         }
@@ -300,20 +306,21 @@ final class FuseBridge: Sendable {
                 let first = paged ? try fs.listDirectory(inode, after: nil, limit: DirectoryStream.pageSize, context: context)
                                   : try fs.listDirectory(inode, context: context)
                 let stream = DirectoryStream(inode: inode, entries: first, paged: paged, counted: fs.countsListing(of: inode))
-                fi!.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(stream).toOpaque()))
+                let fi = try FuseBridge.fileInfo(fi, "opendir")
+                fi.pointee.fh = UInt64(UInt(bitPattern: Unmanaged.passRetained(stream).toOpaque()))
                 _ = fuse_reply_open(req, fi)
             }
         }
         ops.readdir = { req, _, size, offset, fi in
-            FuseBridge.replyDirectory(req, fi!.pointee.fh, size: size, offset: offset, plus: false)
+            FuseBridge.replyDirectory(req, fi?.pointee.fh ?? 0, size: size, offset: offset, plus: false)
         }
         ops.readdirplus = { req, _, size, offset, fi in
-            FuseBridge.replyDirectory(req, fi!.pointee.fh, size: size, offset: offset, plus: true)
+            FuseBridge.replyDirectory(req, fi?.pointee.fh ?? 0, size: size, offset: offset, plus: true)
         }
         ops.releasedir = { req, _, fi in
-            if let pointer = UnsafeRawPointer(bitPattern: UInt(fi!.pointee.fh)) {
+            if let fi, let pointer = UnsafeRawPointer(bitPattern: UInt(fi.pointee.fh)) {
                 let stream = Unmanaged<DirectoryStream>.fromOpaque(pointer)
-                stream.takeUnretainedValue().release(FuseBridge.bridge(req).fileSystem)
+                if let fs = FuseBridge.bridge(req)?.fileSystem { stream.takeUnretainedValue().release(fs) }
                 stream.release()
             }
             fuse_reply_err(req, 0)
@@ -327,7 +334,7 @@ final class FuseBridge: Sendable {
         ops.fallocate = { req, inode, mode, offset, length, fi in
             FuseBridge.respond(req, "fallocate", inode) { fs, context throws(Errno) in
                 guard offset >= 0, length > 0 else { throw .invalidArgument }
-                try fs.allocate(inode, handle: fi!.pointee.fh, mode: mode, offset: UInt64(offset),
+                try fs.allocate(inode, handle: try FuseBridge.fileInfo(fi, "fallocate").pointee.fh, mode: mode, offset: UInt64(offset),
                                 length: UInt64(length), context: context)
                 fuse_reply_err(req, 0)
             }
@@ -335,7 +342,7 @@ final class FuseBridge: Sendable {
         ops.lseek = { req, inode, offset, whence, fi in
             FuseBridge.respond(req, "lseek", inode) { fs, context throws(Errno) in
                 guard offset >= 0, whence == SeekWhence.data || whence == SeekWhence.hole else { throw .invalidArgument }
-                let found = try fs.seek(inode, handle: fi!.pointee.fh, offset: UInt64(offset), whence: whence,
+                let found = try fs.seek(inode, handle: try FuseBridge.fileInfo(fi, "lseek").pointee.fh, offset: UInt64(offset), whence: whence,
                                         context: context)
                 _ = fuse_reply_lseek(req, off_t(clamping: found))
             }
@@ -344,8 +351,9 @@ final class FuseBridge: Sendable {
                                 length, flags in
             FuseBridge.respond(req, "copy_file_range", source) { fs, context throws(Errno) in
                 guard flags == 0, sourceOffset >= 0, destinationOffset >= 0 else { throw .invalidArgument }
-                let copied = try fs.copyRange(from: source, handle: sourceFile!.pointee.fh, offset: UInt64(sourceOffset),
-                                              to: destination, handle: destinationFile!.pointee.fh,
+                let copied = try fs.copyRange(from: source, handle: try FuseBridge.fileInfo(sourceFile, "copy_file_range").pointee.fh,
+                                              offset: UInt64(sourceOffset), to: destination,
+                                              handle: try FuseBridge.fileInfo(destinationFile, "copy_file_range").pointee.fh,
                                               offset: UInt64(destinationOffset), length: min(length, Int.max),
                                               context: context)
                 _ = fuse_reply_write(req, copied)
@@ -416,9 +424,33 @@ final class FuseBridge: Sendable {
 
     // MARK: - Helpers shared by the callbacks
 
+    /// The bridge the session was made with (nil only if libfuse broke its word: said in the
+    /// log by the caller's reply, never a trap).
     @inline(__always)
-    private static func bridge(_ req: fuse_req_t?) -> FuseBridge {
-        Unmanaged<FuseBridge>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+    private static func bridge(_ req: fuse_req_t?) -> FuseBridge? {
+        fuse_req_userdata(req).map { Unmanaged<FuseBridge>.fromOpaque($0).takeUnretainedValue() }
+    }
+
+    /// The request's caller (nil as for `bridge`).
+    @inline(__always)
+    private static func caller(_ req: fuse_req_t?) -> RequestContext? {
+        guard let raw = fuse_req_ctx(req)?.pointee else { return nil }
+        return RequestContext(uid: raw.uid, gid: raw.gid, pid: raw.pid, umask: raw.umask)
+    }
+
+    /// A broken promise of libfuse's (a request without what it always carries): the request
+    /// is answered EIO, the log names what was missing, and the mount goes on.
+    static func missing(_ what: String) -> Errno {
+        Log.error("FUSE: a request came without \(what) (answered EIO)")
+        return .ioError
+    }
+
+    /// The file information libfuse passes with every request on an open file.
+    @inline(__always)
+    private static func fileInfo(_ fi: UnsafeMutablePointer<fuse_file_info>?, _ operation: StaticString) throws(Errno)
+        -> UnsafeMutablePointer<fuse_file_info> {
+        guard let fi else { throw missing("the file information of its \(operation)") }
+        return fi
     }
 
     /// Runs one request: the body replies on success; a thrown `Errno` becomes the reply.
@@ -427,14 +459,15 @@ final class FuseBridge: Sendable {
     @inline(__always)
     private static func respond(_ req: fuse_req_t?, _ operation: StaticString, _ inode: fuse_ino_t,
                                 _ body: (any FileSystem, RequestContext) throws(Errno) -> Void) {
-        let fs = bridge(req).fileSystem
-        let raw = fuse_req_ctx(req)!.pointee
-        let context = RequestContext(uid: raw.uid, gid: raw.gid, pid: raw.pid, umask: raw.umask)
+        guard let fs = bridge(req)?.fileSystem, let context = caller(req) else {
+            fuse_reply_err(req, missing("its session or caller (\(operation))").rawValue)
+            return
+        }
         do {
             try body(fs, context)
-            if Log.isDebugging { Log.debug("\(operation) inode \(inode) from pid \(raw.pid): ok") }
+            if Log.isDebugging { Log.debug("\(operation) inode \(inode) from pid \(context.pid): ok") }
         } catch {
-            if Log.isDebugging { Log.debug("\(operation) inode \(inode) from pid \(raw.pid): \(error)") }
+            if Log.isDebugging { Log.debug("\(operation) inode \(inode) from pid \(context.pid): \(error)") }
             fuse_reply_err(req, error.rawValue)
         }
     }
@@ -475,7 +508,7 @@ final class FuseBridge: Sendable {
     /// The kernel's cached attributes of `inode` are stale (its mode changed behind a request
     /// that does not answer with attributes).
     static func attributesChanged(_ req: fuse_req_t?, _ inode: InodeNumber) {
-        if let session = OpaquePointer(bitPattern: bridge(req).session.load(ordering: .acquiring)) {
+        if let bridge = bridge(req), let session = OpaquePointer(bitPattern: bridge.session.load(ordering: .acquiring)) {
             _ = fuse_lowlevel_notify_inval_inode(session, inode, -1, 0)  // attributes only
         }
     }
@@ -540,9 +573,10 @@ final class FuseBridge: Sendable {
             return
         }
         let stream = Unmanaged<DirectoryStream>.fromOpaque(pointer).takeUnretainedValue()
-        let fs = bridge(req).fileSystem
-        let raw = fuse_req_ctx(req)!.pointee
-        let context = RequestContext(uid: raw.uid, gid: raw.gid, pid: raw.pid, umask: raw.umask)
+        guard let fs = bridge(req)?.fileSystem, let context = caller(req) else {
+            fuse_reply_err(req, missing("its session or caller (readdir)").rawValue)
+            return
+        }
         let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
         defer { buffer.deallocate() }
         var used = 0
