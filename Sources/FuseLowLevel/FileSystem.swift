@@ -279,6 +279,11 @@ public protocol FileSystem: AnyObject, Sendable {
     /// mode at hand decides in the write itself.
     func writeDroppingSetID(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer,
                             flags: Int32, context: RequestContext) throws(Errno) -> (written: Int, modeChanged: Bool)
+    /// A write as the bridge makes it (`droppingSetID`: by a caller without CAP_FSETID) that
+    /// may be answered later: nil after `request.postpone()`, the `PendingWrite` answering.
+    /// Defaults to `write` or `writeDroppingSetID`.
+    func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer, flags: Int32,
+               droppingSetID: Bool, context: RequestContext, request: WriteRequest) throws(Errno) -> (written: Int, modeChanged: Bool)?
     func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno)
     func release(_ inode: InodeNumber, handle: UInt64, flags: Int32)
     func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno)
@@ -370,6 +375,13 @@ public extension FileSystem {
                             flags: Int32, context: RequestContext) throws(Errno) -> (written: Int, modeChanged: Bool) {
         let changed = dropSetID(of: inode, context: context)
         return (try write(inode, handle: handle, offset: offset, data: data, flags: flags, context: context), changed)
+    }
+    func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer, flags: Int32,
+               droppingSetID: Bool, context: RequestContext, request: WriteRequest) throws(Errno) -> (written: Int, modeChanged: Bool)? {
+        guard droppingSetID else {
+            return (try write(inode, handle: handle, offset: offset, data: data, flags: flags, context: context), false)
+        }
+        return try writeDroppingSetID(inode, handle: handle, offset: offset, data: data, flags: flags, context: context)
     }
 
     /// Drops the set-ID bits of `inode` through its attributes, if it has any a kill drops;

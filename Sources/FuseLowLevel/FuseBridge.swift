@@ -268,13 +268,11 @@ final class FuseBridge: Sendable {
             FuseBridge.respond(req, "write", inode) { fs, context throws(Errno) in
                 let fi = try FuseBridge.fileInfo(fi, "write")
                 let data = UnsafeRawBufferPointer(start: buffer, count: size)
-                guard SetIDKill.requested else {
-                    return _ = fuse_reply_write(req, try fs.write(inode, handle: fi.pointee.fh, offset: UInt64(offset),
-                                                                  data: data, flags: fi.pointee.flags, context: context))
-                }
                 // A writer without CAP_FSETID: the tree drops the set-ID bits with the write.
-                let (written, modeChanged) = try fs.writeDroppingSetID(inode, handle: fi.pointee.fh, offset: UInt64(offset),
-                                                                       data: data, flags: fi.pointee.flags, context: context)
+                // nil: postponed; the PendingWrite replies later.
+                guard let (written, modeChanged) = try fs.write(inode, handle: fi.pointee.fh, offset: UInt64(offset), data: data,
+                                                                flags: fi.pointee.flags, droppingSetID: SetIDKill.requested,
+                                                                context: context, request: WriteRequest(request: req)) else { return }
                 if modeChanged { FuseBridge.attributesChanged(req, inode) }
                 _ = fuse_reply_write(req, written)
             }

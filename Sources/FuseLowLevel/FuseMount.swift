@@ -168,8 +168,10 @@ public final class FuseMount: @unchecked Sendable {
             usleep(2_000)
         }
         for worker in workers { pthread_join(worker, nil) }
-        // OPENs that wait for a person are answered now, while the session can take it.
+        // OPENs that wait for a person, and WRITEs for another thread, are answered now,
+        // while the session can take it.
         PendingOpens.failAll()
+        PendingWrites.failAll()
         fuse_session_unmount(session)
         // Flush and lock every store here, on the way out, whatever else holds this mount.
         bridge.fileSystem.shutDown()

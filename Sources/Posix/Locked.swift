@@ -66,6 +66,11 @@ public final class Semaphore: @unchecked Sendable {
 
     public func post() { sem_post(semaphore) }
 
+    /// Waits until posted.
+    public func wait() {
+        while sem_wait(semaphore) != 0 && errno == EINTR {}
+    }
+
     /// Waits until posted or `seconds` passed; true when posted.
     @discardableResult
     public func wait(seconds: Double) -> Bool {

@@ -109,13 +109,14 @@ extension AccountsTree {
             noteGuarding(s)
             return Array(s.engine.files.keys)
         }
-        // The kernel forgets the locked sizes (0) before any request sees the vault open: an
-        // invalidation landing while a reader's GETATTR is on its way makes the kernel drop
-        // that answer and keep size 0, and the read after an unlock read nothing (found by
-        // the concurrency suite). Meanwhile fields still answer as locked.
+        // The kernel is told to forget the locked sizes (0) before any request sees the vault
+        // open: an invalidation landing while a reader's GETATTR is on its way makes the
+        // kernel drop that answer and keep size 0, and the read after an unlock read nothing
+        // (found by the concurrency suite). Meanwhile fields still answer as locked; once
+        // they answer, a reader's OPEN takes its field's invalidation out of the outbox and
+        // sends its own (`PageCacheGate.admit`): nothing here waits for the sending thread.
         pageCache.changed()
         for local in files { notifier.invalidateInode(space.inode(local)) }
-        notifier.drain()
         // The auto-lock has a deadline now: the watcher learns it.
         defer { wakeup.wake() }
         state.withLock { s in
@@ -144,9 +145,10 @@ extension AccountsTree {
             if wasUnlocked { Log.info("accounts locked (\(reason))") }
             return files
         }
+        // Sent by the notifier's thread, not waited for here (a lock may come from a request);
+        // `.mtmfs/lock` answers its writer once they are sent (`KernelCacheNotifier.whenSent`).
         pageCache.changed()
         send(invalidations)
-        notifier.drain()
         // What opening the records took from the heap goes back to the system too.
         Syscall.trimHeap()
     }

@@ -341,7 +341,10 @@ public final class AccountsTree: EditingTree {
             // lock drops them all), and its close commits nothing: no READ, no FLUSH.
             return .opened(OpenedFile(handle: handle.raw, keepCache: true, noFlush: true))
         }
-        if case .opened(let opened) = attempt, opened.keepCache { pageCache.admit(inode, notifier: notifier) }
+        if case .opened(var opened) = attempt, opened.keepCache, !pageCache.admit(inode, notifier: notifier) {
+            (opened.keepCache, opened.directIO) = (false, true)
+            return .opened(opened)
+        }
         return attempt
     }
 

@@ -27,15 +27,21 @@ public final class ControlTree: Subtree {
         /// Answers each write (the whole question in one write); the answer replaces what
         /// the descriptor reads, from offset 0.
         public var query: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> String)?
+        /// When set, a command's write is answered only once the work it started on other
+        /// threads is done: this is handed the answer to run then (the writer waits in
+        /// write(2), no worker thread does).
+        public var answerWhenDone: (@Sendable (_ answer: @escaping @Sendable () -> Void) -> Void)?
 
         public init(name: String, mode: mode_t, contents: (@Sendable () -> String)? = nil,
                     command: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> Void)? = nil,
-                    query: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> String)? = nil) {
+                    query: (@Sendable (UnsafeRawBufferPointer) throws(Errno) -> String)? = nil,
+                    answerWhenDone: (@Sendable (_ answer: @escaping @Sendable () -> Void) -> Void)? = nil) {
             self.name = name
             self.mode = mode
             self.contents = contents
             self.command = command
             self.query = query
+            self.answerWhenDone = answerWhenDone
         }
     }
 
@@ -133,6 +139,15 @@ public final class ControlTree: Subtree {
         guard let command = file.command else { throw .badFileDescriptor }
         try command(data)
         return data.count
+    }
+
+    public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer, flags: Int32,
+                      droppingSetID: Bool, context: RequestContext, request: WriteRequest) throws(Errno) -> (written: Int, modeChanged: Bool)? {
+        // Control files have no set-ID bits to drop.
+        let written = try write(inode, handle: handle, offset: offset, data: data, flags: flags, context: context)
+        guard let answerWhenDone = try file(inode).answerWhenDone, let pending = request.postpone() else { return (written, false) }
+        answerWhenDone { pending.reply(written) }
+        return nil
     }
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {

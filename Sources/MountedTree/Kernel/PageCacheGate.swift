@@ -36,19 +36,25 @@ final class PageCacheGate: Sendable {
     }
 
     /// Called at an open that will let the kernel keep pages: when `inode` changed (or may
-    /// have) since its last open, its pages and attributes are dropped now.
-    func admit(_ inode: InodeNumber, notifier: KernelCacheNotifier) {
+    /// have) since its last open, its pages and attributes are dropped now, by this request.
+    /// False when the open must not rely on the kernel's cache (answer with direct I/O).
+    ///
+    /// An invalidation of this inode queued for an earlier change and landing while the
+    /// reader's GETATTR is on its way makes the kernel drop that answer (its attribute
+    /// version is older) and keep a stale size: a file read right after an unlock would keep
+    /// the size it had while locked (0) and read nothing. So the queued ones are taken out
+    /// (this open's own invalidation supersedes them), without waiting for the thread that
+    /// sends them; one being sent right now cannot be, and the open then reads directly.
+    func admit(_ inode: InodeNumber, notifier: KernelCacheNotifier) -> Bool {
         let fresh = state.withLock { s -> Bool in
             if s.opened[inode] == s.generation { return true }
             s.opened[inode] = s.generation
             return false
         }
-        guard !fresh else { return }
-        // Invalidations still queued for earlier changes go first: one that lands while
-        // the reader's GETATTR is on its way makes the kernel drop that answer (its
-        // attribute version is older) and keep a stale size: a file read right after an
-        // unlock would keep the size it had while locked (0) and read nothing.
-        notifier.drain()
+        guard !fresh else { return true }
+        let racing = notifier.supersede(inode)
         notifier.invalidateInodeNow(inode)
+        if racing { forget(inode) }  // the next open looks again
+        return !racing
     }
 }

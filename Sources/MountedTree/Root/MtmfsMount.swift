@@ -68,7 +68,9 @@ public final class MtmfsMount: Sendable {
                 defer { passphrase.wipe() }
                 try accounts.unlock(passphrase: passphrase)
             }),
-            ControlTree.File(name: "lock", mode: 0o200, command: { _ in accounts.lock(reason: "lock requested") }),
+            // Answered once the kernel was told to forget every field (`mtmfs lock` returns then).
+            ControlTree.File(name: "lock", mode: 0o200, command: { _ in accounts.lock(reason: "lock requested") },
+                             answerWhenDone: { answer in notifier.whenSent(answer) }),
             // "on" or "off", a newline, the passphrase.
             ControlTree.File(name: "guard", mode: 0o200, command: { (bytes) throws(Errno) in
                 try Self.withCommand(bytes) { (words, passphrase) throws(Errno) in

@@ -161,6 +161,12 @@ public final class RootTree: FileSystem {
                                                 context: context)
     }
 
+    public func write(_ inode: InodeNumber, handle: UInt64, offset: UInt64, data: UnsafeRawBufferPointer, flags: Int32,
+                      droppingSetID: Bool, context: RequestContext, request: WriteRequest) throws(Errno) -> (written: Int, modeChanged: Bool)? {
+        try owner(of: inode).write(inode, handle: handle, offset: offset, data: data, flags: flags,
+                                   droppingSetID: droppingSetID, context: context, request: request)
+    }
+
     public func flush(_ inode: InodeNumber, handle: UInt64, context: RequestContext) throws(Errno) {
         try owner(of: inode).flush(inode, handle: handle, context: context)
     }

@@ -208,8 +208,8 @@ public final class SettingsTree: EditingTree {
         }
         // A reader reads the kernel's pages of the key while it has not changed, and its close
         // validates and commits nothing: no READ and no FLUSH round trip for it.
-        if reader { pageCache.admit(inode, notifier: notifier) }
-        return OpenedFile(handle: handle.raw, keepCache: reader, noFlush: reader)
+        let keep = reader && pageCache.admit(inode, notifier: notifier)
+        return OpenedFile(handle: handle.raw, directIO: reader && !keep, keepCache: keep, noFlush: reader)
     }
 
     public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
