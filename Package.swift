@@ -11,6 +11,7 @@ let package = Package(
     products: [
         .executable(name: "mtmfs", targets: ["mtmfs"]),
         .executable(name: "mtmfs-bench", targets: ["mtmfs-bench"]),
+        .executable(name: "mtmfs-floor", targets: ["mtmfs-floor"]),
         .executable(name: "mtmfs-reliability", targets: ["mtmfs-reliability"]),
         .executable(name: "mtmfs-fuzz", targets: ["mtmfs-fuzz"]),
     ],
@@ -39,6 +40,10 @@ let package = Package(
         .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "CacheStore", "CredentialVault", "Posix"]),
         // Side-by-side measurements against a native directory and peers.
         .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "CredentialVault", "CSQLite"]),
+        // The benchmark's floor, in C: the least a libfuse low-level daemon does (a tree in
+        // memory, cache/'s kernel-cache settings), mounted by mtmfs-bench beside mtmfs.
+        // CFuse brings fuse3's pkg-config flags; floor.c includes <fuse_lowlevel.h> itself.
+        .executableTarget(name: "mtmfs-floor", dependencies: ["CFuse"]),
         // Faults, bad input and attackers: crash, full disk, damaged stores, concurrency, security.
         .executableTarget(name: "mtmfs-reliability",
                           dependencies: ["Posix", "CPosixShims", "CSodium", "CredentialVault", "SettingsStore", "TestSupport"]),

@@ -5,17 +5,21 @@ import CredentialVault
 import Foundation
 import Posix
 
-/// The set-up (native, bindfs, mtmfs side by side), the workloads, and the report.
+/// The set-up (native, the FUSE floor, bindfs, gocryptfs, mtmfs side by side), the
+/// workloads, and the report.
 final class Bench {
     let options: Benchmark.Options
     let root: String
     let mtmfs: String
+    /// `mtmfs-floor` beside this program, if built.
+    let floorProgram: String?
     let mountPoint: String
     let dataDirectory: String
     var systems: [String: System] = [:]  // per workload family: name → directory
     var samples: [Sample] = []
     var notes: [String] = []
     var daemonPID: pid_t = 0
+    var floorPID: pid_t = 0
     var passReady = false
     var manyAccountsMount = ""
     var vaultStores: [(accounts: Int, mount: String, daemon: pid_t)] = []
@@ -40,6 +44,8 @@ final class Bench {
         let here = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
         let sibling = here.appendingPathComponent("mtmfs").path
         mtmfs = FileManager.default.isExecutableFile(atPath: sibling) ? sibling : "mtmfs"
+        let floor = here.appendingPathComponent("mtmfs-floor").path
+        floorProgram = FileManager.default.isExecutableFile(atPath: floor) ? floor : nil
         mountPoint = root + "/mtmfs"
         dataDirectory = root + "/data"
     }
@@ -48,6 +54,7 @@ final class Bench {
         Bench.stopNamespaceDaemons()
         for mount in Benchmark.mounts.reversed() { Spawn.run("fusermount3", ["-uz", mount]) }
         Benchmark.mounts.removeAll()
+        stopFloor()
         try? FileManager.default.removeItem(atPath: root)
     }
 
@@ -88,6 +95,7 @@ final class Bench {
             notes.append("bindfs: skipped (not installed: mount-helpers/install-deps --bench)")
         }
         try setUpGocryptfs()
+        try setUpFloor()
         guard !options.engineOnly else { return }
         if options.guardOnly || !(options.vaultOnly || options.daemonOnly) {
             guardStores = try setUpGuardStores()
@@ -127,6 +135,53 @@ final class Bench {
         try "correct-horse-battery-staple\n".write(toFile: plain + "/password", atomically: true, encoding: .utf8)
         try "42\n".write(toFile: plain + "/BenchKey", atomically: true, encoding: .utf8)
         systems["gocryptfs"] = System(name: "gocryptfs", directory: plain)
+    }
+
+    /// The floor: `mtmfs-floor`, the least a libfuse low-level daemon does (a tree in memory,
+    /// cache/'s kernel-cache settings), as our child in the foreground. Only the per-operation
+    /// rows run on it (W1, W2, W4, W5, W10): mtmfs ÷ floor is what mtmfs adds to FUSE's own cost.
+    func setUpFloor() throws {
+        guard let floorProgram else {
+            notes.append("floor: skipped (mtmfs-floor is not built beside mtmfs-bench: swift build --product mtmfs-floor)")
+            return
+        }
+        let mount = root + "/floor"
+        mkdir(mount, 0o755)
+        // A process group of its own: a Ctrl-C stops the bench, which then unmounts the floor,
+        // instead of ending the floor under a workload.
+        guard let pid = try? Spawn.start(floorProgram, ["-f", mount], stderr: .descriptor(2), ownProcessGroup: true) else {
+            notes.append("floor: skipped (cannot start \(floorProgram))")
+            return
+        }
+        let started = ContinuousClock.now
+        while !((try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8)) ?? "").contains(" \(mount) fuse.mtmfs-floor ") {
+            if waitpid(pid, nil, WNOHANG) == pid {
+                notes.append("floor: skipped (mtmfs-floor ended before it mounted)")
+                return
+            }
+            if started.secondsElapsed > 10 {
+                floorPID = pid
+                stopFloor()
+                notes.append("floor: skipped (mtmfs-floor did not mount in 10 s)")
+                return
+            }
+            usleep(20_000)
+        }
+        floorPID = pid
+        Benchmark.mounts.append(mount)
+        mkdir(mount + "/cache", 0o755)
+        try "correct-horse-battery-staple\n".write(toFile: mount + "/password", atomically: false, encoding: .utf8)
+        try "42\n".write(toFile: mount + "/BenchKey", atomically: false, encoding: .utf8)
+        systems["floor"] = System(name: "floor", directory: mount)
+    }
+
+    /// Ends the floor's daemon: after its unmount (then it is on its way out), or instead of
+    /// it (SIGTERM unmounts).
+    func stopFloor() {
+        guard floorPID > 0 else { return }
+        kill(floorPID, SIGTERM)
+        Spawn.wait(floorPID, timeout: 10)
+        floorPID = 0
     }
 
     /// pass: a password store with a throwaway GPG key without a passphrase (W1 only).
@@ -187,10 +242,11 @@ final class Bench {
 
     func rss() -> Double { rss(of: daemonPID) }
 
-    /// The file or directory a workload uses on each system.
-    func paths(_ kind: String) -> [(String, String)] {
+    /// The file or directory a workload uses on each system; on the floor too `withFloor`
+    /// (the per-operation rows W1, W2, W4, W5 and W10).
+    func paths(_ kind: String, withFloor: Bool = false) -> [(String, String)] {
         var result: [(String, String)] = []
-        for name in ["native", "bindfs", "gocryptfs", "mtmfs"] {
+        for name in ["native", "floor", "bindfs", "gocryptfs", "mtmfs"] where withFloor || name != "floor" {
             let base: String
             switch name {
             case "mtmfs":
@@ -234,7 +290,7 @@ final class Bench {
             }
             try statusRound(statusStores)
             if options.daemonOnly { continue }
-            for (system, path) in rotate(paths("password")) {
+            for (system, path) in rotate(paths("password", withFloor: true)) {
                 let runs = processRuns
                 let total = seconds { for _ in 0..<runs { Spawn.run("/bin/cat", [path]) } }
                 record("W1 cat a field, whole process (ms)", system, total / Double(runs) * 1000)
@@ -245,7 +301,7 @@ final class Bench {
                 let total = seconds { for _ in 0..<runs { Spawn.run("pass", ["show", "bench/password"]) } }
                 record("W1 cat a field, whole process (ms)", "pass", total / Double(runs) * 1000)
             }
-            for (system, path) in rotate(paths("password")) {
+            for (system, path) in rotate(paths("password", withFloor: true)) {
                 record("W2 open+read+close (µs)", system, try openReadClose(path, times: iterations) * 1e6)
             }
             for (system, directory) in rotate(paths("accounts")) {
@@ -254,12 +310,12 @@ final class Bench {
                 record("W3 ls -l accounts/, \(manyAccounts) accounts, warm (ms)", system, list * 1000)
             }
             try vaultRound(vaultStores)
-            for (system, path) in rotate(paths("key")) {
+            for (system, path) in rotate(paths("key", withFloor: true)) {
                 let n = iterations / 10
                 record("W4 read a settings key (µs)", system, try openReadClose(path, times: n) * 1e6)
                 record("W4 write a settings key (µs)", system, try writeValue(path, times: n / 4) * 1e6)
             }
-            for (system, directory) in rotate(paths("cache")) {
+            for (system, directory) in rotate(paths("cache", withFloor: true)) {
                 try smallFileRound(system, directory + "/round\(round)")
             }
             if round == 0, daemonPID > 0 { record("W8 daemon RSS after W5 (MB)", "mtmfs", rss()) }
@@ -424,25 +480,31 @@ final class Bench {
             return (values[values.count / 2], values.first!, values.last!)
         }
         func format(_ value: Double) -> String { value >= 100 ? String(format: "%.0f", value) : String(format: "%.3g", value) }
-        let systemsShown = ["native", "bindfs", "gocryptfs", "pass", "mtmfs"].filter { name in samples.contains { $0.system == name } }
+        let systemsShown = ["native", "floor", "bindfs", "gocryptfs", "pass", "mtmfs"].filter { name in samples.contains { $0.system == name } }
         var lines = ["| workload | " + systemsShown.joined(separator: " | ") + " | target |",
                      "|---|" + systemsShown.map { _ in "---:|" }.joined() + "---|"]
         var json: [[String: Any]] = []
         for workload in workloads {
             let native = stats(workload, "native")?.median
+            let floorMedian = stats(workload, "floor")?.median  // the per-operation rows only
             var cells: [String] = []
             for system in systemsShown {
                 guard let s = stats(workload, system) else { cells.append("—"); continue }
                 var cell = "\(format(s.median)) (\(format(s.low))–\(format(s.high)))"
                 if let native, system != "native", native > 0 { cell += String(format: " **%.2f×**", s.median / native) }
+                if let floorMedian, system == "mtmfs", floorMedian > 0 {
+                    cell += String(format: " · ÷ floor **%.2f×**", s.median / floorMedian)
+                }
                 cells.append(cell)
                 json.append(["workload": workload, "system": system, "median": s.median, "min": s.low, "max": s.high,
-                             "ratio_to_native": native.map { s.median / $0 } ?? NSNull()])
+                             "ratio_to_native": native.map { s.median / $0 } ?? NSNull(),
+                             "ratio_to_floor": floorMedian.map { s.median / $0 } ?? NSNull()])
             }
             let target = Self.targets[workload] ?? Self.target(prefix: workload)
             lines.append("| \(workload) | " + cells.joined(separator: " | ") + " | \(target) |")
         }
-        print("mtmfs-bench: \(options.rounds) rounds\(options.quick ? " (quick)" : ""), medians (min–max), ratio to native in the same run\n")
+        print("mtmfs-bench: \(options.rounds) rounds\(options.quick ? " (quick)" : ""), medians (min–max), ratio to native in the same run; "
+              + "mtmfs ÷ floor where the floor (mtmfs-floor, a minimal FUSE daemon in memory) ran too\n")
         print(lines.joined(separator: "\n"))
         for note in notes { print("\n- \(note)") }
         if let path = options.json, let data = try? JSONSerialization.data(withJSONObject: json, options: [.prettyPrinted]) {

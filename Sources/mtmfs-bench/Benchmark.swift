@@ -21,8 +21,9 @@ struct System {
 /// `mtmfs-bench`: sets up a native directory, a bindfs passthrough of it (when bindfs is
 /// installed) and an mtmfs mount side by side on the same disk, runs each workload on each,
 /// interleaved round by round, and prints medians (min–max) with the ratio to the native
-/// directory measured in the same round, as markdown and JSON. Everything it mounts it
-/// unmounts, also on Ctrl-C.
+/// directory measured in the same round, as markdown and JSON. The per-operation rows also
+/// run on `mtmfs-floor` (the least a FUSE daemon does) and show mtmfs ÷ floor. Everything it
+/// mounts it unmounts, also on Ctrl-C.
 enum Benchmark {
     struct Options {
         var quick = false
@@ -61,6 +62,9 @@ enum Benchmark {
                 Measures mtmfs against a native directory and its peers — a bindfs passthrough, a
                 gocryptfs mount and a `pass` store (installed by `mount-helpers/install-deps --bench`;
                 skipped when absent) — side by side on the same disk, interleaved round by round.
+                The per-operation rows (W1, W2, W4, W5, W10) run on the floor too: mtmfs-floor, a
+                minimal low-level FUSE daemon serving from memory with mtmfs's kernel-cache
+                settings (built beside mtmfs-bench; skipped when absent), and show mtmfs ÷ floor.
                 --quick: few iterations, for a smoke run. --engine: only the cache-engine
                 workloads (W10–W15: 4 KiB writes, random writes + fsync, postmark with big files,
                 a big write and its log, a big delete under load, mounting with data stored;

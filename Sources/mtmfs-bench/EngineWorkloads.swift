@@ -15,7 +15,7 @@ extension Bench {
     var engineBigLabel: String { options.quick ? "64 MiB" : "1 GiB" }
 
     func engineRound(_ round: Int, rotate: ([(String, String)]) -> [(String, String)]) throws {
-        for (system, directory) in rotate(paths("cache")) {
+        for (system, directory) in rotate(paths("cache", withFloor: true)) {
             record("W10 4 KiB sequential writes (µs per write)", system,
                    try sequentialSmallWrites(directory + "/seq\(round)") * 1e6)
         }
