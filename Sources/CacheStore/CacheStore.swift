@@ -749,9 +749,10 @@ public final class CacheStore: @unchecked Sendable {
     /// holds every change not yet checkpointed (a checkpoint syncs the database file before
     /// the log may be reused or cut). As SQLite syncs its log: the data and the size, not
     /// the times — the log is mostly overwritten in place, and an fsync there paid a
-    /// journal commit for its mtime each time (a second flush of the disk). The sync runs
+    /// journal commit for its mtime each time (a second flush of the disk). That sync runs
     /// after the store's lock is let go: requests of other files do not wait for the disk,
-    /// and whatever was committed before it is covered.
+    /// and whatever was committed before it is covered. (A drain of the fsync journal that
+    /// comes first, when short fsyncs left records, syncs the log under the lock.)
     ///
     /// With everything committed already durable and the writes buffered since then few
     /// enough, those writes go the short way instead: appended to the journal, which alone

@@ -4,8 +4,9 @@ import Glibc
 import CSQLite
 import Posix
 
-/// Space given back: a deleted file's chunks are removed in slices by a thread of the daemon
-/// (`reclaimStep`), never in the request that deleted it, and the pages they leave go back
+/// Space given back: a deleted file of up to `deleteAtOnce` chunks' bytes goes in the request
+/// that deleted it; a larger one's chunks are removed in slices by a thread of the daemon
+/// (`reclaimStep`), not in that request, and the pages they leave go back
 /// to the file system by incremental vacuum, a few megabytes at a time. Each slice holds the
 /// store's lock for a few milliseconds, so other requests never wait long behind a delete.
 extension CacheStore {
