@@ -128,7 +128,7 @@ extension CacheStore {
         if room, let last = pieces.last, upper > last.end, touching.last?.id == last.id {
             // Past the first chunk the file is growing (a log, a write-ahead log): the rest
             // of the chunk at once, as one change of the tree's pages, not a rewrite at each
-            // doubling (each one freed and took a dozen pages: 24 log frames for 8 KiB).
+            // doubling (each of which frees and takes a dozen pages of the tree).
             length = index > 0 ? Self.chunkSize - lower : min(Self.chunkSize - lower, max(length, 2 * last.length))
             if growing.count >= 4096 { growing.removeAll() }
             growing.insert(ino)

@@ -190,7 +190,7 @@ extension CacheStore {
         }
         guard pending else { return }
         // What the log holds (not its file's size, which stays after SQLite starts it over:
-        // measured by the file, every pass past 8 MiB checkpointed — two syncs — again).
+        // judged by the file, every pass past 8 MiB would checkpoint — two syncs — again).
         // The file's size still counts past `logBound` × 3/4: the bound holds even if the
         // count were wrong.
         let fileBytes = Self.fileSize(path + "-wal")

@@ -162,15 +162,16 @@ extension AccountsTree {
         return text.filter { $0.isNumber }.isEmpty ? "none" : text.filter { $0.isNumber }
     }
 
-    /// For `.mtmfs/status`.
+    /// For `.mtmfs/status`. (/proc is read before the state lock is taken.)
     public func statusLines() -> [String] {
-        state.withLock { s in
+        let ptraceScope = Self.ptraceScope
+        return state.withLock { s in
             let session = s.fields.session
             var lines = ["state=\(session.isUnlocked ? "unlocked" : "locked")"]
             lines.append("auto_lock_in=\(session.autoLockIn)")
             lines.append("accounts=\(session.vault?.accountCount ?? 0)")
             lines.append("guard=" + ["unknown", "off", "on"][lastKnownGuarding.load(ordering: .relaxed)])
-            lines.append("ptrace_scope=" + Self.ptraceScope)
+            lines.append("ptrace_scope=" + ptraceScope)
             if let problem = session.problem { lines.append("vault_error=\(problem)") }
             return lines
         }
