@@ -130,7 +130,9 @@ public final class FuseMount: @unchecked Sendable {
     /// say over how a worker stops. Here a worker stops between requests: at the end it is
     /// woken from its read by SIGUSR2 (see `WorkerWakeUp`), and only then is the mount
     /// unmounted and the stores shut down.
-    public func run(onReady: @escaping @Sendable () -> Void = {}) -> Int32 {
+    /// `beforeUnmount` runs once every worker has left, before the session's descriptor is
+    /// closed (a thread that notifies the kernel must be done with it by then).
+    public func run(onReady: @escaping @Sendable () -> Void = {}, beforeUnmount: () -> Void = {}) -> Int32 {
         let stop = UnsafeMutablePointer<sem_t>.allocate(capacity: 1)
         sem_init(stop, 0, 0)
         defer { sem_destroy(stop); stop.deallocate() }
@@ -172,6 +174,7 @@ public final class FuseMount: @unchecked Sendable {
         // while the session can take it.
         PendingOpens.failAll()
         PendingWrites.failAll()
+        beforeUnmount()
         fuse_session_unmount(session)
         // Flush and lock every store here, on the way out, whatever else holds this mount.
         bridge.fileSystem.shutDown()

@@ -33,8 +33,12 @@ public final class KernelCacheNotifier: Sendable {
     struct Outbox: @unchecked Sendable {
         var mount: FuseMount?
         var notices: [Notice] = []
-        /// The inode whose invalidation the thread is sending now.
+        /// Where the waiting notices start in `notices` (taken ones are dropped in batches).
+        var head = 0
+        /// The inode whose invalidation the thread is sending now, and whether it is sending
+        /// anything (or running a `whenSent` body).
         var sending: InodeNumber?
+        var busy = false
         var threadRunning = false
     }
     private let outbox = Mutex(Outbox())
@@ -42,18 +46,32 @@ public final class KernelCacheNotifier: Sendable {
 
     public init() {}
 
-    /// A mount to notify (its sending thread starts), or nil at the end: what waits is
-    /// sent first (into a session that may be gone: the kernel then refuses it at once).
-    public func attach(_ fuse: FuseMount?) {
+    /// A mount to notify (its sending thread starts). nil at the end, before the session is
+    /// unmounted: what waits is dropped (the kernel forgets everything with the mount), the
+    /// `whenSent` bodies still run, and this returns once the thread is out of any send
+    /// (at most `seconds`: a send can wait for a page lock that only a reply would free),
+    /// so that no send writes to the session's descriptor once it is closed and reused.
+    public func attach(_ fuse: FuseMount?, waitingAtMost seconds: Double = 1) {
         let start = outbox.withLock { box -> Bool in
             box.mount = fuse
-            defer { if fuse != nil { box.threadRunning = true } }
-            return fuse != nil && !box.threadRunning
+            guard fuse != nil, !box.threadRunning else { return false }
+            box.threadRunning = true
+            return true
         }
         if start {
-            Threads.detach { [self] in sendForever() }
+            if !Threads.detach({ [self] in sendForever() }) {
+                outbox.withLock { box in
+                    box.threadRunning = false
+                    box.mount = nil  // nothing would send what is posted: nothing is taken
+                }
+                Log.error("no thread for the kernel's invalidations: the kernel keeps what it cached until its timeouts")
+            }
         } else if fuse == nil {
             wake.post()
+            let deadline = ContinuousClock.now.advanced(by: .milliseconds(Int(seconds * 1000)))
+            while outbox.withLock({ $0.busy || $0.head < $0.notices.count }), ContinuousClock.now < deadline {
+                usleep(1_000)  // only at the end of the mount
+            }
         }
     }
 
@@ -64,21 +82,33 @@ public final class KernelCacheNotifier: Sendable {
     public func invalidateEntry(parent: InodeNumber, name: String) { post(.entry(parent: parent, name: name)) }
 
     /// Runs `body` on the sending thread once everything asked for before it was sent (at
-    /// once, on this thread, without a mount).
+    /// once, on this thread, when nothing would send: no mount).
     public func whenSent(_ body: @escaping @Sendable () -> Void) {
-        guard outbox.withLock({ $0.mount != nil }) else { return body() }
-        post(.sent(body))
+        if !post(.sent(body)) { body() }
     }
 
     /// For an OPEN about to send its own invalidation of `inode`: the ones waiting for it in
-    /// the outbox are dropped (superseded). True when one is being sent right now: it may
-    /// land after the open's answer, and the kernel would then throw away the attributes it
-    /// asks for next (their version is older): such an open should not rely on them.
-    public func supersede(_ inode: InodeNumber) -> Bool {
-        outbox.withLock { box -> Bool in
-            box.notices.removeAll { if case .inode(inode) = $0 { return true } else { return false } }
-            return box.sending == inode
+    /// the outbox are dropped (superseded) — not one queued before a `whenSent` body, whose
+    /// waiter (a lock) must know it was sent. Then waits, a little (`seconds`), while one of
+    /// them is being sent or stays queued: it may land after the open's answer, and the
+    /// kernel would then throw away the attributes it asks for next (their version is
+    /// older). True when one is still pending after the wait: such an open should not rely
+    /// on the kernel's cache.
+    public func supersede(_ inode: InodeNumber, waitingAtMost seconds: Double = 0.05) -> Bool {
+        func isThis(_ notice: Notice) -> Bool { if case .inode(inode) = notice { return true } else { return false } }
+        var deadline: ContinuousClock.Instant?
+        while outbox.withLock({ box -> Bool in
+            let after = (box.notices[box.head...].lastIndex { if case .sent = $0 { return true } else { return false } } ?? box.head - 1) + 1
+            let rest = box.notices[after...].filter { !isThis($0) }
+            box.notices.replaceSubrange(after..., with: rest)
+            return box.notices[box.head..<after].contains(where: isThis) || box.sending == inode
+        }) {
+            let now = ContinuousClock.now
+            if deadline == nil { deadline = now.advanced(by: .milliseconds(Int(seconds * 1000))) }
+            if let deadline, now >= deadline { return true }
+            usleep(200)  // rare: an invalidation of this very inode is on its way
         }
+        return false
     }
 
     /// Drops attributes and cached data of `inode` on the calling thread, before returning.
@@ -89,29 +119,40 @@ public final class KernelCacheNotifier: Sendable {
         outbox.withLock { $0.mount }?.invalidateInode(inode)
     }
 
-    private func post(_ notice: Notice) {
+    /// False when nothing would send it (no mount, or no thread).
+    @discardableResult
+    private func post(_ notice: Notice) -> Bool {
         let posted = outbox.withLock { box -> Bool in
             guard box.mount != nil else { return false }
             box.notices.append(notice)
             return true
         }
         if posted { wake.post() }
+        return posted
     }
 
     /// The sending thread: sleeps until posted, sends everything waiting, in order; ends
-    /// once no mount is attached and nothing waits.
+    /// once no mount is attached and nothing waits (without a mount, invalidations are
+    /// dropped and `whenSent` bodies run).
     private func sendForever() {
         while true {
             wake.wait()
             while true {
                 let next = outbox.withLock { box -> (notice: Notice, mount: FuseMount?)?? in
-                    guard !box.notices.isEmpty else {
+                    guard box.head < box.notices.count else {
+                        (box.notices, box.head, box.busy) = ([], 0, false)
                         guard box.mount == nil else { return .some(nil) }  // idle: sleep
                         box.threadRunning = false
                         return nil  // detached and sent: end
                     }
-                    let notice = box.notices.removeFirst()
+                    let notice = box.notices[box.head]
+                    box.head += 1
+                    if box.head >= 1024 && box.head * 2 >= box.notices.count {
+                        box.notices.removeFirst(box.head)
+                        box.head = 0
+                    }
                     if case .inode(let inode) = notice { box.sending = inode }
+                    box.busy = true
                     return (notice, box.mount)
                 }
                 guard let next else { return }
@@ -121,7 +162,7 @@ public final class KernelCacheNotifier: Sendable {
                 case .entry(let parent, let name): mount?.invalidateEntry(parent: parent, name: name)
                 case .sent(let body): body()
                 }
-                outbox.withLock { $0.sending = nil }
+                outbox.withLock { box in (box.sending, box.busy) = (nil, false) }
             }
         }
     }

@@ -44,7 +44,8 @@ final class PageCacheGate: Sendable {
     /// version is older) and keep a stale size: a file read right after an unlock would keep
     /// the size it had while locked (0) and read nothing. So the queued ones are taken out
     /// (this open's own invalidation supersedes them), without waiting for the thread that
-    /// sends them; one being sent right now cannot be, and the open then reads directly.
+    /// sends them. One being sent right now, or queued before a lock's barrier, cannot be:
+    /// the open waits for it a little (50 ms at most), then reads directly.
     func admit(_ inode: InodeNumber, notifier: KernelCacheNotifier) -> Bool {
         let fresh = state.withLock { s -> Bool in
             if s.opened[inode] == s.generation { return true }

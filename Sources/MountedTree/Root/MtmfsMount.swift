@@ -72,12 +72,13 @@ public final class MtmfsMount: Sendable {
             ControlTree.File(name: "lock", mode: 0o200, command: { _ in accounts.lock(reason: "lock requested") },
                              answerWhenDone: { answer in notifier.whenSent(answer) }),
             // "on" or "off", a newline, the passphrase.
+            // Answered once the kernel was told to forget the pages guarding now covers.
             ControlTree.File(name: "guard", mode: 0o200, command: { (bytes) throws(Errno) in
                 try Self.withCommand(bytes) { (words, passphrase) throws(Errno) in
                     guard words.count == 1, words[0] == "on" || words[0] == "off" else { throw .invalidArgument }
                     try accounts.setGuarding(words[0] == "on", passphrase: passphrase)
                 }
-            }),
+            }, answerWhenDone: { answer in notifier.whenSent(answer) }),
             // "trust ACCOUNT PATH…" or "untrust ACCOUNT PATH…" (tab-separated), a newline, the passphrase.
             ControlTree.File(name: "trust", mode: 0o200, command: { (bytes) throws(Errno) in
                 try Self.withCommand(bytes) { (words, passphrase) throws(Errno) in
@@ -85,7 +86,7 @@ public final class MtmfsMount: Sendable {
                     try accounts.changeTrust(adding: words[0] == "trust", accountName: words[1], programs: Array(words[2...]),
                                              passphrase: passphrase)
                 }
-            }),
+            }, answerWhenDone: { answer in notifier.whenSent(answer) }),
             ControlTree.File(name: "access", mode: 0o400, contents: { accounts.access.recentDecisions() }),
             ControlTree.File(name: "find", mode: 0o600, query: { (bytes) throws(Errno) in try accounts.find(bytes) }),
         ], ownership: ownership, nodes: nodes)
@@ -107,8 +108,9 @@ public final class MtmfsMount: Sendable {
     /// Serves until the mount ends; `onReady` is called once the mount answers.
     public func run(onReady: @escaping @Sendable () -> Void) -> Int32 {
         Log.info("mounted \(dataDirectory.path) on \(mountPoint)")
-        let status = fuse.run(onReady: onReady)
-        notifier.attach(nil)  // the notifier held the mount: let both go
+        // The notifier held the mount: both let go, and its sends done before the session's
+        // descriptor closes.
+        let status = fuse.run(onReady: onReady, beforeUnmount: { notifier.attach(nil) })
         Log.info("unmounted \(mountPoint)")
         return status
     }
