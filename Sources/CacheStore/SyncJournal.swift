@@ -303,6 +303,6 @@ extension CacheStore {
             journal.end = end
             try drainJournal()
         }
-        progress("stored \(entries.count) fsynced writes that were only in \(journal.path) at the last stop")
+        progress("stored \(entries.count) fsynced writes that were only in \(journal.path) when the daemon ended")
     }
 }

@@ -98,9 +98,12 @@ public final class KernelCacheNotifier: Sendable {
         func isThis(_ notice: Notice) -> Bool { if case .inode(inode) = notice { return true } else { return false } }
         var deadline: ContinuousClock.Instant?
         while outbox.withLock({ box -> Bool in
+            // The usual case, at no cost: nothing waits.
+            guard box.head < box.notices.count else { return box.sending == inode }
             let after = (box.notices[box.head...].lastIndex { if case .sent = $0 { return true } else { return false } } ?? box.head - 1) + 1
-            let rest = box.notices[after...].filter { !isThis($0) }
-            box.notices.replaceSubrange(after..., with: rest)
+            if box.notices[after...].contains(where: isThis) {
+                box.notices.replaceSubrange(after..., with: box.notices[after...].filter { !isThis($0) })
+            }
             return box.notices[box.head..<after].contains(where: isThis) || box.sending == inode
         }) {
             let now = ContinuousClock.now

@@ -194,7 +194,7 @@ final class Differential {
             var bytes = [UInt8](repeating: 0, count: count)
             var done = 0
             while done < count {
-                let n = bytes.withUnsafeMutableBytes { Glibc.pread(fd, $0.baseAddress! + done, count - done, off_t(offset + done)) }
+                let n = bytes.withUnsafeMutableBytes { Glibc.pread(fd, $0.baseAddress.map { $0 + done }, count - done, off_t(offset + done)) }
                 if n < 0 && errno == EINTR { continue }
                 if n <= 0 { break }
                 done += n
@@ -283,7 +283,7 @@ final class Differential {
                 guard let map = mmap(nil, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, off_t(start)), map != MAP_FAILED else {
                     throw failure("\(label) mmap: \(errnoName(errno))")
                 }
-                data.withUnsafeBytes { map.advanced(by: at - start).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+                data.withUnsafeBytes { UnsafeMutableRawBufferPointer(start: map.advanced(by: at - start), count: $0.count).copyMemory(from: $0) }
                 if sync && msync(map, length, MS_SYNC) != 0 { throw failure("\(label) msync: \(errnoName(errno))") }
                 munmap(map, length)
             }

@@ -212,7 +212,7 @@ func writeLikeADatabase(_ path: String, _ bytes: [UInt8]) -> Int32 {
     guard fd >= 0 else { return errno }
     defer { close(fd) }
     func put(_ range: Range<Int>) -> Int32 {
-        let written = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress! + range.lowerBound, range.count, off_t(range.lowerBound)) }
+        let written = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress.map { $0 + range.lowerBound }, range.count, off_t(range.lowerBound)) }
         return written == range.count ? 0 : written < 0 ? errno : EIO
     }
     var done: [Range<Int>] = []
