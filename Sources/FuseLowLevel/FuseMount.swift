@@ -116,6 +116,9 @@ public final class FuseMount: @unchecked Sendable {
         self.bridgeReference = reference
     }
 
+    /// How many worker threads serve the mount's requests.
+    public var workerCount: UInt32 { max(1, bridge.kernel.maximumThreads) }
+
     deinit {
         fuse_session_destroy(session)
         bridgeReference.release()
@@ -145,7 +148,7 @@ public final class FuseMount: @unchecked Sendable {
         let count = WorkerCount()
         var workers: [pthread_t] = []
         DaemonSignals.withBlocked {
-            for _ in 0..<max(1, bridge.kernel.maximumThreads) {
+            for _ in 0..<workerCount {
                 let worker = Worker(session: session, stop: stop, count: count)
                 guard let thread = Threads.start({ worker.serve() }) else { continue }
                 count.running.add(1, ordering: .sequentiallyConsistent)

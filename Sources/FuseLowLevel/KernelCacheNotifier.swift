@@ -40,6 +40,11 @@ public final class KernelCacheNotifier: Sendable {
         var sending: InodeNumber?
         var busy = false
         var threadRunning = false
+        /// Requests inside `invalidateInodeNow`, and how many may be at once: one fewer than
+        /// the mount's workers, so that one worker is always left to answer the request
+        /// whose page lock they may be waiting for.
+        var sendingNow = 0
+        var sendingNowLimit = 0
     }
     private let outbox = Mutex(Outbox())
     private let wake = Semaphore()
@@ -54,6 +59,7 @@ public final class KernelCacheNotifier: Sendable {
     public func attach(_ fuse: FuseMount?, waitingAtMost seconds: Double = 1) {
         let start = outbox.withLock { box -> Bool in
             box.mount = fuse
+            if let fuse { box.sendingNowLimit = Int(fuse.workerCount) - 1 }
             guard fuse != nil, !box.threadRunning else { return false }
             box.threadRunning = true
             return true
@@ -118,8 +124,25 @@ public final class KernelCacheNotifier: Sendable {
     /// Only from a request during which the kernel holds no lock of this inode's pages or
     /// of its directory (OPEN of the inode itself, say); never from LOOKUP, CREATE, READ,
     /// WRITE, RENAME or the like.
-    public func invalidateInodeNow(_ inode: InodeNumber) {
-        outbox.withLock { $0.mount }?.invalidateInode(inode)
+    ///
+    /// Even an OPEN can wait here for another handle's pages: a read-ahead or a WRITE of the
+    /// same inode keeps them locked until its request is answered. So at most one request
+    /// fewer than the mount's workers sends here at once; when that many already are, this
+    /// sends nothing and answers false: the open must then not rely on the kernel's cache
+    /// (direct I/O), and its worker stays free to answer the request they wait for. True
+    /// when sent, or when there is no mount (nothing is cached).
+    public func invalidateInodeNow(_ inode: InodeNumber) -> Bool {
+        let admitted = outbox.withLock { box -> FuseMount?? in
+            guard let mount = box.mount else { return .some(nil) }
+            guard box.sendingNow < box.sendingNowLimit else { return nil }
+            box.sendingNow += 1
+            return mount
+        }
+        guard let admitted else { return false }
+        guard let mount = admitted else { return true }
+        mount.invalidateInode(inode)
+        outbox.withLock { $0.sendingNow -= 1 }
+        return true
     }
 
     /// False when nothing would send it (no mount, or no thread).

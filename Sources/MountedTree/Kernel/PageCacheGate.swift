@@ -45,7 +45,9 @@ final class PageCacheGate: Sendable {
     /// the size it had while locked (0) and read nothing. So the queued ones are taken out
     /// (this open's own invalidation supersedes them), without waiting for the thread that
     /// sends them. One being sent right now, or queued before a lock's barrier, cannot be:
-    /// the open waits for it a little (50 ms at most), then reads directly.
+    /// the open waits for it a little (50 ms at most), then reads directly. It also reads
+    /// directly when all workers but one are already sending such an invalidation (they may
+    /// be waiting for page locks that only a free worker's answer would release).
     func admit(_ inode: InodeNumber, notifier: KernelCacheNotifier) -> Bool {
         let fresh = state.withLock { s -> Bool in
             if s.opened[inode] == s.generation { return true }
@@ -54,8 +56,8 @@ final class PageCacheGate: Sendable {
         }
         guard !fresh else { return true }
         let racing = notifier.supersede(inode)
-        notifier.invalidateInodeNow(inode)
-        if racing { forget(inode) }  // the next open looks again
-        return !racing
+        let sent = notifier.invalidateInodeNow(inode)
+        if racing || !sent { forget(inode) }  // the next open looks again
+        return !racing && sent
     }
 }
