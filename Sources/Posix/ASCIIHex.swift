@@ -10,4 +10,25 @@ public enum ASCIIHex {
         default: nil
         }
     }
+
+    /// Lowercase hexadecimal digits of `bytes`.
+    public static func string(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count * 2)
+        for byte in bytes { out += [digits[Int(byte >> 4)], digits[Int(byte & 15)]] }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// The bytes of an even number of hexadecimal digits (either case); nil otherwise.
+    public static func bytes(_ text: String) -> [UInt8]? {
+        let digits = Array(text.utf8)
+        guard digits.count % 2 == 0 else { return nil }
+        var out: [UInt8] = []
+        for index in stride(from: 0, to: digits.count, by: 2) {
+            guard let high = value(digits[index]), let low = value(digits[index + 1]) else { return nil }
+            out.append(high << 4 | low)
+        }
+        return out
+    }
 }

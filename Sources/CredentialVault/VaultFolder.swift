@@ -1,0 +1,475 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CSodium
+import Posix
+
+/// A vault of format 3 on disk: a folder of write-once files (`DATA_DIR/vault/`), kept in
+/// step between machines by git or a file synchroniser (`docs/vault-format.md`,
+/// "Version 3"). Each change is a new sealed file under this machine's device id; key slots
+/// wrap the master key under a passphrase; `id` names the vault.
+///
+/// Locked, it knows the clear parts of the files (which accounts exist, their names);
+/// `open(with:)` authenticates and opens every file with the master key. A file that does
+/// not parse or does not open is skipped and named in `skipped`, never loaded; the others
+/// still load.
+///
+/// Thread-safety: none of its own; the owner serializes access.
+public final class VaultFolder: @unchecked Sendable {
+    public let path: String
+    public let vaultID: [UInt8]
+    /// This machine's device id (its files are the only ones it writes).
+    public private(set) var device: UInt64
+    let random: RandomSource
+    /// The newest clock seen in a file or written: the next change is later than it.
+    public private(set) var clock: UInt64 = 0
+    /// The valid files' changes, by path relative to the folder.
+    public private(set) var files: [String: [AccountChange]] = [:]
+    /// Files passed over, with why (relative path → reason).
+    public private(set) var skipped: [String: String] = [:]
+    private var parsed: [String: ChangeFile.Parsed] = [:]
+    private var slots: [String: KeySlot] = [:]
+    /// Whether `files` hold the sealed fields (after `open(with:)`).
+    public private(set) var isOpen = false
+
+    static let idFile = "id"
+    static let keysFolder = "keys"
+
+    /// Every valid change, in no particular order.
+    public var changes: [AccountChange] { files.values.flatMap { $0 } }
+
+    // MARK: Creating and opening
+
+    /// Makes a new, empty vault folder at `path` (which must not exist) with one key slot
+    /// for `passphrase`; returns it open, with its master key.
+    public static func create(at path: String, deviceFile: String, passphrase: SecureBytes, parameters: KDFParameters,
+                              random: RandomSource = SystemRandom()) throws(VaultError) -> (VaultFolder, SecureBytes) {
+        guard parameters.isStrongEnough else { throw .weakParameters }
+        Sodium.initialize()
+        let vaultID = random.bytes(16)
+        do throws(Errno) {
+            try Syscall.mkdir(path, mode: 0o700)
+            try Syscall.mkdir(path + "/" + keysFolder, mode: 0o700)
+            try AtomicFile.replace(path + "/" + idFile, with: Array((ASCIIHex.string(vaultID) + "\n").utf8))
+            try AtomicFile.syncDirectory(AtomicFile.parentDirectory(of: path))
+        } catch {
+            throw .io(error)
+        }
+        let folder = try VaultFolder(path: path, deviceFile: deviceFile, random: random)
+        let key = SecureBytes(count: VaultFormat.keySize)
+        random.bytes(VaultFormat.keySize).withUnsafeBytes { key.write($0, at: 0) }
+        folder.isOpen = true
+        try folder.addSlot(passphrase: passphrase, parameters: parameters, key: key)
+        return (folder, key)
+    }
+
+    /// Reads the folder at `path` (locked): its id, this machine's device id (made anew when
+    /// `deviceFile` is missing or was made on another machine or for another folder), the key
+    /// slots and the clear part of every change file.
+    public init(path: String, deviceFile: String, random: RandomSource = SystemRandom()) throws(VaultError) {
+        Sodium.initialize()
+        self.path = path
+        self.random = random
+        let idText: [UInt8]
+        do throws(Errno) {
+            let fd = try Syscall.open(path + "/" + Self.idFile, O_RDONLY)
+            defer { Syscall.close(fd) }
+            idText = try Syscall.readAll(fd)
+        } catch {
+            throw error == .noSuchFileOrDirectory ? .damaged("\(path) has no id file: not a vault folder") : .io(error)
+        }
+        guard let id = ASCIIHex.bytes(String(decoding: idText, as: UTF8.self).trimmingSuffix("\n")), id.count == 16 else {
+            throw .damaged("its id file is not 32 hex digits")
+        }
+        vaultID = id
+        device = try DeviceIdentity.device(file: deviceFile, folder: path, random: random)
+        try rescan()
+    }
+
+    /// Reads what appeared since the last scan (a synchroniser's or git's new files, a
+    /// folded file) and forgets files that went. New files of an open folder are opened too.
+    /// Returns whether anything changed.
+    @discardableResult
+    public func rescan(key: SecureBytes? = nil, arena: SecureArena? = nil) throws(VaultError) -> Bool {
+        var changed = false
+        var present = Set<String>()
+        var listed = Set<String>()
+        let names: [String]
+        do throws(Errno) { names = try Syscall.listDirectory(path) } catch { throw .io(error) }
+        for name in names where name != Self.idFile && name != Self.keysFolder && !name.hasPrefix(".") {
+            listed.insert(name)
+            guard let device = ChangeFile.parseDevice(name) else {
+                note(name, "not a device folder")
+                continue
+            }
+            guard let entries = try? Syscall.listDirectory(path + "/" + name) else { continue }
+            for entry in entries {
+                let relative = name + "/" + entry
+                listed.insert(relative)
+                guard let fileClock = ChangeFile.parseName(entry) else {
+                    if !entry.hasPrefix(".") || entry.hasPrefix(".syncthing.") { note(relative, "not a change file (\(Self.kind(of: entry)))") }
+                    continue
+                }
+                present.insert(relative)
+                guard files[relative] == nil, skipped[relative] == nil else { continue }
+                do throws(VaultError) {
+                    let bytes = try Self.read(path + "/" + relative)
+                    let file = try ChangeFile.parse(bytes, device: device, clock: fileClock)
+                    clock = max(clock, fileClock)
+                    if isOpen, let key, let arena {
+                        files[relative] = try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena)
+                    } else {
+                        parsed[relative] = file
+                        files[relative] = file.changes
+                    }
+                    changed = true
+                } catch {
+                    if case .io(.noMemory) = error { throw error }
+                    note(relative, error.description)
+                }
+            }
+        }
+        for relative in Array(files.keys) where !present.contains(relative) {
+            files.removeValue(forKey: relative)?.forEach { $0.wipe() }
+            parsed[relative] = nil
+            changed = true
+        }
+        listed.formUnion(try scanSlots())
+        skipped = skipped.filter { listed.contains($0.key) }  // gone from the folder: no longer named
+        return changed
+    }
+
+    private func note(_ relative: String, _ reason: String) {
+        if skipped[relative] == nil { Log.error("vault file \(relative) skipped: \(reason)") }
+        skipped[relative] = reason
+    }
+
+    static func kind(of name: String) -> String {
+        if name.contains(".sync-conflict-") { return "a synchroniser's conflict copy" }
+        if name.hasPrefix(".syncthing.") { return "a synchroniser's temporary file" }
+        if name.hasSuffix("~") { return "a backup copy" }
+        return "an unexpected name"
+    }
+
+    static func read(_ path: String) throws(VaultError) -> [UInt8] {
+        do throws(Errno) {
+            let fd = try Syscall.open(path, O_RDONLY | O_NOFOLLOW)
+            defer { Syscall.close(fd) }
+            return try Syscall.readAll(fd)
+        } catch {
+            throw .io(error)
+        }
+    }
+
+    // MARK: Keys
+
+    /// The master key that `passphrase` unwraps, from the slots no other slot retired (or,
+    /// when none opens, from a retired one whose retirers are not genuine).
+    public func masterKey(passphrase: SecureBytes) throws(VaultError) -> SecureBytes {
+        let retired = Set(slots.values.flatMap(\.retires))
+        let ordered = slots.sorted { $0.key > $1.key }
+        var keks: [[UInt8]: SecureBytes] = [:]
+        defer { keks.values.forEach { $0.wipe() } }
+        func kek(for slot: KeySlot) throws(VaultError) -> SecureBytes {
+            let lookup = slot.salt + VaultFormat.bigEndian(slot.parameters.operations, 8) + VaultFormat.bigEndian(slot.parameters.memoryBytes, 8)
+            if let kek = keks[lookup] { return kek }
+            let kek = try Vault.deriveKey(passphrase, salt: slot.salt, parameters: slot.parameters)
+            keks[lookup] = kek
+            return kek
+        }
+        for (name, slot) in ordered where !retired.contains(name) {
+            if let key = slot.unwrap(kek: try kek(for: slot), vaultID: vaultID, path: Self.keysFolder + "/" + name),
+               slot.proves(key: key, vaultID: vaultID, path: Self.keysFolder + "/" + name) {
+                return key
+            }
+        }
+        for (name, slot) in ordered where retired.contains(name) {
+            guard let key = slot.unwrap(kek: try kek(for: slot), vaultID: vaultID, path: Self.keysFolder + "/" + name) else { continue }
+            let genuineRetirers = slots.filter { $0.value.retires.contains(name) && $0.value.proves(key: key, vaultID: vaultID, path: Self.keysFolder + "/" + $0.key) }
+            if genuineRetirers.isEmpty { return key }
+            key.wipe()
+        }
+        throw .wrongPassphrase
+    }
+
+    /// A new slot for `passphrase` that retires every slot there is now (a passphrase
+    /// change; `init` makes the first). Two made apart both unlock until the next.
+    public func addSlot(passphrase: SecureBytes, parameters: KDFParameters, key: SecureBytes) throws(VaultError) {
+        guard parameters.isStrongEnough else { throw .weakParameters }
+        let slotClock = nextClock()
+        let name = ChangeFile.hex(device, 16) + "-" + ChangeFile.hex(slotClock, 16) + ".slot"
+        let salt = random.bytes(VaultFormat.saltSize)
+        let kek = try Vault.deriveKey(passphrase, salt: salt, parameters: parameters)
+        defer { kek.wipe() }
+        let slot = KeySlot(parameters: parameters, salt: salt, retires: slots.keys.sorted())
+        let bytes = slot.encode(key: key, kek: kek, vaultID: vaultID, path: Self.keysFolder + "/" + name, random: random)
+        do throws(Errno) {
+            try AtomicFile.replace(path + "/" + Self.keysFolder + "/" + name, with: bytes)
+        } catch {
+            throw .io(error)
+        }
+        clock = slotClock
+        slots[name] = try KeySlot.parse(bytes)
+    }
+
+    /// Reads new key slots and forgets gone ones; returns every name listed (relative).
+    private func scanSlots() throws(VaultError) -> Set<String> {
+        let names: [String]
+        do throws(Errno) { names = try Syscall.listDirectory(path + "/" + Self.keysFolder) } catch {
+            if error == .noSuchFileOrDirectory { return [] }
+            throw .io(error)
+        }
+        var present = Set<String>()
+        for name in names {
+            guard KeySlot.parseName(name) != nil else {
+                if !name.hasPrefix(".") || name.hasPrefix(".syncthing.") { note(Self.keysFolder + "/" + name, "not a key slot (\(Self.kind(of: name)))") }
+                continue
+            }
+            present.insert(name)
+            guard slots[name] == nil, skipped[Self.keysFolder + "/" + name] == nil else { continue }
+            do throws(VaultError) {
+                slots[name] = try KeySlot.parse(try Self.read(path + "/" + Self.keysFolder + "/" + name))
+                if let slotClock = KeySlot.parseName(name)?.clock { clock = max(clock, slotClock) }
+            } catch {
+                note(Self.keysFolder + "/" + name, error.description)
+            }
+        }
+        for name in Array(slots.keys) where !present.contains(name) { slots[name] = nil }
+        return Set(names.map { Self.keysFolder + "/" + $0 })
+    }
+
+    /// How many key slots there are, and how many no other slot retired.
+    public var slotCounts: (all: Int, current: Int) {
+        let retired = Set(slots.values.flatMap(\.retires))
+        return (slots.count, slots.keys.filter { !retired.contains($0) }.count)
+    }
+
+    // MARK: Opening and writing
+
+    /// Authenticates and opens every file with the master key: the changes get their
+    /// fields (in `arena`). A file that fails is skipped, the rest load.
+    public func open(with key: SecureBytes, arena: SecureArena) throws(VaultError) {
+        for (relative, file) in parsed {
+            do throws(VaultError) {
+                files[relative] = try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena)
+            } catch {
+                if case .io(.noMemory) = error {
+                    close()
+                    throw error
+                }
+                files[relative] = nil
+                note(relative, error.description)
+            }
+        }
+        parsed.removeAll()
+        isOpen = true
+    }
+
+    /// Forgets every field (wiped) and goes back to the clear parts, read anew.
+    public func close() {
+        for (_, changes) in files { changes.forEach { $0.wipe() } }
+        files.removeAll()
+        parsed.removeAll()
+        isOpen = false
+        _ = try? rescan()
+    }
+
+    /// A clock later than every one seen or written (hybrid logical clock: milliseconds
+    /// since 1970 in the high 48 bits, a counter in the low 16).
+    public func nextClock() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let physical = (UInt64(max(0, now.tv_sec)) * 1000 + UInt64(max(0, now.tv_nsec)) / 1_000_000) << 16
+        return max(physical, clock &+ 1)
+    }
+
+    /// Writes `changes` (their ids are given here: this device, one new clock, in order) as
+    /// one new file, durably; returns them as written. The folder keeps the values: the
+    /// caller must not wipe them.
+    @discardableResult
+    public func write(_ changes: [AccountChange], key: SecureBytes) throws(VaultError) -> [AccountChange] {
+        guard isOpen else { throw .locked }
+        let fileClock = nextClock()
+        var written = changes
+        for index in written.indices { written[index].id = ChangeID(device: device, clock: fileClock, index: UInt16(index)) }
+        try store(written, clock: fileClock, key: key)
+        return written
+    }
+
+    private func store(_ changes: [AccountChange], clock fileClock: UInt64, key: SecureBytes) throws(VaultError) {
+        let folderName = ChangeFile.hex(device, 16)
+        let relative = folderName + "/" + ChangeFile.hex(fileClock, 16) + "-" + ASCIIHex.string(random.bytes(4)) + ".mtv"
+        let bytes = ChangeFile.encode(device: device, clock: fileClock, changes: changes, vaultID: vaultID, path: relative,
+                                      key: key, nonce: random.bytes(VaultFormat.nonceSize))
+        do throws(Errno) {
+            if (try? Syscall.lstat(path + "/" + folderName)) == nil {
+                try Syscall.mkdir(path + "/" + folderName, mode: 0o700)
+                try AtomicFile.syncDirectory(path)
+            }
+            try AtomicFile.replace(path + "/" + relative, with: bytes)
+        } catch {
+            throw .io(error)
+        }
+        clock = fileClock
+        files[relative] = changes
+    }
+
+    /// This device's own files, oldest first.
+    public var ownFiles: [String] {
+        let prefix = ChangeFile.hex(device, 16) + "/"
+        return files.keys.filter { $0.hasPrefix(prefix) }.sorted()
+    }
+
+    /// Folds this device's files into one (never another device's): what is still current
+    /// or still decides something is kept, with its ids; the old files are removed once the
+    /// new one is durable. Only while open.
+    public func fold(key: SecureBytes) throws(VaultError) {
+        guard isOpen else { throw .locked }
+        let old = ownFiles
+        guard old.count > 1 else { return }
+        let kept = VaultMerge.fold(changes, device: device)
+        let fileClock = nextClock()
+        // Values are shared with the files they came from: the new file takes them over.
+        var carried: [AccountChange] = []
+        for change in kept {
+            var copy = change
+            copy.fields = change.fields?.map { AccountChange.FieldValue(name: $0.name, seen: $0.seen, value: $0.value.copy()) }
+            carried.append(copy)
+        }
+        try store(carried, clock: fileClock, key: key)
+        for relative in old {
+            try? Syscall.unlink(path + "/" + relative)
+            files.removeValue(forKey: relative)?.forEach { $0.wipe() }
+        }
+        try? AtomicFile.syncDirectory(path + "/" + ChangeFile.hex(device, 16))
+    }
+}
+
+/// A key slot (`keys/DEVICE-CLOCK.slot`): the master key wrapped under a passphrase's
+/// Argon2id key, the slots it retires, and a proof that its writer held the master key
+/// (so that a forged slot cannot retire a real one).
+///
+/// Thread-safety: a value.
+struct KeySlot {
+    static let magic = Array("MTMSLOT3".utf8)
+    var parameters: KDFParameters
+    var salt: [UInt8]
+    var retires: [String]
+    var header: [UInt8] = []
+    var wrapNonce: [UInt8] = []
+    var wrapped: [UInt8] = []
+    var proofNonce: [UInt8] = []
+    var proof: [UInt8] = []
+
+    static func parseName(_ name: String) -> (device: UInt64, clock: UInt64)? {
+        let parts = name.split(separator: "-")
+        guard name.hasSuffix(".slot"), parts.count == 2, let device = ChangeFile.parseDevice(String(parts[0])),
+              let clock = ChangeFile.parseDevice(String(parts[1].dropLast(5))) else { return nil }
+        return (device, clock)
+    }
+
+    func headerBytes() -> [UInt8] {
+        var out = Self.magic + [VaultFormat.algorithmArgon2id13, 0]
+        out += VaultFormat.bigEndian(parameters.operations, 8) + VaultFormat.bigEndian(parameters.memoryBytes, 8) + salt
+        out += VaultFormat.bigEndian(UInt64(retires.count), 2)
+        for name in retires { out += [UInt8(name.utf8.count)] + Array(name.utf8) }
+        return out
+    }
+
+    static func associatedData(_ purpose: String, vaultID: [UInt8], path: String, header: [UInt8]) -> [UInt8] {
+        Array("MTMVAULT3-\(purpose)".utf8) + vaultID + Array(path.utf8) + [0] + header
+    }
+
+    func encode(key: SecureBytes, kek: SecureBytes, vaultID: [UInt8], path: String, random: RandomSource) -> [UInt8] {
+        let header = headerBytes()
+        let wrapNonce = random.bytes(VaultFormat.nonceSize), proofNonce = random.bytes(VaultFormat.nonceSize)
+        let wrapped = Sealing.seal(key, associatedData: Self.associatedData("slot", vaultID: vaultID, path: path, header: header),
+                                   nonce: wrapNonce, key: kek)
+        let proof = Sealing.seal(SecureBytes(), associatedData: Self.associatedData("proof", vaultID: vaultID, path: path, header: header),
+                                 nonce: proofNonce, key: key)
+        return header + wrapNonce + wrapped + proofNonce + proof
+    }
+
+    static func parse(_ bytes: [UInt8]) throws(VaultError) -> KeySlot {
+        var reader = VaultFormat.Reader(bytes: bytes)
+        guard try reader.take(8) == magic else { throw .damaged("not a key slot (bad magic)") }
+        guard try reader.integer(1) == UInt64(VaultFormat.algorithmArgon2id13) else { throw .damaged("unknown key-derivation algorithm") }
+        _ = try reader.integer(1)
+        let parameters = KDFParameters(operations: try reader.integer(8), memoryBytes: try reader.integer(8))
+        guard parameters.isStrongEnough else { throw .weakParameters }
+        let salt = try reader.take(VaultFormat.saltSize)
+        var retires: [String] = []
+        for _ in 0..<(try reader.integer(2)) {
+            let name = String(decoding: try reader.take(Int(try reader.integer(1))), as: UTF8.self)
+            guard parseName(name) != nil else { throw .damaged("retires a slot of an impossible name") }
+            retires.append(name)
+        }
+        var slot = KeySlot(parameters: parameters, salt: salt, retires: retires)
+        slot.header = Array(bytes[0..<reader.position])
+        slot.wrapNonce = try reader.take(VaultFormat.nonceSize)
+        slot.wrapped = try reader.take(VaultFormat.keySize + VaultFormat.tagSize)
+        slot.proofNonce = try reader.take(VaultFormat.nonceSize)
+        slot.proof = try reader.take(VaultFormat.tagSize)
+        guard reader.position == bytes.count else { throw .damaged("stray bytes after the key slot") }
+        return slot
+    }
+
+    func unwrap(kek: SecureBytes, vaultID: [UInt8], path: String) -> SecureBytes? {
+        Sealing.unseal(wrapped, associatedData: Self.associatedData("slot", vaultID: vaultID, path: path, header: header),
+                       nonce: wrapNonce, key: kek)
+    }
+
+    func proves(key: SecureBytes, vaultID: [UInt8], path: String) -> Bool {
+        guard let empty = Sealing.unseal(proof, associatedData: Self.associatedData("proof", vaultID: vaultID, path: path, header: header),
+                                         nonce: proofNonce, key: key) else { return false }
+        empty.wipe()
+        return true
+    }
+}
+
+/// This machine's device id for one vault folder (`DATA_DIR/device`): random, and made
+/// anew when the file is missing, was written on another machine (`/etc/machine-id`) or
+/// for a folder that is not this one (another inode: a copied data directory) — so that
+/// two machines never write under one id.
+///
+/// Thread-safety: stateless.
+enum DeviceIdentity {
+    static func machine() -> String {
+        for candidate in ["/etc/machine-id", "/var/lib/dbus/machine-id"] {
+            if let bytes = try? VaultFolder.read(candidate) {
+                let text = String(decoding: bytes, as: UTF8.self).trimmingSuffix("\n")
+                if !text.isEmpty { return text }
+            }
+        }
+        return "unknown"
+    }
+
+    static func folderIdentity(_ folder: String) -> String {
+        guard let info = try? Syscall.stat(folder) else { return "0:0" }
+        return "\(info.st_dev):\(info.st_ino)"
+    }
+
+    static func device(file: String, folder: String, random: RandomSource) throws(VaultError) -> UInt64 {
+        let expected = (machine: machine(), folder: folderIdentity(folder))
+        if let bytes = try? VaultFolder.read(file) {
+            var values: [String: String] = [:]
+            for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n") {
+                let parts = line.split(separator: " ", maxSplits: 1)
+                if parts.count == 2 { values[String(parts[0])] = String(parts[1]) }
+            }
+            if let id = values["device"].flatMap(ChangeFile.parseDevice), id != 0,
+               values["machine"] == expected.machine, values["folder"] == expected.folder {
+                return id
+            }
+        }
+        var id: UInt64 = 0
+        while id == 0 { id = random.bytes(8).reduce(0) { $0 << 8 | UInt64($1) } }
+        let text = "device \(ChangeFile.hex(id, 16))\nmachine \(expected.machine)\nfolder \(expected.folder)\n"
+        do throws(Errno) { try AtomicFile.replace(file, with: Array(text.utf8)) } catch { throw .io(error) }
+        return id
+    }
+}
+
+extension String {
+    func trimmingSuffix(_ suffix: String) -> String { hasSuffix(suffix) ? String(dropLast(suffix.count)) : self }
+}
