@@ -29,15 +29,56 @@ public enum SettingsError: Error, CustomStringConvertible, Sendable {
 /// `Settings.plist` on disk: its root dictionary in key order, the format it was found in,
 /// and the identity of the version read (to notice another program's change).
 ///
-/// Saves are atomic and durable (`AtomicFile`), in the format found.
+/// Saves are atomic and durable (`AtomicFile`), in the format found, and made in two
+/// halves so that no disk sync happens under the owner's lock: `prepare` (under it) takes
+/// the new root and encodes it; `write` (outside it, from any thread) writes and syncs;
+/// `finish` (under it again) learns what is on disk now.
 ///
-/// Thread-safety: none of its own (hence `@unchecked`): the owner serializes every access
-/// behind its lock.
+/// Thread-safety: none of its own for the root, the format and the stamp (hence
+/// `@unchecked`): the owner serializes `prepare`, `finish`, `reloadIfChanged` and reads
+/// behind its lock. `write` runs outside it: it touches only the save and `writer`, its
+/// own lock, which orders concurrent writes (never taken before the owner's).
 public final class SettingsDocument: @unchecked Sendable {
     public let path: String
     public private(set) var root: PlistDictionary
     public private(set) var format: PlistFormat
     private var stamp: Stamp
+    /// Saves prepared and not finished, and whether one failed (what is in memory may then
+    /// not be on disk: the file is read again once none is in flight).
+    private var inFlight = 0
+    private var failed = false
+    private var sequence: UInt64 = 0
+
+    /// The newest save written (by sequence) and the file it made.
+    ///
+    /// Thread-safety: used only under `SettingsDocument.writer`'s lock.
+    private struct Written {
+        var sequence: UInt64 = 0
+        var stamp: Stamp?
+    }
+    private let writer = Locked(Written())
+
+    /// One save: the bytes of a root, numbered in the order they were prepared.
+    ///
+    /// Thread-safety: made under the owner's lock; `error` is set by `write` and read by
+    /// `finish`, which the caller orders (write, then finish).
+    public final class Save: @unchecked Sendable {
+        let sequence: UInt64
+        let bytes: [UInt8]
+        let mode: mode_t
+        public fileprivate(set) var error: SettingsError?
+        unowned let document: SettingsDocument
+
+        init(sequence: UInt64, bytes: [UInt8], mode: mode_t, document: SettingsDocument) {
+            (self.sequence, self.bytes, self.mode, self.document) = (sequence, bytes, mode, document)
+        }
+
+        /// Writes and syncs it, outside the owner's lock (see `SettingsDocument.write`).
+        public func write() { document.write(self) }
+
+        /// Under the owner's lock, after `write` (see `SettingsDocument.finish`).
+        public func finish() { document.finish(self) }
+    }
 
     /// What identifies one version of the file: replaced or rewritten files differ in it.
     ///
@@ -95,16 +136,20 @@ public final class SettingsDocument: @unchecked Sendable {
         return (root, decoded.1, Stamp(st))
     }
 
-    /// Re-reads the file if another program replaced or rewrote it; true if it did.
+    /// Re-reads the file if another program replaced or rewrote it, or if a save of ours
+    /// failed; true if it did. Not while a save of ours is in flight: its rename would look
+    /// like another program's change, and what it writes is already in memory.
     @discardableResult
     public func reloadIfChanged() throws(SettingsError) -> Bool {
+        guard inFlight == 0 else { return false }
         let current: stat
         do {
             current = try Syscall.stat(path)
         } catch {
             throw .io(path: path, error)
         }
-        guard Stamp(current) != stamp else { return false }
+        guard Stamp(current) != stamp || failed else { return false }
+        failed = false
         let (root, format, stamp) = try Self.load(path)
         self.root = root
         self.format = format
@@ -112,16 +157,48 @@ public final class SettingsDocument: @unchecked Sendable {
         return true
     }
 
-    /// Writes `newRoot` atomically and durably, in the file's format.
+    /// Writes `newRoot` atomically and durably, in the file's format, all at once (for a
+    /// document no one else uses: the demo's).
     public func save(_ newRoot: PlistDictionary) throws(SettingsError) {
-        let bytes = PropertyList.encode(.dictionary(newRoot), as: format)
-        do {
-            try AtomicFile.replace(path, with: bytes, mode: Self.currentMode(path) ?? 0o600)
-            stamp = Stamp(try Syscall.stat(path))
-        } catch {
-            throw .io(path: path, error)
-        }
+        let save = prepare(newRoot)
+        save.write()
+        finish(save)
+        if let error = save.error { throw error }
+    }
+
+    /// Under the owner's lock: `newRoot` is the document's root from now on, and the
+    /// returned save (to `write` outside the lock, then `finish`) puts it on disk.
+    public func prepare(_ newRoot: PlistDictionary) -> Save {
         root = newRoot
+        sequence += 1
+        inFlight += 1
+        return Save(sequence: sequence, bytes: PropertyList.encode(.dictionary(newRoot), as: format),
+                    mode: Self.currentMode(path) ?? 0o600, document: self)
+    }
+
+    /// Outside the owner's lock: writes and syncs `save`, unless a later one is on disk
+    /// already (it holds this one's change too: roots are prepared in order, each from the
+    /// one before). Concurrent writes go one at a time.
+    func write(_ save: Save) {
+        writer.withLock { written in
+            guard save.sequence > written.sequence else { return }
+            do throws(Errno) {
+                try AtomicFile.replace(path, with: save.bytes, mode: save.mode)
+                written = Written(sequence: save.sequence, stamp: Stamp(try Syscall.stat(path)))
+                Log.debug("Settings.plist saved (\(save.bytes.count) bytes)")
+            } catch {
+                save.error = .io(path: path, error)
+                Log.error(SettingsError.io(path: path, error).description + "; the file is read again")
+            }
+        }
+    }
+
+    /// Under the owner's lock, after `write`: the file ours now is the newest written; a
+    /// failed save makes the next `reloadIfChanged` read the file again.
+    public func finish(_ save: Save) {
+        inFlight -= 1
+        if save.error != nil { failed = true }
+        if let written = writer.withLock({ $0.stamp }) { stamp = written }
     }
 
     static func currentMode(_ path: String) -> mode_t? {

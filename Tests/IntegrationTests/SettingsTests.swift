@@ -363,3 +363,43 @@ enum DataFiles {
             .filter { !["cache.sqlite-wal", "cache.sqlite-shm", "cache.sqlite-fsync"].contains($0) }
     }
 }
+
+extension SettingsTests {
+    /// SPEC §7: no request waits on another's disk sync. A save's two fsyncs (the file's and
+    /// its directory's) happen with the tree's lock let go: with each fsync of the daemon
+    /// slowed to 1.5 s (strace's fault injection), reads of other keys answer at once while
+    /// the save waits for its syncs.
+    @Test func readsAnswerWhileASaveSyncs() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let pid = try #require(try store.status()["pid"])
+        let run = Run.program("python3", ["-c", """
+            import os, sys, time, subprocess, threading
+            mnt, daemon = sys.argv[1:3]
+            tracer = subprocess.Popen(["strace", "-f", "-e", "trace=fsync", "-e", "inject=fsync:delay_enter=1500000",
+                                       "-p", daemon], stderr=subprocess.PIPE, text=True, start_new_session=True)
+            line = tracer.stderr.readline()               # "attached" once it is in place
+            time.sleep(0.5)
+            took = {}
+            def save():
+                start = time.time()
+                with open(os.path.join(mnt, "settings", "Note"), "w") as f: f.write("saved slowly\\n")
+                took["save"] = time.time() - start
+            writer = threading.Thread(target=save); writer.start()
+            time.sleep(0.5)                               # the save is in its first fsync
+            start = time.time()
+            with open(os.path.join(mnt, "settings", "IsFirstRun")) as f: f.read()
+            os.listdir(os.path.join(mnt, "settings"))
+            took["read"] = time.time() - start
+            writer.join()
+            tracer.kill(); tracer.wait()
+            print("%s save %.2f read %.2f" % (line.strip().split()[0] if line else "-", took["save"], took["read"]))
+            """, store.mountPoint, pid], timeout: 60)
+        try #require(run.status == 0, "\(run)")
+        let numbers = run.stdout.split(separator: " ").compactMap { Double($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        try #require(numbers.count == 2, "\(run)")
+        #expect(numbers[0] >= 2.5, "the syncs were not slowed: \(run.stdout)")
+        #expect(numbers[1] < 1, "a read waited for the save's syncs: \(run.stdout)")
+        #expect(Run.program("cat", [store.path("settings/Note")]).stdout == "saved slowly\n")
+    }
+}

@@ -13,6 +13,23 @@ protocol EditingTreeState {
     mutating func admit() throws(Errno)
     /// The invalidations queued so far (emptied).
     mutating func takeInvalidations() -> [Invalidation]
+    /// Saves prepared under the lock, to write and sync once it is let go (emptied).
+    mutating func takeSaves() -> [any DeferredSave]
+}
+
+extension EditingTreeState {
+    mutating func takeSaves() -> [any DeferredSave] { [] }
+}
+
+/// A store's save prepared under its tree's lock: written and synced with the lock let go
+/// (no request waits on another's disk sync), then finished under the lock again.
+///
+/// Thread-safety: `write` from any thread, once; `finish` under the tree's lock, after it.
+protocol DeferredSave: AnyObject, Sendable {
+    func write()
+    /// Why the write failed (nil: it is on disk, or a later save holding it is).
+    var failure: Errno? { get }
+    func finish()
 }
 
 /// A tree served by the editing engine: its state behind one lock, and what every change
@@ -36,29 +53,44 @@ extension EditingTree {
     /// invalidations queued — whether or not the request succeeded: what changed before a
     /// failure changed.
     func locked<T: Sendable>(_ body: (inout State) throws(Errno) -> T) throws(Errno) -> T {
-        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation], Bool) in
+        let outcome = state.withLock { (s) -> (Result<T, Errno>, [Invalidation], Bool, [any DeferredSave]) in
             let due = s.engine.nextRemovalDue
             let result = Result { () throws(Errno) -> T in
                 try s.admit()
                 return try body(&s)
             }
-            return (result, s.takeInvalidations(), s.engine.removalComesSooner(than: due))
+            return (result, s.takeInvalidations(), s.engine.removalComesSooner(than: due), s.takeSaves())
         }
         send(outcome.1)
         if outcome.2 { wakeup.wake() }
+        if let failure = writeOutside(outcome.3), case .success = outcome.0 { throw failure }
         return try outcome.0.get()
+    }
+
+    /// Writes and syncs the saves a change prepared, with the lock let go, then finishes
+    /// them under it; the request is answered after this (what it changed is on disk).
+    /// Returns the first failure.
+    func writeOutside(_ saves: [any DeferredSave]) -> Errno? {
+        guard !saves.isEmpty else { return nil }
+        for save in saves { save.write() }
+        send(state.withLock { s in
+            for save in saves { save.finish() }
+            return s.takeInvalidations()
+        })
+        return saves.lazy.compactMap(\.failure).first
     }
 
     /// As `locked`, for what must happen even when requests are refused (a release lets its
     /// open go).
     func lockedAlways(_ body: (inout State) -> Void) {
-        let (invalidations, sooner) = state.withLock { (s) -> ([Invalidation], Bool) in
+        let (invalidations, sooner, saves) = state.withLock { (s) -> ([Invalidation], Bool, [any DeferredSave]) in
             let due = s.engine.nextRemovalDue
             body(&s)
-            return (s.takeInvalidations(), s.engine.removalComesSooner(than: due))
+            return (s.takeInvalidations(), s.engine.removalComesSooner(than: due), s.takeSaves())
         }
         send(invalidations)
         if sooner { wakeup.wake() }
+        _ = writeOutside(saves)  // a release cannot fail: the log says it (see SettingsDocument.Save)
     }
 
     /// Sends the invalidations of a change (after the lock); any change also closes the

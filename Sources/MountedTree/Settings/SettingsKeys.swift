@@ -47,6 +47,8 @@ struct SettingsKeys: EditedStore {
     /// the tree into `EditingEngine.keyGone`), and names the kernel must forget.
     var gone: [[String]] = []
     var changedKeys: [[String]] = []
+    /// Saves prepared under the tree's lock, written once it is let go (`EditingTree.locked`).
+    var saves: [SettingsDocument.Save] = []
     /// Directories whose values left (their editor's files go too).
     var removedDirectories: [LocalInode] = []
     var entryInvalidations: [(parent: LocalInode, name: String)] = []
@@ -134,7 +136,9 @@ struct SettingsKeys: EditedStore {
     }
 
     /// Re-reads the file if another program changed it, applies `change` at the root and
-    /// saves atomically. Nothing changes in memory if the save fails.
+    /// prepares its save, which the tree writes and syncs once its lock is let go
+    /// (`saves`). The change is in memory from now on; a save that then fails answers its
+    /// request with the error, and the file is read again at the next change.
     mutating func updateRoot(_ change: (inout PlistValue) throws(Errno) -> Void) throws(Errno) {
         guard let document else { throw .ioError }
         let previous = root
@@ -146,13 +150,7 @@ struct SettingsKeys: EditedStore {
         var newRoot = root
         try change(&newRoot)
         guard case .dictionary(let dictionary) = newRoot else { throw .ioError }
-        do {
-            try document.save(dictionary)
-        } catch {
-            Log.error(error.description)
-            throw error.errno
-        }
-        Log.debug("Settings.plist saved (\(dictionary.count) keys)")
+        saves.append(document.prepare(dictionary))
     }
 
     mutating func update(_ path: [String], position: Int? = nil,

@@ -53,13 +53,14 @@ public final class SettingsTree: EditingTree {
                 let ready = wakeup.wait(until: watch == nil ? .now + .seconds(1) : due, watching: watch.map { [$0.fd] } ?? [])
                 guard let self, self.watching.load(ordering: .relaxed) else { return }
                 let changed = watch.map { !ready.isEmpty && $0.changed() } ?? true
-                let invalidations = self.state.withLock { s in
+                let (invalidations, saves) = self.state.withLock { s in
                     s.engine.commitDueRemovals(before: .now, &s.keys)
                     if changed { s.keys.refreshFromDisk() }
                     due = s.engine.nextRemovalDue
-                    return s.takeInvalidations()
+                    return (s.takeInvalidations(), s.takeSaves())
                 }
                 self.send(invalidations)
+                _ = self.writeOutside(saves)
             }
         }
     }
@@ -72,10 +73,12 @@ public final class SettingsTree: EditingTree {
     public func shutDown() {
         watching.store(false, ordering: .relaxed)
         wakeup.wake()
-        state.withLock { s in
+        let saves = state.withLock { s in
             s.engine.commitDueRemovals(before: nil, &s.keys)
             _ = s.takeInvalidations()
+            return s.takeSaves()
         }
+        _ = writeOutside(saves)
     }
 
     /// The entry of a node handed to the kernel (a lookup's, a listing's), counted as its
@@ -122,7 +125,11 @@ public final class SettingsTree: EditingTree {
 
     public func lastReferenceGone(_ inode: InodeNumber) {
         pageCache.forget(inode)
-        state.withLock { $0.referenceGone(space.local(of: inode)) }
+        let saves = state.withLock { s in
+            s.referenceGone(space.local(of: inode))
+            return s.takeSaves()
+        }
+        _ = writeOutside(saves)
     }
 
     public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {

@@ -55,6 +55,11 @@ extension SettingsTree {
             }
         }
 
+        mutating func takeSaves() -> [any DeferredSave] {
+            defer { keys.saves.removeAll() }
+            return keys.saves
+        }
+
         /// The invalidations queued so far (emptied).
         mutating func takeInvalidations() -> [Invalidation] {
             settle()
@@ -277,4 +282,8 @@ extension SettingsTree {
             engine.keyChanged(path)
         }
     }
+}
+
+extension SettingsDocument.Save: DeferredSave {
+    var failure: Errno? { error?.errno }
 }
