@@ -21,6 +21,8 @@ public final class VaultFolder: @unchecked Sendable {
     /// This machine's device id (its files are the only ones it writes).
     public private(set) var device: UInt64
     let random: RandomSource
+    /// Milliseconds since 1970 (the physical part of the clock; fixed in the test vectors).
+    let now: @Sendable () -> UInt64
     /// The newest clock seen in a file or written: the next change is later than it.
     public private(set) var clock: UInt64 = 0
     /// The valid files' changes, by path relative to the folder.
@@ -43,7 +45,8 @@ public final class VaultFolder: @unchecked Sendable {
     /// Makes a new, empty vault folder at `path` (which must not exist) with one key slot
     /// for `passphrase`; returns it open, with its master key.
     public static func create(at path: String, deviceFile: String, passphrase: SecureBytes, parameters: KDFParameters,
-                              random: RandomSource = SystemRandom()) throws(VaultError) -> (VaultFolder, SecureBytes) {
+                              random: RandomSource = SystemRandom(),
+                              now: @escaping @Sendable () -> UInt64 = VaultFolder.realTime) throws(VaultError) -> (VaultFolder, SecureBytes) {
         guard parameters.isStrongEnough else { throw .weakParameters }
         Sodium.initialize()
         let vaultID = random.bytes(16)
@@ -55,7 +58,7 @@ public final class VaultFolder: @unchecked Sendable {
         } catch {
             throw .io(error)
         }
-        let folder = try VaultFolder(path: path, deviceFile: deviceFile, random: random)
+        let folder = try VaultFolder(path: path, deviceFile: deviceFile, random: random, now: now)
         let key = SecureBytes(count: VaultFormat.keySize)
         random.bytes(VaultFormat.keySize).withUnsafeBytes { key.write($0, at: 0) }
         folder.isOpen = true
@@ -66,10 +69,12 @@ public final class VaultFolder: @unchecked Sendable {
     /// Reads the folder at `path` (locked): its id, this machine's device id (made anew when
     /// `deviceFile` is missing or was made on another machine or for another folder), the key
     /// slots and the clear part of every change file.
-    public init(path: String, deviceFile: String, random: RandomSource = SystemRandom()) throws(VaultError) {
+    public init(path: String, deviceFile: String, random: RandomSource = SystemRandom(),
+                now: @escaping @Sendable () -> UInt64 = VaultFolder.realTime) throws(VaultError) {
         Sodium.initialize()
         self.path = path
         self.random = random
+        self.now = now
         let idText: [UInt8]
         do throws(Errno) {
             let fd = try Syscall.open(path + "/" + Self.idFile, O_RDONLY)
@@ -276,11 +281,13 @@ public final class VaultFolder: @unchecked Sendable {
 
     /// A clock later than every one seen or written (hybrid logical clock: milliseconds
     /// since 1970 in the high 48 bits, a counter in the low 16).
-    public func nextClock() -> UInt64 {
+    public func nextClock() -> UInt64 { max(now() << 16, clock &+ 1) }
+
+    /// The system's wall clock in milliseconds since 1970.
+    public static let realTime: @Sendable () -> UInt64 = {
         var now = timespec()
         clock_gettime(CLOCK_REALTIME, &now)
-        let physical = (UInt64(max(0, now.tv_sec)) * 1000 + UInt64(max(0, now.tv_nsec)) / 1_000_000) << 16
-        return max(physical, clock &+ 1)
+        return UInt64(max(0, now.tv_sec)) * 1000 + UInt64(max(0, now.tv_nsec)) / 1_000_000
     }
 
     /// Writes `changes` (their ids are given here: this device, one new clock, in order) as

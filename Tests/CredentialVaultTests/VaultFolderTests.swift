@@ -429,4 +429,73 @@ final class Machine {
             Issue.record("seed \(seed): value \(value.field) of \(value.id) is lost\n\(log.joined(separator: "\n"))\n\(shown)")
         }
     }
+
+    /// docs/vault-format-3.md's test vectors: two devices, a conflict and a removal, made
+    /// with counting "random" bytes and a fixed wall clock; every file must match the hex
+    /// there, and the folder must open to the accounts the document says.
+    @Test func testVectorsInTheFormatDocument() throws {
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let fixed: @Sendable () -> UInt64 = { 1_800_000_000_000 }
+        let passphrase = "correct horse battery staple"
+        try FileManager.default.createDirectory(atPath: scratch + "/a", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: scratch + "/b", withIntermediateDirectories: true)
+        let (folderA, key) = try VaultFolder.create(at: scratch + "/a/vault", deviceFile: scratch + "/a/device",
+                                                    passphrase: secret(passphrase), parameters: .interactive,
+                                                    random: CountingRandom(), now: fixed)
+        func set(_ folder: VaultFolder, _ name: String, _ values: [(String, String)]) throws {
+            let current = VaultMerge.accounts(folder.changes)[AccountName.uuidBytes(name)!]
+            let fields = values.map { AccountChange.FieldValue(name: $0.0, seen: current?.fields[$0.0]?.seen ?? [:], value: secret($0.1)) }
+            try folder.write([AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: AccountName.uuidBytes(name)!,
+                                            name: name, seen: [], fields: fields)], key: key)
+        }
+        try set(folderA, uuidA, [("username", "alice"), ("password", "hunter2")])
+        try set(folderA, uuidB, [("label", "old")])
+        try FileManager.default.copyItem(atPath: scratch + "/a/vault", toPath: scratch + "/b/vault")
+        let startB = CountingRandom()
+        startB.next = 0x80
+        let folderB = try VaultFolder(path: scratch + "/b/vault", deviceFile: scratch + "/b/device", random: startB, now: fixed)
+        try folderB.open(with: try folderB.masterKey(passphrase: secret(passphrase)), arena: SecureArena())
+        try set(folderA, uuidA, [("password", "from-a")])
+        try set(folderB, uuidA, [("password", "from-b")])
+        let removed = try #require(VaultMerge.accounts(folderB.changes)[AccountName.uuidBytes(uuidB)!])
+        try folderB.write([AccountChange(kind: .remove, id: ChangeID(device: 0, clock: 0, index: 0), uuid: removed.uuid,
+                                         name: uuidB, seen: removed.sets, fields: [])], key: key)
+        // Both folders' files, by path: what the document lists.
+        var files: [String: [UInt8]] = [:]
+        for base in [scratch + "/a/vault", scratch + "/b/vault"] {
+            for relative in try FileManager.default.subpathsOfDirectory(atPath: base) where relative.contains(".") {
+                files[relative] = [UInt8](try Data(contentsOf: URL(fileURLWithPath: base + "/" + relative)))
+            }
+        }
+        files["id"] = [UInt8](try Data(contentsOf: URL(fileURLWithPath: scratch + "/a/vault/id")))
+        let document = (try? String(contentsOf: URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("docs/vault-format-3.md"), encoding: .utf8)) ?? ""
+        var printed = ""
+        for (relative, bytes) in files.sorted(by: { $0.key < $1.key }) {
+            let hex = bytes.map { String(format: "%02x", $0) }.joined()
+            let lines = stride(from: 0, to: hex.count, by: 64).map { i -> String in
+                let start = hex.index(hex.startIndex, offsetBy: i)
+                return String(hex[start..<hex.index(start, offsetBy: min(64, hex.count - i))])
+            }
+            printed += "`\(relative)` (\(bytes.count) bytes):\n\n```hex-v3 \(relative)\n" + lines.joined(separator: "\n") + "\n```\n\n"
+            let block = document.components(separatedBy: "```hex-v3 \(relative)\n").dropFirst().first?.components(separatedBy: "```").first
+            #expect(block.map { VaultTests.bytes(hex: $0) } == bytes, "\(relative) differs from the document")
+        }
+        if !document.contains("```hex-v3") { print(printed) }
+        // And the folder opens, from a copy of every file, to what the document says.
+        try FileManager.default.createDirectory(atPath: scratch + "/c/vault", withIntermediateDirectories: true)
+        for (relative, bytes) in files {
+            let target = scratch + "/c/vault/" + relative
+            try FileManager.default.createDirectory(atPath: (target as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+            try Data(bytes).write(to: URL(fileURLWithPath: target))
+        }
+        let reader = try VaultFolder(path: scratch + "/c/vault", deviceFile: scratch + "/c/device")
+        try reader.open(with: try reader.masterKey(passphrase: secret(passphrase)), arena: SecureArena())
+        let accounts = VaultMerge.accounts(reader.changes)
+        let account = try #require(accounts[AccountName.uuidBytes(uuidA)!])
+        #expect(accounts.count == 1)
+        #expect(text(account.fields["password"]!.shown.value) == "from-b")
+        #expect(account.fields["password"]!.others.map { text($0.value) } == ["from-a"])
+        #expect(text(account.fields["username"]!.shown.value) == "alice")
+    }
 }
