@@ -5,7 +5,7 @@ import CSodium
 import Posix
 
 /// One change of one account, as a change file of vault format 3 holds it
-/// (`docs/vault-format.md`, "Version 3").
+/// (`docs/vault-format-3.md`).
 ///
 /// The clear part (`kind`, `id`, `uuid`, `name`, `seen`) is what the folder shows anyone
 /// and what a locked vault lists accounts from; `fields` come from the sealed part and are
@@ -90,6 +90,13 @@ public enum ChangeFile {
     public static func parseDevice(_ name: String) -> UInt64? {
         guard name.utf8.count == 16, name.utf8.allSatisfy(isLowerHex) else { return nil }
         return UInt64(name, radix: 16)
+    }
+
+    /// Whether a change fits the format's counts and lengths (names of up to 255 bytes, up
+    /// to 255 devices in a field's seen clocks, 65,535 fields and seen ids).
+    static func fits(_ change: AccountChange) -> Bool {
+        change.name.utf8.count <= 255 && change.seen.count <= Int(UInt16.max) && (change.fields?.count ?? 0) <= Int(UInt16.max)
+            && (change.fields ?? []).allSatisfy { $0.name.utf8.count <= 255 && $0.seen.count <= 255 && $0.value.count <= Int(UInt32.max) }
     }
 
     static func isLowerHex(_ c: UInt8) -> Bool { (c >= 48 && c <= 57) || (c >= 97 && c <= 102) }

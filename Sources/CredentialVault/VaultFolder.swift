@@ -5,8 +5,7 @@ import CSodium
 import Posix
 
 /// A vault of format 3 on disk: a folder of write-once files (`DATA_DIR/vault/`), kept in
-/// step between machines by git or a file synchroniser (`docs/vault-format.md`,
-/// "Version 3"). Each change is a new sealed file under this machine's device id; key slots
+/// step between machines by git or a file synchroniser (`docs/vault-format-3.md`). Each change is a new sealed file under this machine's device id; key slots
 /// wrap the master key under a passphrase; `id` names the vault.
 ///
 /// Locked, it knows the clear parts of the files (which accounts exist, their names);
@@ -30,6 +29,7 @@ public final class VaultFolder: @unchecked Sendable {
     /// Files passed over, with why (relative path → reason).
     public private(set) var skipped: [String: String] = [:]
     private var parsed: [String: ChangeFile.Parsed] = [:]
+    private var skippedStamps: [String: [Int]] = [:]
     private var slots: [String: KeySlot] = [:]
     /// Whether `files` hold the sealed fields (after `open(with:)`).
     public private(set) var isOpen = false
@@ -37,8 +37,8 @@ public final class VaultFolder: @unchecked Sendable {
     static let idFile = "id"
     static let keysFolder = "keys"
 
-    /// Every valid change, in no particular order.
-    public var changes: [AccountChange] { files.values.flatMap { $0 } }
+    /// Every valid change, in the order of their files' paths (one order on every machine).
+    public var changes: [AccountChange] { files.sorted { $0.key < $1.key }.flatMap { $0.value } }
 
     // MARK: Creating and opening
 
@@ -116,17 +116,25 @@ public final class VaultFolder: @unchecked Sendable {
                     continue
                 }
                 present.insert(relative)
-                guard files[relative] == nil, skipped[relative] == nil else { continue }
+                guard files[relative] == nil else { continue }
+                // A skipped file is read again once it changed (one caught half-written).
+                let stamp = Self.stamp(path + "/" + relative)
+                if skipped[relative] != nil, skippedStamps[relative] == stamp { continue }
+                skippedStamps[relative] = stamp
                 do throws(VaultError) {
                     let bytes = try Self.read(path + "/" + relative)
                     let file = try ChangeFile.parse(bytes, device: device, clock: fileClock)
-                    clock = max(clock, fileClock)
-                    if isOpen, let key, let arena {
+                    if isOpen {
+                        // Only opened files join an open folder (a scan without the key
+                        // leaves new ones for the next scan with it).
+                        guard let key, let arena else { continue }
                         files[relative] = try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena)
                     } else {
                         parsed[relative] = file
                         files[relative] = file.changes
                     }
+                    seeClock(fileClock)
+                    skipped[relative] = nil
                     changed = true
                 } catch {
                     if case .io(.noMemory) = error { throw error }
@@ -141,7 +149,21 @@ public final class VaultFolder: @unchecked Sendable {
         }
         listed.formUnion(try scanSlots())
         skipped = skipped.filter { listed.contains($0.key) }  // gone from the folder: no longer named
+        skippedStamps = skippedStamps.filter { skipped[$0.key] != nil }
         return changed
+    }
+
+    /// Size and modification time: what tells a skipped file changed.
+    static func stamp(_ path: String) -> [Int] {
+        guard let info = try? Syscall.lstat(path) else { return [] }
+        return [Int(info.st_size), info.st_mtim.tv_sec, info.st_mtim.tv_nsec]
+    }
+
+    /// A clock read from a file's or a slot's name (not yet authenticated): the next change
+    /// is made later, but never more than a day ahead of the wall clock (a forged name
+    /// cannot push every clock to its end).
+    private func seeClock(_ seen: UInt64) {
+        clock = max(clock, min(seen, (now() + 86_400_000) << 16))
     }
 
     private func note(_ relative: String, _ reason: String) {
@@ -157,12 +179,19 @@ public final class VaultFolder: @unchecked Sendable {
     }
 
     static func read(_ path: String) throws(VaultError) -> [UInt8] {
-        do throws(Errno) {
+        do {
             let fd = try Syscall.open(path, O_RDONLY | O_NOFOLLOW)
             defer { Syscall.close(fd) }
+            var info = stat()
+            _ = try Syscall.valueOrErrno { fstat(fd, &info) }
+            guard info.st_size <= ChangeFile.maximumFileSize else { throw VaultError.damaged("larger than \(ChangeFile.maximumFileSize >> 20) MiB") }
             return try Syscall.readAll(fd)
-        } catch {
+        } catch let error as VaultError {
+            throw error
+        } catch let error as Errno {
             throw .io(error)
+        } catch {
+            throw .io(.ioError)
         }
     }
 
@@ -172,29 +201,48 @@ public final class VaultFolder: @unchecked Sendable {
     /// when none opens, from a retired one whose retirers are not genuine).
     public func masterKey(passphrase: SecureBytes) throws(VaultError) -> SecureBytes {
         let retired = Set(slots.values.flatMap(\.retires))
-        let ordered = slots.sorted { $0.key > $1.key }
+        // Newest first, by clock (a name's device part must not decide).
+        let ordered = slots.sorted { (KeySlot.parseName($0.key)?.clock ?? 0, $0.key) > (KeySlot.parseName($1.key)?.clock ?? 0, $1.key) }
         var keks: [[UInt8]: SecureBytes] = [:]
         defer { keks.values.forEach { $0.wipe() } }
-        func kek(for slot: KeySlot) throws(VaultError) -> SecureBytes {
+        func kek(for slot: KeySlot) -> SecureBytes? {
             let lookup = slot.salt + VaultFormat.bigEndian(slot.parameters.operations, 8) + VaultFormat.bigEndian(slot.parameters.memoryBytes, 8)
             if let kek = keks[lookup] { return kek }
-            let kek = try Vault.deriveKey(passphrase, salt: slot.salt, parameters: slot.parameters)
+            guard let kek = try? Vault.deriveKey(passphrase, salt: slot.salt, parameters: slot.parameters) else { return nil }
             keks[lookup] = kek
             return kek
         }
-        for (name, slot) in ordered where !retired.contains(name) {
-            if let key = slot.unwrap(kek: try kek(for: slot), vaultID: vaultID, path: Self.keysFolder + "/" + name),
-               slot.proves(key: key, vaultID: vaultID, path: Self.keysFolder + "/" + name) {
-                return key
+        func open(_ name: String, _ slot: KeySlot) -> SecureBytes? {
+            let path = Self.keysFolder + "/" + name
+            guard let kek = kek(for: slot), let key = slot.unwrap(kek: kek, vaultID: vaultID, path: path) else { return nil }
+            guard slot.proves(key: key, vaultID: vaultID, path: path) else {
+                key.wipe()
+                return nil
             }
+            return key
+        }
+        for (name, slot) in ordered where !retired.contains(name) {
+            if let key = open(name, slot) { return key }
         }
         for (name, slot) in ordered where retired.contains(name) {
-            guard let key = slot.unwrap(kek: try kek(for: slot), vaultID: vaultID, path: Self.keysFolder + "/" + name) else { continue }
+            guard let key = open(name, slot) else { continue }
             let genuineRetirers = slots.filter { $0.value.retires.contains(name) && $0.value.proves(key: key, vaultID: vaultID, path: Self.keysFolder + "/" + $0.key) }
             if genuineRetirers.isEmpty { return key }
             key.wipe()
         }
         throw .wrongPassphrase
+    }
+
+    /// Removes the key slots that a genuine slot retired (any device's: nothing else
+    /// writes them, and an old passphrase must stop opening them); needs the master key.
+    public func removeRetiredSlots(key: SecureBytes) {
+        for (name, _) in slots {
+            let genuine = slots.contains { $0.value.retires.contains(name) && $0.value.proves(key: key, vaultID: vaultID, path: Self.keysFolder + "/" + $0.key) }
+            guard genuine else { continue }
+            try? Syscall.unlink(path + "/" + Self.keysFolder + "/" + name)
+            slots[name] = nil
+        }
+        try? AtomicFile.syncDirectory(path + "/" + Self.keysFolder)
     }
 
     /// A new slot for `passphrase` that retires every slot there is now (a passphrase
@@ -234,7 +282,7 @@ public final class VaultFolder: @unchecked Sendable {
             guard slots[name] == nil, skipped[Self.keysFolder + "/" + name] == nil else { continue }
             do throws(VaultError) {
                 slots[name] = try KeySlot.parse(try Self.read(path + "/" + Self.keysFolder + "/" + name))
-                if let slotClock = KeySlot.parseName(name)?.clock { clock = max(clock, slotClock) }
+                if let slotClock = KeySlot.parseName(name)?.clock { seeClock(slotClock) }
             } catch {
                 note(Self.keysFolder + "/" + name, error.description)
             }
@@ -296,6 +344,7 @@ public final class VaultFolder: @unchecked Sendable {
     @discardableResult
     public func write(_ changes: [AccountChange], key: SecureBytes) throws(VaultError) -> [AccountChange] {
         guard isOpen else { throw .locked }
+        guard changes.count <= Int(UInt16.max), changes.allSatisfy(ChangeFile.fits) else { throw .io(.invalidArgument) }
         let fileClock = nextClock()
         var written = changes
         for index in written.indices { written[index].id = ChangeID(device: device, clock: fileClock, index: UInt16(index)) }
@@ -404,6 +453,11 @@ struct KeySlot {
         _ = try reader.integer(1)
         let parameters = KDFParameters(operations: try reader.integer(8), memoryBytes: try reader.integer(8))
         guard parameters.isStrongEnough else { throw .weakParameters }
+        // Above SENSITIVE, a slot would make an unlock take minutes or fail for memory.
+        guard parameters.operations <= KDFParameters.sensitive.operations,
+              parameters.memoryBytes <= KDFParameters.sensitive.memoryBytes else {
+            throw .damaged("key-derivation limits above SENSITIVE")
+        }
         let salt = try reader.take(VaultFormat.saltSize)
         var retires: [String] = []
         for _ in 0..<(try reader.integer(2)) {

@@ -1,5 +1,5 @@
 /// The accounts of a vault folder as a pure function of its changes (format 3; the rule
-/// in `docs/vault-format.md`, "Merging"): machines that hold the same files compute the
+/// in `docs/vault-format-3.md`, "Merging"): machines that hold the same files compute the
 /// same accounts, whatever order the files came in.
 ///
 /// Thread-safety: pure functions over values the caller owns.
@@ -31,7 +31,8 @@ public enum VaultMerge {
         public var name: String
         /// By field name; empty while locked.
         public var fields: [String: Field]
-        /// The live set changes: what a removal written now removes.
+        /// Every set change of the account, removed or not: what a removal written now has
+        /// seen (and removes).
         public var sets: [ChangeID]
         /// Every removal of the account: what a set written now has seen.
         public var removals: [ChangeID]
@@ -54,26 +55,36 @@ public enum VaultMerge {
 
     /// One account from its changes; nil when it does not exist (never made, or removed).
     ///
-    /// A removal is effective when every set change it had not seen had seen it (was made
-    /// after it): then it removes exactly the set changes it had seen. A removal that a set
-    /// change made apart from it has not seen removes nothing, and is a conflict until a
-    /// later set change (one that had seen the removal) answers it.
+    /// The removals in effect are the largest set of removals in which each one, for every
+    /// set change it had not seen, finds that the change had seen it (was made after it) or
+    /// that another removal in effect had seen the change. Each removal in effect removes
+    /// the set changes it had seen. A removal left out (a set change made apart from it
+    /// that no removal in effect had seen) removes nothing, and is a conflict until a later
+    /// set change (one that had seen the removal) answers it.
     public static func account(_ uuid: [UInt8], _ all: [AccountChange]) -> Account? {
         let changes = distinct(all)
         let sets = changes.filter { $0.kind == .set }
         let removals = changes.filter { $0.kind == .remove }
-        var covered = Set<ChangeID>()
-        var void: [AccountChange] = []
-        var effective: [ChangeID] = []
-        for removal in removals {
-            let seen = Set(removal.seen)
-            if sets.allSatisfy({ seen.contains($0.id) || $0.seen.contains(removal.id) }) {
-                covered.formUnion(seen)
-                effective.append(removal.id)
-            } else {
-                void.append(removal)
+        let seenBy = removals.map { Set($0.seen) }
+        var inEffect = Set(removals.indices)
+        var shrinking = !removals.isEmpty
+        while shrinking {
+            shrinking = false
+            for r in Array(inEffect) {
+                let holds = sets.allSatisfy { c in
+                    seenBy[r].contains(c.id) || c.seen.contains(removals[r].id)
+                        || inEffect.contains { $0 != r && seenBy[$0].contains(c.id) }
+                }
+                if !holds {
+                    inEffect.remove(r)
+                    shrinking = true
+                }
             }
         }
+        var covered = Set<ChangeID>()
+        for r in inEffect { covered.formUnion(seenBy[r]) }
+        let void = removals.indices.filter { !inEffect.contains($0) }.map { removals[$0] }
+        let effective = inEffect.map { removals[$0].id }
         let live = sets.filter { !covered.contains($0.id) }
         guard let newest = live.max(by: { $0.id < $1.id }) else { return nil }
         let unanswered = void.filter { removal in !live.contains { $0.seen.contains(removal.id) } }
@@ -95,7 +106,7 @@ public enum VaultMerge {
             }
             fields[name] = Field(shown: shown, others: Array(current.dropFirst()), seen: seen)
         }
-        return Account(uuid: uuid, name: newest.name, fields: fields, sets: live.map(\.id).sorted(),
+        return Account(uuid: uuid, name: newest.name, fields: fields, sets: sets.map(\.id).sorted(),
                        removals: removals.map(\.id).sorted(), removalConflicts: unanswered.map(\.id).sorted(),
                        effectiveRemovals: effective.sorted())
     }

@@ -217,6 +217,38 @@ final class Machine {
         #expect(b.account(uuidA) == nil)
     }
 
+    /// An account removed, made again (the same UUID) and removed again is gone: a removal
+    /// never loses its effect to a change another removal in effect had seen.
+    @Test func removedMadeAgainAndRemovedAgain() throws {
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let (a, b) = try pair()
+        try a.remove(uuidA)
+        try b.receive(from: a)
+        try b.set(uuidA, ["password": "again"])
+        #expect(b.value(uuidA, "password") == "again" && b.value(uuidA, "username") == nil)
+        try a.receive(from: b)
+        try a.remove(uuidA)
+        try b.receive(from: a)
+        for machine in [a, b] { #expect(machine.account(uuidA) == nil) }
+    }
+
+    /// A change file caught half-written (a copy in progress) is read again once complete.
+    @Test func aHalfWrittenFileIsReadOnceComplete() throws {
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let (a, b) = try pair()
+        try b.set(uuidB, ["label": "from b"])
+        let relative = try #require(b.folder.ownFiles.last)
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: b.vaultPath + "/" + relative))
+        try FileManager.default.createDirectory(atPath: a.vaultPath + "/" + String(relative.split(separator: "/")[0]),
+                                                withIntermediateDirectories: true)
+        try bytes.prefix(300).write(to: URL(fileURLWithPath: a.vaultPath + "/" + relative))
+        try a.folder.rescan(key: a.key, arena: a.arena)
+        #expect(a.folder.skipped[relative] != nil && a.account(uuidB) == nil)
+        try bytes.write(to: URL(fileURLWithPath: a.vaultPath + "/" + relative))
+        try a.folder.rescan(key: a.key, arena: a.arena)
+        #expect(a.folder.skipped[relative] == nil && a.value(uuidB, "label") == "from b")
+    }
+
     /// The accounts are a function of the set of files: any order of arrival gives the same.
     @Test func orderOfArrivalDoesNotMatter() throws {
         defer { try? FileManager.default.removeItem(atPath: scratch) }
@@ -314,6 +346,12 @@ final class Machine {
         try a.folder.addSlot(passphrase: secret("third"), parameters: .interactive, key: a.key!)
         try a.reopen()
         #expect(throws: VaultError.wrongPassphrase) { try a.unlock("from b") }
+        // Retired slots go once a genuine slot retired them: not even a forged retirement
+        // could then bring an old passphrase back.
+        try a.unlock("third")
+        a.folder.removeRetiredSlots(key: a.key!)
+        #expect(a.folder.slotCounts == (1, 1))
+        try a.reopen()
         // A slot made without the master key that retires every other: ignored.
         let forger = try Machine(creating: scratch + "/forger", passphrase: "forger")
         try forger.folder.addSlot(passphrase: secret("forger"), parameters: .interactive, key: forger.key!)
@@ -330,6 +368,13 @@ final class Machine {
         try a.reopen()
         try a.unlock("third")
         #expect(a.value(uuidA, "username") == "alice")
+        // A slot asking for more than SENSITIVE limits (an unlock of hours) is skipped.
+        var huge = try KeySlot.parse([UInt8](try Data(contentsOf: URL(fileURLWithPath: keys + "ffffffffffffffff-7fffffffffffffff.slot"))))
+        huge.parameters = KDFParameters(operations: 1 << 30, memoryBytes: 1 << 40)
+        try Data(huge.headerBytes() + Array(bytes[huge.header.count...])).write(to: URL(fileURLWithPath: keys + "ffffffffffffffff-7ffffffffffffffe.slot"))
+        try a.reopen()
+        try a.unlock("third")
+        #expect(a.folder.skipped["keys/ffffffffffffffff-7ffffffffffffffe.slot"] != nil)
     }
 
     /// A machine folds its own files into one; the accounts stay the same, and other
