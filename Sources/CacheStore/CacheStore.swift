@@ -137,7 +137,8 @@ public final class CacheStore: @unchecked Sendable {
     var syncedChanges: Int64 = -1
     /// Whether fsync may go the short way (tests of the long way turn it off).
     var shortFsyncs = true
-    /// Drains of the journal (for tests).
+    /// Drains of the journal: fsyncs that went the long way, the journal folded into the
+    /// database (`activity`, shown in `.mtmfs/status`).
     var journalDrains = 0
     /// Wakes the committing thread (see `committerAwaitsGroup`), and at shutdown.
     let committerWake = Semaphore()
@@ -150,7 +151,8 @@ public final class CacheStore: @unchecked Sendable {
     /// times a transaction, each wake contending for the lock, to find nothing).
     var committerAwaitsGroup = false
     var committerAwaitsData = false
-    /// Wakes of the committing thread posted by requests (for tests).
+    /// Wakes of the committing thread posted by requests (`activity`, shown in
+    /// `.mtmfs/status`: an idle store posts none).
     var committerWakes = 0
     /// Called (with the lock held: it must only wake a thread) when there is work for the
     /// thread that runs `maintain` and `reclaimStep`: a group committed (the size limit may
@@ -825,6 +827,12 @@ public final class CacheStore: @unchecked Sendable {
     deinit {
         try? commitBatch()
         if let fd = logDescriptor { Syscall.close(fd) }
+    }
+
+    /// How often fsyncs went the long way (the journal drained into the database) and how
+    /// often requests woke the committing thread, since the store was opened.
+    public func activity() -> (journalDrains: Int, committerWakes: Int) {
+        lock.withLock { (journalDrains, committerWakes) }
     }
 
     /// Files and bytes stored (holes not counted, preallocated bytes counted): the kept

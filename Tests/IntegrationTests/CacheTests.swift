@@ -242,6 +242,32 @@ import Glibc
         #expect(Run.program("sqlite3", [store.dataDirectory + "/cache.sqlite", "PRAGMA integrity_check"]).stdout == "ok\n")
     }
 
+    /// `.mtmfs/status` says how often fsyncs went the long way (the journal drained into the
+    /// database: here by a write of whole chunks after short fsyncs) and how often requests
+    /// woke the committing thread — and an idle mount adds to neither.
+    @Test func statusCountsJournalDrainsAndCommitterWakes() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let before = try store.status()
+        #expect(before["cache_journal_drains"] == "0", "\(before)")
+        let run = Run.program("python3", ["-c", """
+            import os, sys
+            fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+            for i in range(4):
+                os.pwrite(fd, b"a" * 100, 300 * i); os.fsync(fd)
+            os.pwrite(fd, b"c" * 131072, 65536); os.fsync(fd)
+            os.close(fd)
+            """, store.path("cache/db.bin")])
+        try #require(run.status == 0, "\(run)")
+        let after = try store.status()
+        #expect(Int(after["cache_journal_drains"] ?? "") ?? 0 >= 1, "\(after)")
+        let wakes = after["cache_committer_wakes"]
+        #expect(wakes != nil)
+        usleep(1_500_000)
+        let idle = try store.status()
+        #expect(idle["cache_committer_wakes"] == wakes && idle["cache_journal_drains"] == after["cache_journal_drains"], "\(idle)")
+    }
+
     /// docs/cache-schema.md: the write-ahead log is copied into the database file once the
     /// store is quiet (not inside requests), and unmounting checkpoints and truncates it.
     @Test func logIsCheckpointedWhenQuietAndTruncatedAtUnmount() throws {

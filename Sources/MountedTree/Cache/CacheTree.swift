@@ -109,6 +109,8 @@ public final class CacheTree: Subtree {
         if let limit { lines.append("cache_limit=\(limit)") }
         let removals = store.removals()
         lines += ["cache_evictions=\(removals.evictions)", "cache_expired=\(removals.expirations)"]
+        let activity = store.activity()
+        lines += ["cache_journal_drains=\(activity.journalDrains)", "cache_committer_wakes=\(activity.committerWakes)"]
         return lines
     }
 
