@@ -4,6 +4,22 @@ import Glibc
 import Posix
 import Synchronization
 
+/// Where invalidations go: the kernel in front of a mount (`FuseMount`), or a model of it.
+///
+/// Thread-safety: called from the notifier's thread and from requests at once.
+public protocol KernelCache: AnyObject, Sendable {
+    /// Drops an inode's attributes and the pages in [offset, offset + length) (0: all).
+    @discardableResult
+    func invalidateInode(_ inode: InodeNumber, offset: Int64, length: Int64) -> Bool
+    /// Drops the name `name` in directory `parent`.
+    @discardableResult
+    func invalidateEntry(parent: InodeNumber, name: String) -> Bool
+    /// How many worker threads answer its requests.
+    var workerCount: UInt32 { get }
+}
+
+extension FuseMount: KernelCache {}
+
 /// Tells the kernel to drop what it cached of an inode or a name.
 ///
 /// An invalidation of an inode's pages waits for their page locks, which the kernel may
@@ -31,7 +47,7 @@ public final class KernelCacheNotifier: Sendable {
 
     /// Thread-safety: used only under `KernelCacheNotifier.outbox`'s lock.
     struct Outbox: @unchecked Sendable {
-        var mount: FuseMount?
+        var mount: (any KernelCache)?
         var notices: [Notice] = []
         /// Where the waiting notices start in `notices` (taken ones are dropped in batches).
         var head = 0
@@ -56,7 +72,7 @@ public final class KernelCacheNotifier: Sendable {
     /// `whenSent` bodies still run, and this returns once the thread is out of any send
     /// (at most `seconds`: a send can wait for a page lock that only a reply would free),
     /// so that no send writes to the session's descriptor once it is closed and reused.
-    public func attach(_ fuse: FuseMount?, waitingAtMost seconds: Double = 1) {
+    public func attach(_ fuse: (any KernelCache)?, waitingAtMost seconds: Double = 1) {
         let start = outbox.withLock { box -> Bool in
             box.mount = fuse
             if let fuse { box.sendingNowLimit = Int(fuse.workerCount) - 1 }
@@ -132,7 +148,7 @@ public final class KernelCacheNotifier: Sendable {
     /// (direct I/O), and its worker stays free to answer the request they wait for. True
     /// when sent, or when there is no mount (nothing is cached).
     public func invalidateInodeNow(_ inode: InodeNumber) -> Bool {
-        let admitted = outbox.withLock { box -> FuseMount?? in
+        let admitted = outbox.withLock { box -> (any KernelCache)?? in
             guard let mount = box.mount else { return .some(nil) }
             guard box.sendingNow < box.sendingNowLimit else { return nil }
             box.sendingNow += 1
@@ -140,7 +156,7 @@ public final class KernelCacheNotifier: Sendable {
         }
         guard let admitted else { return false }
         guard let mount = admitted else { return true }
-        mount.invalidateInode(inode)
+        mount.invalidateInode(inode, offset: 0, length: 0)
         outbox.withLock { $0.sendingNow -= 1 }
         return true
     }
@@ -164,7 +180,7 @@ public final class KernelCacheNotifier: Sendable {
         while true {
             wake.wait()
             while true {
-                let next = outbox.withLock { box -> (notice: Notice, mount: FuseMount?)?? in
+                let next = outbox.withLock { box -> (notice: Notice, mount: (any KernelCache)?)?? in
                     guard box.head < box.notices.count else {
                         (box.notices, box.head, box.busy) = ([], 0, false)
                         guard box.mount == nil else { return .some(nil) }  // idle: sleep
@@ -184,7 +200,7 @@ public final class KernelCacheNotifier: Sendable {
                 guard let next else { return }
                 guard let (notice, mount) = next else { break }
                 switch notice {
-                case .inode(let inode): mount?.invalidateInode(inode)
+                case .inode(let inode): mount?.invalidateInode(inode, offset: 0, length: 0)
                 case .entry(let parent, let name): mount?.invalidateEntry(parent: parent, name: name)
                 case .sent(let body): body()
                 }

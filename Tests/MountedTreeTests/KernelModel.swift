@@ -11,6 +11,12 @@ import Glibc
 /// does, and forgets every reference it holds once a call is over (the most forgetful
 /// kernel a file system can meet: nodes are freed and made again all the time).
 ///
+/// It honours what an open answers, as the kernel does: a descriptor opened with direct
+/// I/O reads from the tree every time; any other reads the model's page cache, filled by a
+/// read from the tree, kept across opens that say `keepCache`, dropped by an open that
+/// does not and by the tree's invalidations (the model is the kernel its notifier sends
+/// to); close sends FLUSH only without `noFlush`, RELEASE always.
+///
 /// Every call is written to `trace` as "call → result" with names relative to the
 /// directory given at init, so that two trees can be compared call by call.
 final class KernelModel {
@@ -22,17 +28,45 @@ final class KernelModel {
         var inode: InodeNumber
         var handle: UInt64
         var flags: Int32
+        var opened: OpenedFile
         var offset: UInt64 = 0
+    }
+    /// The kernel's pages and what reached the tree (for tests to count).
+    let kernel = Pages()
+    private let notifier: KernelCacheNotifier?
+    private(set) var readsFromTree = 0
+    private(set) var readsFromPages = 0
+    private(set) var flushes = 0
+
+    /// The page cache: whole files by inode, which the tree's notifier invalidates.
+    ///
+    /// Thread-safety: one lock (the notifier sends from its own thread).
+    final class Pages: KernelCache, @unchecked Sendable {
+        let cached = Locked<[InodeNumber: [UInt8]]>([:])
+        var workerCount: UInt32 { 8 }
+        func invalidateInode(_ inode: InodeNumber, offset: Int64, length: Int64) -> Bool {
+            cached.withLock { _ = $0.removeValue(forKey: inode) }
+            return true
+        }
+        func invalidateEntry(parent: InodeNumber, name: String) -> Bool { true }  // every call looks names up
     }
     private var descriptors: [Int32: Descriptor] = [:]
     private var nextDescriptor: Int32 = 3
     private(set) var trace: [String] = []
 
+    /// Whether every reference is forgotten once a call is over.
+    let forgets: Bool
+
     /// `directory`: where the replayed tool works, below the subtree's top ("" for the top).
-    init(_ tree: Subtree, directory: String) {
+    init(_ tree: Subtree, directory: String, forgets: Bool = true) {
         self.tree = tree
         self.directory = directory
+        self.forgets = forgets
+        notifier = (tree as? any EditingTree)?.notifier
+        notifier?.attach(kernel)
     }
+
+    deinit { notifier?.attach(nil) }
 
     private func path(_ name: String) -> [String] {
         (directory.isEmpty ? [] : directory.split(separator: "/").map(String.init)) + [name]
@@ -59,12 +93,15 @@ final class KernelModel {
         }
     }
 
-    /// Drops every reference not held by an open descriptor.
+    /// Drops every reference not held by an open descriptor (a forgotten inode's pages go
+    /// with it) — unless the model keeps what it looked up, as a kernel with room does.
     private func settle() {
+        guard forgets else { return }
         let open = Set(descriptors.values.map(\.inode))
         for (inode, count) in references where !open.contains(inode) {
             tree.forget(inode: inode, lookups: count)
             references[inode] = nil
+            kernel.cached.withLock { _ = $0.removeValue(forKey: inode) }
         }
     }
 
@@ -116,9 +153,11 @@ final class KernelModel {
                 let (entry, file) = try tree.create(parent: parent, name: last, mode: mode, flags: flags, context: context)
                 opened = (referenced(entry), file)
             }
+            // An open that does not keep the cache drops the pages (as invalidate_inode_pages2).
+            if !opened.1.keepCache { kernel.cached.withLock { _ = $0.removeValue(forKey: opened.0) } }
             let fd = nextDescriptor
             nextDescriptor += 1
-            descriptors[fd] = Descriptor(inode: opened.0, handle: opened.1.handle, flags: flags)
+            descriptors[fd] = Descriptor(inode: opened.0, handle: opened.1.handle, flags: flags, opened: opened.1)
             return fd
         }
     }
@@ -131,6 +170,15 @@ final class KernelModel {
             let written = try bytes.withUnsafeMutableBufferPointer { (buffer) throws(Errno) -> Int in
                 try tree.write(descriptor.inode, handle: descriptor.handle, offset: descriptor.offset,
                                data: UnsafeRawBufferPointer(buffer), flags: descriptor.flags, context: context)
+            }
+            // Written through: the kernel's pages hold what was written (direct I/O drops them).
+            kernel.cached.withLock { pages in
+                guard var cached = pages[descriptor.inode] else { return }
+                if descriptor.opened.directIO { pages[descriptor.inode] = nil; return }
+                let start = Int(descriptor.offset)
+                if cached.count < start + written { cached += [UInt8](repeating: 0, count: start + written - cached.count) }
+                cached.replaceSubrange(start..<start + written, with: bytes[0..<written])
+                pages[descriptor.inode] = cached
             }
             descriptor.offset += UInt64(written)
             descriptors[fd] = descriptor
@@ -153,26 +201,40 @@ final class KernelModel {
             guard let descriptor = descriptors[fd] else { throw .badFileDescriptor }
             _ = try tree.setAttributes(of: descriptor.inode, AttributeChanges(size: size), handle: descriptor.handle,
                                        context: context)
+            kernel.cached.withLock { pages in
+                guard var cached = pages[descriptor.inode] else { return }
+                if cached.count > Int(size) { cached.removeSubrange(Int(size)...) } else { cached += [UInt8](repeating: 0, count: Int(size) - cached.count) }
+                pages[descriptor.inode] = cached
+            }
             return 0
         }
     }
 
-    /// close(2): FLUSH (its error is close's), then RELEASE.
+    /// close(2): FLUSH unless the open said `noFlush` (its error is close's), then RELEASE.
     @discardableResult
     func close(_ fd: Int32) -> Int32 {
         attempt("close") { () throws(Errno) -> Int32 in
             guard let descriptor = descriptors.removeValue(forKey: fd) else { throw .badFileDescriptor }
             defer { tree.release(descriptor.inode, handle: descriptor.handle, flags: descriptor.flags) }
-            try tree.flush(descriptor.inode, handle: descriptor.handle, context: context)
+            if !descriptor.opened.noFlush {
+                flushes += 1
+                try tree.flush(descriptor.inode, handle: descriptor.handle, context: context)
+            }
             return 0
         }
     }
 
-    /// Reads what the descriptor sees from its start.
+    /// Reads what the descriptor sees from its start: from the pages when the kernel has
+    /// them and the open allows, else from the tree (filling the pages).
     func read(_ fd: Int32) -> String? {
         guard let descriptor = descriptors[fd] else { return nil }
+        if !descriptor.opened.directIO, let cached = kernel.cached.withLock({ $0[descriptor.inode] }) {
+            readsFromPages += 1
+            return String(decoding: cached, as: UTF8.self)
+        }
         var bytes: [UInt8] = []
         do {
+            readsFromTree += 1
             try tree.read(descriptor.inode, handle: descriptor.handle, offset: 0, size: 1 << 20, context: context) {
                 bytes = Array($0)
             }
@@ -180,6 +242,7 @@ final class KernelModel {
             trace.append("read → \(Self.name(of: error.rawValue))")
             return nil
         }
+        if !descriptor.opened.directIO { kernel.cached.withLock { $0[descriptor.inode] = bytes } }
         return String(decoding: bytes, as: UTF8.self)
     }
 
