@@ -30,6 +30,8 @@ public final class VaultFolder: @unchecked Sendable {
     public private(set) var skipped: [String: String] = [:]
     private var parsed: [String: ChangeFile.Parsed] = [:]
     private var skippedStamps: [String: [Int]] = [:]
+    /// Files prepared and not yet finished (in `files`, perhaps not yet on disk).
+    private var pending = Set<String>()
     private var slots: [String: KeySlot] = [:]
     /// Whether `files` hold the sealed fields (after `open(with:)`).
     public private(set) var isOpen = false
@@ -142,7 +144,7 @@ public final class VaultFolder: @unchecked Sendable {
                 }
             }
         }
-        for relative in Array(files.keys) where !present.contains(relative) {
+        for relative in Array(files.keys) where !present.contains(relative) && !pending.contains(relative) {
             files.removeValue(forKey: relative)?.forEach { $0.wipe() }
             parsed[relative] = nil
             changed = true
@@ -343,31 +345,77 @@ public final class VaultFolder: @unchecked Sendable {
     /// caller must not wipe them.
     @discardableResult
     public func write(_ changes: [AccountChange], key: SecureBytes) throws(VaultError) -> [AccountChange] {
+        let (file, written) = try prepare(changes, key: key)
+        file.write()
+        finish(file)
+        if let error = file.error { throw error }
+        return written
+    }
+
+    /// A change file made under the owner's lock (its changes count from then on), written
+    /// and synced outside it (`write`, from any thread), then `finish`ed under it again.
+    ///
+    /// Thread-safety: `write` once, from one thread; `error` read after it.
+    public final class PreparedFile: @unchecked Sendable {
+        public let relative: String
+        let folder: String
+        let bytes: [UInt8]
+        public fileprivate(set) var error: VaultError?
+
+        init(relative: String, folder: String, bytes: [UInt8]) {
+            (self.relative, self.folder, self.bytes) = (relative, folder, bytes)
+        }
+
+        /// Creates the device's folder when missing, then the file (temporary, fsync,
+        /// rename, fsync of the folder): no disk sync under the owner's lock.
+        public func write() {
+            let device = folder + "/" + String(relative.split(separator: "/")[0])
+            do throws(Errno) {
+                if (try? Syscall.lstat(device)) == nil {
+                    do throws(Errno) { try Syscall.mkdir(device, mode: 0o700) } catch where error == .fileExists {}
+                    try AtomicFile.syncDirectory(folder)
+                }
+                try AtomicFile.replace(folder + "/" + relative, with: bytes)
+            } catch {
+                self.error = .io(error)
+            }
+        }
+    }
+
+    /// Under the owner's lock: gives `changes` their ids (this device, one new clock, in
+    /// order) and encodes their file; they count as the folder's from now on (a rescan keeps
+    /// them while the file is being written).
+    public func prepare(_ changes: [AccountChange], key: SecureBytes) throws(VaultError) -> (PreparedFile, [AccountChange]) {
         guard isOpen else { throw .locked }
         guard changes.count <= Int(UInt16.max), changes.allSatisfy(ChangeFile.fits) else { throw .io(.invalidArgument) }
         let fileClock = nextClock()
         var written = changes
         for index in written.indices { written[index].id = ChangeID(device: device, clock: fileClock, index: UInt16(index)) }
-        try store(written, clock: fileClock, key: key)
-        return written
+        return (prepareFile(written, clock: fileClock, key: key), written)
+    }
+
+    /// Under the owner's lock, after `write`: a file that could not be written takes its
+    /// changes with it (wiped), as if they had never been made.
+    public func finish(_ file: PreparedFile) {
+        pending.remove(file.relative)
+        if file.error != nil { files.removeValue(forKey: file.relative)?.forEach { $0.wipe() } }
+    }
+
+    private func prepareFile(_ changes: [AccountChange], clock fileClock: UInt64, key: SecureBytes) -> PreparedFile {
+        let relative = ChangeFile.hex(device, 16) + "/" + ChangeFile.hex(fileClock, 16) + "-" + ASCIIHex.string(random.bytes(4)) + ".mtv"
+        let bytes = ChangeFile.encode(device: device, clock: fileClock, changes: changes, vaultID: vaultID, path: relative,
+                                      key: key, nonce: random.bytes(VaultFormat.nonceSize))
+        clock = fileClock
+        files[relative] = changes
+        pending.insert(relative)
+        return PreparedFile(relative: relative, folder: path, bytes: bytes)
     }
 
     private func store(_ changes: [AccountChange], clock fileClock: UInt64, key: SecureBytes) throws(VaultError) {
-        let folderName = ChangeFile.hex(device, 16)
-        let relative = folderName + "/" + ChangeFile.hex(fileClock, 16) + "-" + ASCIIHex.string(random.bytes(4)) + ".mtv"
-        let bytes = ChangeFile.encode(device: device, clock: fileClock, changes: changes, vaultID: vaultID, path: relative,
-                                      key: key, nonce: random.bytes(VaultFormat.nonceSize))
-        do throws(Errno) {
-            if (try? Syscall.lstat(path + "/" + folderName)) == nil {
-                try Syscall.mkdir(path + "/" + folderName, mode: 0o700)
-                try AtomicFile.syncDirectory(path)
-            }
-            try AtomicFile.replace(path + "/" + relative, with: bytes)
-        } catch {
-            throw .io(error)
-        }
-        clock = fileClock
-        files[relative] = changes
+        let file = prepareFile(changes, clock: fileClock, key: key)
+        file.write()
+        finish(file)
+        if let error = file.error { throw error }
     }
 
     /// This device's own files, oldest first.

@@ -249,6 +249,37 @@ final class Machine {
         #expect(a.folder.skipped[relative] == nil && a.value(uuidB, "label") == "from b")
     }
 
+    /// A change is prepared under the owner's lock and written outside it: a rescan meanwhile
+    /// keeps it, writes may land in any order, and one that fails takes its change back.
+    @Test func preparedFilesAreWrittenOutsideAndFinished() throws {
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let a = try Machine(creating: scratch + "/a")
+        func change(_ name: String, _ field: String, _ value: String) -> AccountChange {
+            AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: AccountName.uuidBytes(name)!, name: name,
+                          seen: [], fields: [AccountChange.FieldValue(name: field, seen: [:], value: secret(value))])
+        }
+        let (first, _) = try a.folder.prepare([change(uuidA, "label", "one")], key: a.key!)
+        let (second, _) = try a.folder.prepare([change(uuidB, "label", "two")], key: a.key!)
+        try a.folder.rescan(key: a.key, arena: a.arena)
+        #expect(a.value(uuidA, "label") == "one" && a.value(uuidB, "label") == "two")
+        second.write()
+        first.write()
+        a.folder.finish(first)
+        a.folder.finish(second)
+        try a.reopen()
+        try a.unlock()
+        #expect(a.value(uuidA, "label") == "one" && a.value(uuidB, "label") == "two")
+        // A file that cannot be written (its device folder is a plain file here).
+        let device = a.vaultPath + "/" + ChangeFile.hex(a.folder.device, 16)
+        try FileManager.default.removeItem(atPath: device)
+        try Data().write(to: URL(fileURLWithPath: device))
+        let (failing, _) = try a.folder.prepare([change(uuidA, "label", "lost")], key: a.key!)
+        failing.write()
+        a.folder.finish(failing)
+        #expect(failing.error != nil)
+        #expect(a.value(uuidA, "label") == "one", "the failed change still counts")
+    }
+
     /// The accounts are a function of the set of files: any order of arrival gives the same.
     @Test func orderOfArrivalDoesNotMatter() throws {
         defer { try? FileManager.default.removeItem(atPath: scratch) }
