@@ -153,13 +153,13 @@ import Glibc
             <!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
             <plist version="1.0"><dict><key>username</key><string>old</string><key>port</key><integer>8080</integer></dict></plist>
             """.write(toFile: plist, atomically: true, encoding: .utf8)
-            settings = SettingsTree(plistPath: plist, ownership: ownership, notifier: KernelCacheNotifier())
+            settings = SettingsTree(plistPath: plist, ownership: ownership, notifier: KernelCacheNotifier(), nodes: NodeTable())
             let passphrase = Array("correct horse".utf8).withUnsafeBytes { SecureBytes(copying: $0) }
             let vault = try Vault.create(at: scratch + "/vault", passphrase: passphrase, parameters: .interactive)
             vault.lock()
             accounts = AccountsTree(vaultPath: scratch + "/vault", ownership: ownership, notifier: KernelCacheNotifier(),
                                     active: ActiveAccountLink(get: { nil }, set: { _ in }), autoLockSeconds: 0,
-                                    prompts: PromptSettings(environment: [], mountPoint: scratch))
+                                    prompts: PromptSettings(environment: [], mountPoint: scratch), nodes: NodeTable())
             try accounts.unlock(passphrase: passphrase)
             let context = RequestContext(uid: getuid(), gid: getgid(), pid: 1, umask: 0o022)
             let account = try accounts.makeDirectory(parent: accounts.space.root, name: accountName, mode: 0o700, context: context)

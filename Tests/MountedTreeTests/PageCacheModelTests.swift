@@ -18,7 +18,8 @@ import Glibc
         <?xml version="1.0" encoding="UTF-8"?>
         <plist version="1.0"><dict><key>username</key><string>old</string></dict></plist>
         """.write(toFile: scratch + "/Settings.plist", atomically: true, encoding: .utf8)
-        let settings = SettingsTree(plistPath: scratch + "/Settings.plist", ownership: .currentProcess(), notifier: KernelCacheNotifier())
+        let settings = SettingsTree(plistPath: scratch + "/Settings.plist", ownership: .currentProcess(), notifier: KernelCacheNotifier(),
+                                    nodes: NodeTable())
         defer { settings.shutDown() }
         let k = KernelModel(settings, directory: "", forgets: false)
         #expect(k.contents("username") == "old\n")

@@ -17,7 +17,8 @@ import Glibc
         RootTree(subtrees: [
             EmptyDirectoryTree(name: "accounts", space: .accounts, ownership: ownership),
             EmptyDirectoryTree(name: "cache", space: .cache, ownership: ownership),
-            ControlTree(files: [ControlTree.File(name: "status", mode: 0o444, contents: status)], ownership: ownership),
+            ControlTree(files: [ControlTree.File(name: "status", mode: 0o444, contents: status)], ownership: ownership,
+                        nodes: NodeTable()),
         ], ownership: ownership)
     }
 

@@ -71,7 +71,7 @@ public final class AccountsTree: EditingTree {
     static let lockedFieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 0)
 
     public init(vaultPath: String, ownership: Ownership, notifier: KernelCacheNotifier, active: ActiveAccountLink,
-                autoLockSeconds: Int, prompts: PromptSettings, nodes: NodeTable = NodeTable()) {
+                autoLockSeconds: Int, prompts: PromptSettings, nodes: NodeTable) {
         self.notifier = notifier
         self.nodes = nodes
         self.access = AccessGuard(settings: prompts)

@@ -33,7 +33,7 @@ public final class CacheTree: Subtree {
 
     /// `progress` hears what takes long at open (the full check after an unclean shutdown).
     public init(databasePath: String, ownership: Ownership, notifier: KernelCacheNotifier, limit: Int64? = nil,
-                nodes: NodeTable = NodeTable(), progress: @escaping (String) -> Void = { _ in }) {
+                nodes: NodeTable, progress: @escaping (String) -> Void = { _ in }) {
         self.notifier = notifier
         self.limit = limit
         self.nodes = nodes

@@ -52,7 +52,7 @@ public final class ControlTree: Subtree {
     let ownership: Ownership
     private let handles = Locked<(next: UInt64, open: [UInt64: [UInt8]])>((1, [:]))
 
-    public init(files: [File], ownership: Ownership, nodes: NodeTable = NodeTable()) {
+    public init(files: [File], ownership: Ownership, nodes: NodeTable) {
         self.files = files
         self.ownership = ownership
         self.nodes = nodes

@@ -39,7 +39,7 @@ public final class SettingsTree: EditingTree {
     /// Outside changes of the plist come from inotify on its directory (an editor's
     /// rename, `cp`, a `git pull`), unlinked keys leave at their deadline: one thread asleep
     /// in between (see `Wakeup`), never polling.
-    public init(plistPath: String, ownership: Ownership, notifier: KernelCacheNotifier, nodes: NodeTable = NodeTable()) {
+    public init(plistPath: String, ownership: Ownership, notifier: KernelCacheNotifier, nodes: NodeTable) {
         self.notifier = notifier
         self.nodes = nodes
         let counted = SubtreeNodes(table: nodes, space: .settings)
