@@ -21,8 +21,20 @@ import Synchronization
 /// tree's `writeDroppingSetID`, so that `cache/` decides with the mode it has at hand
 /// instead of a lookup of the file's attributes before each write of a normal user.
 ///
+/// The kernel then also leaves `security.capability` to the file system on writes, truncates
+/// and chowns: no tree stores `security.*` attributes (`cache/` keeps `user.*` only), so
+/// there is never one to drop.
+///
+/// Gated on the linked libfuse (`fuse_version()`, not the headers built against): the INIT
+/// reply is rewritten only for a libfuse 3 (whose reply is the header, then `fuse_init_out`,
+/// in two iovecs, as checked below), and left as it is when libfuse set the flag itself (a
+/// libfuse that negotiates it, 3.17 and later). Without it the kernel drops the bits
+/// itself, at the price of the GETXATTR round trips.
+///
 /// Thread-safety: the INIT state is behind a mutex; the per-request flag is thread-specific.
 enum SetIDKill {
+    /// Whether the linked libfuse's INIT reply is one this rewrites (libfuse 3.x).
+    static let linkedLibraryFits: Bool = fuse_version() / 100 == 3
     /// The INIT request that offered the flag, by its session's descriptor and its unique id
     /// (unique ids count per connection: two sessions of one process may share one), while
     /// its reply is still to be written; `initPending` spares every other reply the lock.
@@ -55,7 +67,7 @@ enum SetIDKill {
         switch opcode {
         case opcodeInit:
             // fuse_init_in: major, minor, max_readahead, flags.
-            if let flags = word(headerSize + 12), flags & killprivV2 != 0 {
+            if linkedLibraryFits, let flags = word(headerSize + 12), flags & killprivV2 != 0 {
                 let unique = request.loadUnaligned(fromByteOffset: 8, as: UInt64.self)
                 initRequest.withLock { $0 = (fd, unique) }
                 initPending.store(true, ordering: .sequentiallyConsistent)
@@ -97,8 +109,8 @@ enum SetIDKill {
                     SetIDKill.initPending.store(false, ordering: .sequentiallyConsistent)
                     return true
                 }
-                if isInitReply {
-                    let flags = argument.loadUnaligned(fromByteOffset: 12, as: UInt32.self)
+                let flags = argument.loadUnaligned(fromByteOffset: 12, as: UInt32.self)
+                if isInitReply, flags & SetIDKill.killprivV2 == 0 {
                     argument.storeBytes(of: flags | SetIDKill.killprivV2, toByteOffset: 12, as: UInt32.self)
                 }
             }
