@@ -92,16 +92,18 @@ public final class Vault: @unchecked Sendable {
     /// the passphrase's key is at hand) and written at the first change.
     private var upgradeWrap: (nonce: [UInt8], wrapped: [UInt8])?
 
-    private var masterKey: SecureBytes?
-    private var fields: [[UInt8]: [AccountField: SecureBytes]] = [:]
+    var masterKey: SecureBytes?
+    var fields: [[UInt8]: [AccountField: SecureBytes]] = [:]
     /// Whether guarding is on (SPEC §3a), from the sealed manifest; known while unlocked.
-    private var guarded = false
+    var guarded = false
     /// The programs each account trusts, from its sealed record; known while unlocked.
-    private var trusted: [[UInt8]: [TrustedProgram]] = [:]
+    var trusted: [[UInt8]: [TrustedProgram]] = [:]
     /// Accounts by label, server and username (digests only), while unlocked.
-    private var index: AccountIndex?
+    var index: AccountIndex?
     /// Where the decrypted fields live while unlocked (a few large secure regions).
-    private let arena = SecureArena()
+    let arena = SecureArena()
+    /// The folder of format 3 this vault is kept in; nil for a single file (format 1 or 2).
+    private(set) var folder: VaultFolder?
 
     struct SealedRecord {
         var uuid: [UInt8]
@@ -177,6 +179,8 @@ public final class Vault: @unchecked Sendable {
     private func position(_ uuid: [UInt8]) -> Int { lookupIndex().byUUID[uuid] ?? Int.max }
 
     /// Files `uuid` under its current values (after removing its old entries).
+    func reindexAccount(_ uuid: [UInt8]) { reindex(uuid) }
+
     private func reindex(_ uuid: [UInt8]) {
         index?.remove(uuid)
         guard let values = fields[uuid] else { return }
@@ -230,8 +234,29 @@ public final class Vault: @unchecked Sendable {
         self.manifestCiphertext = []
     }
 
-    /// Opens (locked) the vault at `path`, checking its structure and checksum.
+    /// A vault kept in `folder` (format 3), as read (locked).
+    convenience init(folder: VaultFolder, random: RandomSource, parameters: KDFParameters) {
+        self.init(path: folder.path, random: random, parameters: parameters, salt: [], storeID: folder.vaultID)
+        self.folder = folder
+        formatVersion = 3
+        fileIdentity = FileIdentity(of: folder.path + "/" + VaultFolder.idFile)
+        refreshFromFolder()
+    }
+
+    /// Unlocked with `key`, the folder's master key (just made).
+    func adoptKey(_ key: SecureBytes) {
+        masterKey = key
+        refreshFromFolder()
+    }
+
+    /// Opens (locked) the vault at `path`: a folder of format 3, or a single file of format 1
+    /// or 2 (checking its structure and checksum).
     public convenience init(path: String, random: RandomSource = SystemRandom()) throws(VaultError) {
+        if Self.isFolder(path) {
+            let folder = try VaultFolder(path: path, deviceFile: Self.deviceFile(for: path), random: random)
+            self.init(folder: folder, random: random, parameters: folder.currentParameters ?? .moderate)
+            return
+        }
         let bytes: [UInt8]
         let identity: FileIdentity?
         do throws(Errno) {
@@ -316,13 +341,28 @@ public final class Vault: @unchecked Sendable {
     /// The slow half of an unlock (Argon2id: 0.1 s interactive to seconds sensitive): reads
     /// only the salt and parameters, which nothing changes while the vault is served, so a
     /// caller runs it outside the lock its requests take, then `unlock(withPassphraseKey:)`.
+    /// (A folder's: the master key itself, unwrapped from the key slot the passphrase opens.)
     public func passphraseKey(_ passphrase: SecureBytes) throws(VaultError) -> SecureBytes {
-        try Self.deriveKey(passphrase, salt: salt, parameters: parameters)
+        if let folder { return try folder.masterKey(passphrase: passphrase) }
+        return try Self.deriveKey(passphrase, salt: salt, parameters: parameters)
     }
 
     /// The fast half of an unlock: unwraps the master key with `kek` (which it wipes) and
     /// opens every record.
     public func unlock(withPassphraseKey kek: SecureBytes) throws(VaultError) {
+        if let folder {
+            if isUnlocked { lock() }
+            do {
+                try folder.open(with: kek, arena: arena)
+            } catch {
+                kek.wipe()
+                lock()
+                throw error
+            }
+            folder.removeRetiredSlots(key: kek)
+            adoptKey(kek)
+            return
+        }
         guard let key = unwrapMasterKey(with: kek) else {
             kek.wipe()
             throw .wrongPassphrase
@@ -355,6 +395,10 @@ public final class Vault: @unchecked Sendable {
     public func checkPassphraseKey(_ kek: SecureBytes) throws(VaultError) {
         defer { kek.wipe() }
         let current = try requireKey()
+        if folder != nil {
+            guard kek.equals(current) else { throw .wrongPassphrase }
+            return
+        }
         guard let key = unwrapMasterKey(with: kek) else { throw .wrongPassphrase }
         defer { key.wipe() }
         guard key.equals(current) else { throw .wrongPassphrase }
@@ -384,6 +428,7 @@ public final class Vault: @unchecked Sendable {
 
     /// Zeroes and frees the master key and every decrypted field.
     public func lock() {
+        folder?.close()  // (wipes every value the changes held)
         guarded = false
         trusted.removeAll()
         masterKey?.wipe()
@@ -393,6 +438,7 @@ public final class Vault: @unchecked Sendable {
         for (_, values) in fields { for (_, value) in values { value.wipe() } }
         fields.removeAll()
         arena.releaseAll()
+        refreshFromFolder()
     }
 
     static func deriveKey(_ passphrase: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(VaultError) -> SecureBytes {
@@ -437,6 +483,7 @@ public final class Vault: @unchecked Sendable {
     public func addAccount(uuid: [UInt8], name: String, trusting: [TrustedProgram] = []) throws(VaultError) {
         _ = try requireKey()
         guard fields[uuid] == nil else { throw .accountExists }  // (unlocked: every account has an entry)
+        if folder != nil { return try folderAddAccounts([(uuid, name, [:], trusting)]) }
         try upgradeIfNeeded()
         fields[uuid] = [:]
         trusted[uuid] = trusting.isEmpty ? nil : trusting
@@ -469,6 +516,7 @@ public final class Vault: @unchecked Sendable {
         for account in accounts {
             guard seen.insert(account.uuid).inserted else { throw .accountExists }
         }
+        if folder != nil { return try folderAddAccounts(accounts.map { ($0.uuid, $0.name, $0.fields, []) }) }
         let before = records.count
         do throws(VaultError) {
             for account in accounts {
@@ -498,6 +546,7 @@ public final class Vault: @unchecked Sendable {
     public func removeAccount(uuid: [UInt8]) throws(VaultError) {
         _ = try requireKey()
         guard lookupIndex().byUUID[uuid] != nil else { throw .noSuchAccount }
+        if folder != nil { return try folderRemoveAccount(uuid: uuid) }
         try upgradeIfNeeded()
         let index = lookupIndex().byUUID[uuid]!
         let removed = records.remove(at: index)
@@ -521,6 +570,10 @@ public final class Vault: @unchecked Sendable {
     public func setFields(_ changes: [AccountField: SecureBytes], of uuid: [UInt8]) throws(VaultError) {
         _ = try requireKey()
         guard fields[uuid] != nil else { throw .noSuchAccount }
+        if folder != nil {
+            return try writeFields(changes.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value) },
+                                   of: uuid, name: name(of: uuid) ?? AccountName.string(uuid))
+        }
         try upgradeIfNeeded()
         guard let old = fields[uuid], let index = lookupIndex().byUUID[uuid] else { throw .noSuchAccount }
         let oldRecord = records[index]
@@ -560,6 +613,11 @@ public final class Vault: @unchecked Sendable {
     public func setGuarded(_ on: Bool) throws(VaultError) {
         _ = try requireKey()
         guard on != guarded else { return }
+        if folder != nil {
+            let flag = Array((on ? "1" : "0").utf8).withUnsafeBytes { SecureBytes(copying: $0) }
+            defer { flag.wipe() }
+            return try writeFields([("guard", flag)], of: Self.vaultRecord, name: Self.vaultRecordName)
+        }
         try upgradeIfNeeded()
         guarded = on
         do {
@@ -583,6 +641,11 @@ public final class Vault: @unchecked Sendable {
     public func setTrustedPrograms(_ programs: [TrustedProgram], of uuid: [UInt8]) throws(VaultError) {
         _ = try requireKey()
         guard fields[uuid] != nil else { throw .noSuchAccount }
+        if folder != nil {
+            let list = programs.isEmpty ? SecureBytes() : Self.encodeTrusted(programs)
+            defer { list.wipe() }
+            return try writeFields([("trusted", list)], of: uuid, name: name(of: uuid) ?? AccountName.string(uuid))
+        }
         try upgradeIfNeeded()
         guard let index = lookupIndex().byUUID[uuid] else { throw .noSuchAccount }
         let old = (records[index], trusted[uuid])
@@ -621,8 +684,13 @@ public final class Vault: @unchecked Sendable {
     /// Re-wraps the master key under a new passphrase (new salt, possibly new parameters);
     /// the records are untouched. The vault must be unlocked.
     public func changePassphrase(to passphrase: SecureBytes, parameters newParameters: KDFParameters) throws(VaultError) {
-        _ = try requireKey()
+        let key = try requireKey()
         guard newParameters.isStrongEnough else { throw .weakParameters }
+        if let folder {
+            try folder.addSlot(passphrase: passphrase, parameters: newParameters, key: key)
+            parameters = newParameters
+            return
+        }
         try upgradeIfNeeded()
         let old = (parameters, salt, wrapNonce, wrappedKey)
         parameters = newParameters
@@ -834,6 +902,17 @@ public final class Vault: @unchecked Sendable {
 
 /// Account directory names: a UUID in any case, kept as given.
 public enum AccountName {
+    /// The 8-4-4-4-12 lowercase form of 16 UUID bytes.
+    public static func string(_ uuid: [UInt8]) -> String {
+        let hex = ASCIIHex.string(uuid)
+        var out = ""
+        for (offset, character) in hex.enumerated() {
+            if [8, 12, 16, 20].contains(offset) { out += "-" }
+            out.append(character)
+        }
+        return out
+    }
+
     /// The 16 bytes of a UUID in the 8-4-4-4-12 hex form, or nil.
     public static func uuidBytes(_ name: String) -> [UInt8]? {
         let utf8 = Array(name.utf8)

@@ -293,6 +293,13 @@ public final class VaultFolder: @unchecked Sendable {
         return Set(names.map { Self.keysFolder + "/" + $0 })
     }
 
+    /// The key-derivation limits of the newest slot no other slot retired.
+    public var currentParameters: KDFParameters? {
+        let retired = Set(slots.values.flatMap(\.retires))
+        return slots.filter { !retired.contains($0.key) }
+            .max { (KeySlot.parseName($0.key)?.clock ?? 0) < (KeySlot.parseName($1.key)?.clock ?? 0) }?.value.parameters
+    }
+
     /// How many key slots there are, and how many no other slot retired.
     public var slotCounts: (all: Int, current: Int) {
         let retired = Set(slots.values.flatMap(\.retires))

@@ -3,10 +3,11 @@ import Glibc
 #endif
 import CPosixShims
 
-/// The one seam through which mtmfs calls libc for files and processes.
+/// libc calls for files and processes, as most of mtmfs makes them.
 ///
 /// Each function returns its result or throws the `Errno` the call set, retrying `EINTR`
-/// where the call may be restarted. No `-1` check appears anywhere else.
+/// where the call may be restarted. Which modules call libc directly instead, and why, is
+/// listed in `docs/design.md` ("Where libc is called").
 ///
 /// Thread-safety: stateless; `errno` is per thread.
 public enum Syscall {

@@ -168,7 +168,7 @@ public final class MtmfsMount: Sendable {
     static func statistics(of path: String) -> FileSystemStatistics {
         var stats = FileSystemStatistics()
         var raw = statvfs()
-        guard statvfs(path, &raw) == 0 else { return stats }
+        guard (try? Syscall.valueOrErrno { statvfs(path, &raw) }) != nil else { return stats }  // (EINTR: again)
         stats.blockSize = UInt64(raw.f_frsize)
         stats.blocks = UInt64(raw.f_blocks)
         stats.freeBlocks = UInt64(raw.f_bfree)

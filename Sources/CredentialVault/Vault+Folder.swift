@@ -1,0 +1,194 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Posix
+
+/// A vault kept as a folder of format 3 (`VaultFolder`, `docs/vault-format-3.md`) behind the
+/// same `Vault` API: each change is one new change file, the accounts are the merge of all
+/// of them. The guarding flag is the field `guard` of the all-zero UUID; an account's
+/// trusted programs are its field `trusted` (the list as format 2 encodes it).
+///
+/// Thread-safety: as `Vault` (the owner serializes access).
+extension Vault {
+    /// The pseudo-account that holds vault-wide fields (the guarding flag).
+    static let vaultRecord = [UInt8](repeating: 0, count: 16)
+    static let vaultRecordName = "00000000-0000-0000-0000-000000000000"
+
+    /// Creates a vault folder at `path` (which must not exist), its device file beside it,
+    /// and returns it unlocked.
+    public static func createFolder(at path: String, passphrase: SecureBytes, parameters: KDFParameters, guarded: Bool = false,
+                                    random: RandomSource = SystemRandom()) throws(VaultError) -> Vault {
+        let (folder, key) = try VaultFolder.create(at: path, deviceFile: deviceFile(for: path), passphrase: passphrase,
+                                                   parameters: parameters, random: random)
+        let vault = Vault(folder: folder, random: random, parameters: parameters)
+        vault.adoptKey(key)
+        if guarded { try vault.setGuarded(true) }
+        return vault
+    }
+
+    /// `DATA_DIR/device` for `DATA_DIR/vault`.
+    static func deviceFile(for path: String) -> String { AtomicFile.parentDirectory(of: path) + "/device" }
+
+    /// Whether `path` is a vault folder (else a single file of format 1 or 2, or nothing).
+    static func isFolder(_ path: String) -> Bool {
+        guard let info = try? Syscall.stat(path) else { return false }
+        return info.st_mode & S_IFMT == S_IFDIR
+    }
+
+    // MARK: What the changes make
+
+    /// Rebuilds everything from the folder's changes: the accounts in the order they were
+    /// made (locked: UUIDs and names only), and while unlocked the fields, trusted lists,
+    /// the guarding flag and the index.
+    func refreshFromFolder() {
+        guard let folder else { return }
+        let merged = VaultMerge.accounts(folder.changes)
+        var made: [(first: ChangeID, record: SealedRecord)] = []
+        for (uuid, account) in merged where uuid != Self.vaultRecord {
+            made.append((account.sets.min() ?? ChangeID(device: 0, clock: 0, index: 0),
+                         SealedRecord(uuid: uuid, name: account.name, nonce: [], ciphertext: [])))
+        }
+        records = made.sorted { $0.first < $1.first }.map(\.record)
+        guard isUnlocked else { return }
+        fields.removeAll()
+        trusted.removeAll()
+        for (uuid, account) in merged where uuid != Self.vaultRecord { adopt(account) }
+        guarded = merged[Self.vaultRecord]?.fields["guard"].map { $0.shown.value.count == 1 && $0.shown.value.withUnsafeBytes { $0[0] } == UInt8(ascii: "1") } ?? false
+        index = AccountIndex()
+        for record in records { reindexAccount(record.uuid) }
+    }
+
+    /// One account's fields and trusted list from its merge (values are the folder's own).
+    private func adopt(_ account: VaultMerge.Account) {
+        var values: [AccountField: SecureBytes] = [:]
+        for field in AccountField.allCases {
+            if let value = account.fields[field.rawValue]?.shown.value, value.count > 0 { values[field] = value }
+        }
+        fields[account.uuid] = values
+        let programs = account.fields["trusted"].map { Self.decodeTrusted($0.shown.value) } ?? []
+        trusted[account.uuid] = programs.isEmpty ? nil : programs
+    }
+
+    /// After a change of one account: it alone is merged again.
+    private func refresh(_ uuid: [UInt8]) {
+        guard let folder else { return }
+        let account = VaultMerge.account(uuid, folder.changes.filter { $0.uuid == uuid })
+        if uuid == Self.vaultRecord {
+            guarded = account?.fields["guard"].map { $0.shown.value.count == 1 && $0.shown.value.withUnsafeBytes { $0[0] } == UInt8(ascii: "1") } ?? false
+            return
+        }
+        if let account {
+            if let position = records.firstIndex(where: { $0.uuid == uuid }) {
+                records[position].name = account.name
+            } else {
+                records.append(SealedRecord(uuid: uuid, name: account.name, nonce: [], ciphertext: []))
+            }
+            adopt(account)
+            reindexAccount(uuid)
+        } else {
+            records.removeAll { $0.uuid == uuid }
+            fields[uuid] = nil
+            trusted[uuid] = nil
+            index?.remove(uuid)
+        }
+    }
+
+    // MARK: Changes
+
+    /// Writes one set change of `uuid` with `values` (an empty value clears its field).
+    func writeFields(_ values: [(name: String, value: SecureBytes)], of uuid: [UInt8], name: String) throws(VaultError) {
+        guard let folder else { return }
+        let key = try requireKey()
+        let current = VaultMerge.account(uuid, folder.changes.filter { $0.uuid == uuid })
+        var written: [AccountChange.FieldValue] = []
+        for (field, value) in values {
+            guard let copy = value.withUnsafeBytes({ SecureBytes.allocate(copying: $0, in: arena) }) else {
+                written.forEach { $0.value.wipe() }
+                throw .io(.noMemory)
+            }
+            written.append(AccountChange.FieldValue(name: field, seen: current?.fields[field]?.seen ?? [:], value: copy))
+        }
+        let removals = folder.changes.filter { $0.uuid == uuid && $0.kind == .remove }.map(\.id)
+        let change = AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid, name: name,
+                                   seen: Array(Set(removals)).sorted(), fields: written)
+        do {
+            try folder.write([change], key: key)
+        } catch {
+            written.forEach { $0.value.wipe() }
+            throw error
+        }
+        refresh(uuid)
+    }
+
+    func folderAddAccounts(_ accounts: [(uuid: [UInt8], name: String, fields: [AccountField: SecureBytes], trusting: [TrustedProgram])]) throws(VaultError) {
+        guard let folder else { return }
+        let key = try requireKey()
+        var changes: [AccountChange] = []
+        var copies: [SecureBytes] = []
+        for account in accounts {
+            var values: [AccountChange.FieldValue] = []
+            for (field, value) in account.fields.sorted(by: { $0.key.rawValue < $1.key.rawValue }) where value.count > 0 {
+                guard let copy = value.withUnsafeBytes({ SecureBytes.allocate(copying: $0, in: arena) }) else {
+                    copies.forEach { $0.wipe() }
+                    throw .io(.noMemory)
+                }
+                copies.append(copy)
+                values.append(AccountChange.FieldValue(name: field.rawValue, seen: [:], value: copy))
+            }
+            if !account.trusting.isEmpty {
+                let list = Self.encodeTrusted(account.trusting)
+                copies.append(list)
+                values.append(AccountChange.FieldValue(name: "trusted", seen: [:], value: list))
+            }
+            let removals = folder.changes.filter { $0.uuid == account.uuid && $0.kind == .remove }.map(\.id)
+            changes.append(AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: account.uuid,
+                                         name: account.name, seen: Array(Set(removals)).sorted(), fields: values))
+        }
+        do {
+            try folder.write(changes, key: key)
+        } catch {
+            copies.forEach { $0.wipe() }
+            throw error
+        }
+        for account in accounts { refresh(account.uuid) }
+    }
+
+    func folderRemoveAccount(uuid: [UInt8]) throws(VaultError) {
+        guard let folder else { return }
+        let key = try requireKey()
+        guard let account = VaultMerge.account(uuid, folder.changes.filter { $0.uuid == uuid }) else { throw .noSuchAccount }
+        try folder.write([AccountChange(kind: .remove, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid,
+                                        name: account.name, seen: account.sets, fields: [])], key: key)
+        refresh(uuid)
+    }
+
+    // MARK: Trusted lists, as format 2 encodes them
+
+    static func encodeTrusted(_ programs: [TrustedProgram]) -> SecureBytes {
+        var list = VaultFormat.bigEndian(UInt64(programs.count), 2)
+        for program in programs {
+            let path = Array(program.path.utf8.prefix(Int(UInt16.max)))
+            list += program.sha256 + VaultFormat.bigEndian(UInt64(path.count), 2) + path
+        }
+        return list.withUnsafeBytes { SecureBytes(copying: $0) }
+    }
+
+    static func decodeTrusted(_ value: SecureBytes) -> [TrustedProgram] {
+        value.withUnsafeBytes { bytes -> [TrustedProgram] in
+            guard bytes.count >= 2 else { return [] }
+            var programs: [TrustedProgram] = []
+            var position = 2
+            for _ in 0..<(Int(bytes[0]) << 8 | Int(bytes[1])) {
+                guard bytes.count - position >= 34 else { return programs }
+                let digest = Array(bytes[position..<position + 32])
+                let length = Int(bytes[position + 32]) << 8 | Int(bytes[position + 33])
+                position += 34
+                guard bytes.count - position >= length,
+                      let path = String(validating: bytes[position..<position + length], as: UTF8.self) else { return programs }
+                programs.append(TrustedProgram(sha256: digest, path: path))
+                position += length
+            }
+            return programs
+        }
+    }
+}
