@@ -15,10 +15,14 @@ protocol EditingTreeState {
     mutating func takeInvalidations() -> [Invalidation]
     /// Saves prepared under the lock, to write and sync once it is let go (emptied).
     mutating func takeSaves() -> [any DeferredSave]
+    /// After saves were written and finished (under the lock): when one failed, what is in
+    /// memory is read again from the store, so that nothing shows a value not on disk.
+    mutating func savesFinished(failed: Bool)
 }
 
 extension EditingTreeState {
     mutating func takeSaves() -> [any DeferredSave] { [] }
+    mutating func savesFinished(failed: Bool) {}
 }
 
 /// A store's save prepared under its tree's lock: written and synced with the lock let go
@@ -73,11 +77,13 @@ extension EditingTree {
     func writeOutside(_ saves: [any DeferredSave]) -> Errno? {
         guard !saves.isEmpty else { return nil }
         for save in saves { save.write() }
+        let failure = saves.lazy.compactMap(\.failure).first
         send(state.withLock { s in
             for save in saves { save.finish() }
+            s.savesFinished(failed: failure != nil)
             return s.takeInvalidations()
         })
-        return saves.lazy.compactMap(\.failure).first
+        return failure
     }
 
     /// As `locked`, for what must happen even when requests are refused (a release lets its

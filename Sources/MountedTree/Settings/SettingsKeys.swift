@@ -138,7 +138,7 @@ struct SettingsKeys: EditedStore {
     /// Re-reads the file if another program changed it, applies `change` at the root and
     /// prepares its save, which the tree writes and syncs once its lock is let go
     /// (`saves`). The change is in memory from now on; a save that then fails answers its
-    /// request with the error, and the file is read again at the next change.
+    /// request with the error, and the file is read again (`savesFinished`).
     mutating func updateRoot(_ change: (inout PlistValue) throws(Errno) -> Void) throws(Errno) {
         guard let document else { throw .ioError }
         let previous = root

@@ -60,6 +60,12 @@ extension SettingsTree {
             return keys.saves
         }
 
+        /// A failed save: the plist is read again (once no other save is in flight; a later
+        /// one that succeeded holds this change too), and what changed is invalidated.
+        mutating func savesFinished(failed: Bool) {
+            if failed { keys.refreshFromDisk() }
+        }
+
         /// The invalidations queued so far (emptied).
         mutating func takeInvalidations() -> [Invalidation] {
             settle()
