@@ -40,7 +40,7 @@ extension Vault {
     /// Rebuilds everything from the folder's changes: the accounts in the order they were
     /// made (locked: UUIDs and names only), and while unlocked the fields, trusted lists,
     /// the guarding flag and the index.
-    func refreshFromFolder() {
+    public func refreshFromFolder() {
         guard let folder else { return }
         let merged = VaultMerge.accounts(folder.changes)
         var made: [(first: ChangeID, record: SealedRecord)] = []
@@ -112,7 +112,7 @@ extension Vault {
         let change = AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid, name: name,
                                    seen: Array(Set(removals)).sorted(), fields: written)
         do {
-            try folder.write([change], key: key)
+            try commit([change], to: folder, key: key)
         } catch {
             written.forEach { $0.value.wipe() }
             throw error
@@ -145,7 +145,7 @@ extension Vault {
                                          name: account.name, seen: Array(Set(removals)).sorted(), fields: values))
         }
         do {
-            try folder.write(changes, key: key)
+            try commit(changes, to: folder, key: key)
         } catch {
             copies.forEach { $0.wipe() }
             throw error
@@ -157,9 +157,63 @@ extension Vault {
         guard let folder else { return }
         let key = try requireKey()
         guard let account = VaultMerge.account(uuid, folder.changes.filter { $0.uuid == uuid }) else { throw .noSuchAccount }
-        try folder.write([AccountChange(kind: .remove, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid,
-                                        name: account.name, seen: account.sets, fields: [])], key: key)
+        try commit([AccountChange(kind: .remove, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid,
+                                        name: account.name, seen: account.sets, fields: [])], to: folder, key: key)
         refresh(uuid)
+    }
+
+    /// Writes `changes` as one file now, or (`defersWrites`) prepares it for whoever takes it.
+    private func commit(_ changes: [AccountChange], to folder: VaultFolder, key: SecureBytes) throws(VaultError) {
+        guard defersWrites else {
+            try folder.write(changes, key: key)
+            return
+        }
+        prepared.append(try folder.prepare(changes, key: key).0)
+    }
+
+    // MARK: Writes outside the owner's lock
+
+    /// The files prepared since the last take (emptied): the taker writes each (`write`,
+    /// with the owner's lock let go) and then finishes it here, under the lock again.
+    public func takePrepared() -> [VaultFolder.PreparedFile] {
+        defer { prepared.removeAll() }
+        return prepared
+    }
+
+    /// Under the owner's lock, after `file.write()`: a file that could not be written takes
+    /// its changes back; `refreshFromFolder` then shows what is on disk.
+    public func finishPrepared(_ file: VaultFolder.PreparedFile) {
+        folder?.finish(file)
+    }
+
+    /// Writes what was prepared and not taken (under the lock: only a lock does this, so
+    /// that no change is dropped with the keys).
+    func writeUntaken() {
+        guard let folder, !prepared.isEmpty else { return }
+        for file in takePrepared() {
+            file.write()
+            folder.finish(file)
+            if let error = file.error { Log.error("a vault change could not be written at lock: \(error.description)") }
+        }
+    }
+
+    /// Whether this device's files are due a fold (`VaultFolder.foldThreshold`, at least 64).
+    public var foldIsDue: Bool {
+        guard let folder, folder.isOpen, folder.pendingCount == 0, prepared.isEmpty else { return false }
+        return folder.ownFileCount > folder.foldThreshold(minimum: Self.foldMinimum)
+    }
+
+    static let foldMinimum = 64
+
+    /// Under the owner's lock: a fold of this device's files, to write outside it (nil: none due).
+    public func prepareFold() throws(VaultError) -> VaultFolder.PreparedFold? {
+        guard let folder, foldIsDue else { return nil }
+        return try folder.prepareFold(key: try requireKey())
+    }
+
+    /// Under the owner's lock, after the fold's file was written.
+    public func finishFold(_ fold: VaultFolder.PreparedFold) {
+        folder?.finishFold(fold)
     }
 
     // MARK: Trusted lists, as format 2 encodes them

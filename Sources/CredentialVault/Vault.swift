@@ -104,6 +104,11 @@ public final class Vault: @unchecked Sendable {
     let arena = SecureArena()
     /// The folder of format 3 this vault is kept in; nil for a single file (format 1 or 2).
     private(set) var folder: VaultFolder?
+    /// Folder only: changes are sealed and counted at once, and their files written by
+    /// whoever takes them (`takePrepared`), outside the owner's lock; else each change is
+    /// written, synced, before its call returns.
+    public var defersWrites = false
+    var prepared: [VaultFolder.PreparedFile] = []
 
     struct SealedRecord {
         var uuid: [UInt8]
@@ -271,9 +276,17 @@ public final class Vault: @unchecked Sendable {
         fileIdentity = identity
     }
 
-    /// The vault file as this vault last read or wrote it: when the file at `path` is no
-    /// longer this one, another program replaced or changed it.
+    /// The vault file as this vault last read or wrote it (a folder's: its `id` file, which
+    /// nothing rewrites): when the file at `path` is no longer this one, another program
+    /// replaced or changed it.
     public private(set) var fileIdentity: FileIdentity?
+
+    /// Whether another program replaced the vault (a restore from a backup): the file, or
+    /// the folder's `id` file, is no longer the one read. (New change files in a folder are
+    /// not a replacement.)
+    public var isReplaced: Bool {
+        FileIdentity(of: folder == nil ? path : path + "/" + VaultFolder.idFile) != fileIdentity
+    }
 
     /// Opens (locked) a vault from its bytes, as if read from `path` (tests and fuzzing).
     public convenience init(path: String, bytes: [UInt8], random: RandomSource) throws(VaultError) {
@@ -428,6 +441,7 @@ public final class Vault: @unchecked Sendable {
 
     /// Zeroes and frees the master key and every decrypted field.
     public func lock() {
+        writeUntaken()
         folder?.close()  // (wipes every value the changes held)
         guarded = false
         trusted.removeAll()

@@ -238,13 +238,16 @@ public final class VaultFolder: @unchecked Sendable {
     /// Removes the key slots that a genuine slot retired (any device's: nothing else
     /// writes them, and an old passphrase must stop opening them); needs the master key.
     public func removeRetiredSlots(key: SecureBytes) {
+        var removed = false
         for (name, _) in slots {
             let genuine = slots.contains { $0.value.retires.contains(name) && $0.value.proves(key: key, vaultID: vaultID, path: Self.keysFolder + "/" + $0.key) }
             guard genuine else { continue }
             try? Syscall.unlink(path + "/" + Self.keysFolder + "/" + name)
             slots[name] = nil
+            removed = true
         }
-        try? AtomicFile.syncDirectory(path + "/" + Self.keysFolder)
+        // (An unlock calls this under its owner's lock: no disk sync unless a slot went.)
+        if removed { try? AtomicFile.syncDirectory(path + "/" + Self.keysFolder) }
     }
 
     /// A new slot for `passphrase` that retires every slot there is now (a passphrase
@@ -431,28 +434,76 @@ public final class VaultFolder: @unchecked Sendable {
         return files.keys.filter { $0.hasPrefix(prefix) }.sorted()
     }
 
+    /// Files prepared and not yet finished (a fold waits until there are none).
+    public var pendingCount: Int { pending.count }
+
+    /// How many files of this device's own there are.
+    public var ownFileCount: Int {
+        let prefix = ChangeFile.hex(device, 16) + "/"
+        return files.keys.lazy.filter { $0.hasPrefix(prefix) }.count
+    }
+
+    /// How many changes the last fold of this process kept (0 before one).
+    public private(set) var changesAtLastFold = 0
+    private var foldFailedAt = 0
+
+    /// How many own files make a fold due: more new files since the last fold than a
+    /// quarter of what it kept, at least `minimum` (a fold's work is paid for by the files it
+    /// folds); after a fold that failed, as many again.
+    public func foldThreshold(minimum: Int) -> Int {
+        max(minimum, changesAtLastFold / 4) + foldFailedAt
+    }
+
     /// Folds this device's files into one (never another device's): what is still current
     /// or still decides something is kept, with its ids; the old files are removed once the
     /// new one is durable. Only while open.
     public func fold(key: SecureBytes) throws(VaultError) {
+        guard let fold = try prepareFold(key: key) else { return }
+        fold.file.write()
+        finishFold(fold)
+        if let error = fold.file.error { throw error }
+    }
+
+    /// A fold made under the owner's lock, its file written outside it, then finished.
+    public struct PreparedFold: @unchecked Sendable {
+        public let file: PreparedFile
+        let replaced: [String]
+    }
+
+    /// Under the owner's lock: the fold's file (nil when there is nothing to fold, or while
+    /// another file is being written: a fold holds only what is on disk). The kept changes
+    /// are the old files' own values, taken over by the new file (nothing is copied, and
+    /// what shows a value goes on showing the same one).
+    public func prepareFold(key: SecureBytes) throws(VaultError) -> PreparedFold? {
         guard isOpen else { throw .locked }
+        guard pending.isEmpty else { return nil }
         let old = ownFiles
-        guard old.count > 1 else { return }
+        guard old.count > 1 else { return nil }
         let kept = VaultMerge.fold(changes, device: device)
-        let fileClock = nextClock()
-        // Values are shared with the files they came from: the new file takes them over.
-        var carried: [AccountChange] = []
-        for change in kept {
-            var copy = change
-            copy.fields = change.fields?.map { AccountChange.FieldValue(name: $0.name, seen: $0.seen, value: $0.value.copy()) }
-            carried.append(copy)
+        changesAtLastFold = kept.count  // (also when too many for one file: not tried again soon)
+        guard kept.count <= Int(UInt16.max) else { return nil }
+        return PreparedFold(file: prepareFile(kept, clock: nextClock(), key: key), replaced: old)
+    }
+
+    /// Under the owner's lock, after the fold's file was written: the old files go (their
+    /// values that the fold did not keep are wiped). A fold that could not be written is
+    /// dropped, the old files kept as they are.
+    public func finishFold(_ fold: PreparedFold) {
+        pending.remove(fold.file.relative)
+        guard fold.file.error == nil else {
+            files[fold.file.relative] = nil  // (its values are the old files')
+            foldFailedAt = ownFileCount  // (tried again after as many new files as a fold needs)
+            return
         }
-        try store(carried, clock: fileClock, key: key)
-        for relative in old {
+        foldFailedAt = 0
+        let carried = Set((files[fold.file.relative] ?? []).flatMap { $0.fields ?? [] }.map { ObjectIdentifier($0.value) })
+        for relative in fold.replaced {
             try? Syscall.unlink(path + "/" + relative)
-            files.removeValue(forKey: relative)?.forEach { $0.wipe() }
+            for change in files.removeValue(forKey: relative) ?? [] {
+                for field in change.fields ?? [] where !carried.contains(ObjectIdentifier(field.value)) { field.value.wipe() }
+            }
         }
-        try? AtomicFile.syncDirectory(path + "/" + ChangeFile.hex(device, 16))
+        // (Not synced: old files that come back after a crash only repeat what the fold holds.)
     }
 }
 

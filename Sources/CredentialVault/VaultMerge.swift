@@ -20,7 +20,19 @@ public enum VaultMerge {
     public struct Field: @unchecked Sendable {
         public var shown: Value
         public var others: [Value]
-        public var seen: [UInt64: UInt64]
+        /// Every value of the field (superseded ones too), for `seen`.
+        var all: [Value]
+
+        /// What a new value of the field must say it has seen: per device, the newest clock
+        /// among the values and what they had seen (made when a write asks, not kept).
+        public var seen: [UInt64: UInt64] {
+            var seen: [UInt64: UInt64] = [:]
+            for value in all {
+                seen[value.id.device] = max(seen[value.id.device] ?? 0, value.id.clock)
+                for (device, clock) in value.seen { seen[device] = max(seen[device] ?? 0, clock) }
+            }
+            return seen
+        }
     }
 
     /// One account as the changes make it.
@@ -99,12 +111,7 @@ public enum VaultMerge {
             let current = all.filter { v in !all.contains { w in w.id != v.id && (w.seen[v.id.device] ?? 0) >= v.id.clock } }
                 .sorted { $0.id > $1.id }
             guard let shown = current.first else { continue }  // (cannot be: the newest is never superseded)
-            var seen: [UInt64: UInt64] = [:]
-            for value in all {
-                seen[value.id.device] = max(seen[value.id.device] ?? 0, value.id.clock)
-                for (device, clock) in value.seen { seen[device] = max(seen[device] ?? 0, clock) }
-            }
-            fields[name] = Field(shown: shown, others: Array(current.dropFirst()), seen: seen)
+            fields[name] = Field(shown: shown, others: Array(current.dropFirst()), all: all)
         }
         return Account(uuid: uuid, name: newest.name, fields: fields, sets: sets.map(\.id).sorted(),
                        removals: removals.map(\.id).sorted(), removalConflicts: unanswered.map(\.id).sorted(),

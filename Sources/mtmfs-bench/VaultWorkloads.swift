@@ -50,8 +50,12 @@ extension Bench {
             let status = (try? String(contentsOfFile: mount + "/.mtmfs/status", encoding: .utf8)) ?? ""
             let pid = status.split(separator: "\n").first { $0.hasPrefix("pid=") }.flatMap { pid_t($0.dropFirst(4)) } ?? 0
             stores.append((count, mount, pid))
-            let vaultBytes = (try? FileManager.default.attributesOfItem(atPath: data + "/vault")[.size] as? Int) ?? 0
-            record("W16 vault file, \(count) full accounts (MB)", "mtmfs", Double(vaultBytes) / 1e6)
+            let files = (try? FileManager.default.subpathsOfDirectory(atPath: data + "/vault")) ?? []
+            let vaultBytes = files.reduce(0) { total, file in
+                total + ((try? FileManager.default.attributesOfItem(atPath: data + "/vault/" + file))
+                    .flatMap { $0[.type] as? FileAttributeType == .typeRegular ? $0[.size] as? Int : 0 } ?? 0)
+            }
+            record("W16 vault folder, \(count) full accounts (MB)", "mtmfs", Double(vaultBytes) / 1e6)
             record("W16 daemon RSS unlocked, \(count) full accounts (MB)", "mtmfs", rss(of: pid))
             let maps = (try? String(contentsOfFile: "/proc/\(pid)/maps", encoding: .utf8))?.split(separator: "\n").count ?? 0
             record("W16 daemon memory maps unlocked, \(count) full accounts", "mtmfs", Double(maps))

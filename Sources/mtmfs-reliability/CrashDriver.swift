@@ -179,7 +179,7 @@ final class CrashDriver {
         files = [:]
         nodes = []
         attemptedFiles = []
-        let expectedData: Set<String> = ["vault", "Settings.plist", "cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm",
+        let expectedData: Set<String> = ["vault", "device", "Settings.plist", "cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm",
                                          "cache.sqlite-fsync", "mtmfs.lock"]
         let data = Set(listing(store.dataDirectory) ?? [])
         if !data.isSubset(of: expectedData) {

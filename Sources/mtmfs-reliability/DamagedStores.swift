@@ -12,10 +12,10 @@ import TestSupport
 /// be overwritten, and leave the other two stores working.
 ///
 /// In-process (the store libraries, fast): every single-byte flip and every truncation of
-/// a small vault; records swapped, dropped, copied from another vault or replayed, with the
-/// checksum recomputed the way an attacker would; random, mutated, deeply nested and huge
-/// plists. Through a mount (the daemon): vault flips and truncations, broken plists, and
-/// SQLite files with a flipped byte in each page.
+/// a change file of the vault folder (skipped, the rest loads); change files renamed,
+/// moved, replayed, withheld or copied from another vault, and another vault's id; random,
+/// mutated, deeply nested and huge plists. Through a mount (the daemon): the vault's id and
+/// a change file damaged, broken plists, and SQLite files with a flipped byte in each page.
 final class DamagedStores {
     let short: Bool
     var random: SplitMix
@@ -70,128 +70,114 @@ final class DamagedStores {
 
     var vaultPath: String { base.dataDirectory + "/vault" }
 
+    /// The base vault's change files (relative to its folder), oldest first.
+    func changeFiles(_ folder: String) -> [String] {
+        ((try? FileManager.default.subpathsOfDirectory(atPath: folder)) ?? []).filter { $0.hasSuffix(".mtv") }.sorted()
+    }
+
     // MARK: Vault, in process
 
-    /// Opens and unlocks `bytes` as a vault: nil when it is refused as damaged, else what happened.
-    func vaultOutcome(_ bytes: [UInt8]) -> String? {
-        let path = scratch.sub("probe.vault")
-        writeFile(path, bytes)
+    /// The base vault's master key, unwrapped once (the probes then need no key derivation).
+    lazy var masterKey: SecureBytes? = {
+        let passphrase = Array(suitePassphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) }
+        return try? VaultFolder(path: vaultPath, deviceFile: scratch.sub("probe-device")).masterKey(passphrase: passphrase)
+    }()
+
+    /// A copy of the base folder with `damage` done to it, opened and unlocked with the
+    /// master key: nil when what happened is what must (`expect`), else what did.
+    func folderOutcome(_ damage: (String) -> Void, expect: (VaultFolder?, [[UInt8]: VaultMerge.Account]) -> String?) -> String? {
+        let probe = scratch.sub("probe-\(random.next() % 1_000_000_000)")
+        defer { try? FileManager.default.removeItem(atPath: probe) }
+        guard (try? FileManager.default.copyItem(atPath: vaultPath, toPath: probe)) != nil, let key = masterKey else { return "no copy or key" }
+        damage(probe)
+        let folder: VaultFolder
         do {
-            let vault = try Vault(path: path)
-            let passphrase = Array(suitePassphrase.utf8)
-            let secret = passphrase.withUnsafeBytes { SecureBytes(copying: $0) }
-            do {
-                try vault.unlock(passphrase: secret)
-                return "unlocked"
-            } catch .damaged, .weakParameters {
-                return nil
-            } catch {
-                return "unlock: \(error)"
-            }
+            folder = try VaultFolder(path: probe, deviceFile: probe + ".device")
+            try folder.open(with: key, arena: SecureArena())
         } catch .damaged, .weakParameters {
-            return nil
+            return expect(nil, [:])
         } catch {
             return "open: \(error)"
+        }
+        defer { folder.close() }
+        return expect(folder, VaultMerge.accounts(folder.changes))
+    }
+
+    /// A damaged change file is skipped (and named); every other file still loads.
+    func skippedAlone(_ relative: String) -> (VaultFolder?, [[UInt8]: VaultMerge.Account]) -> String? {
+        { folder, _ in
+            guard let folder else { return "the whole vault refused" }
+            return folder.skipped[relative] == nil ? "loaded" : nil
         }
     }
 
     func vaultInProcess() -> Tally {
-        let tally = Tally("damage: vault single-byte flips and truncations (in process)")
-        let original = readFile(vaultPath).bytes ?? []
-        tally.record("the undamaged vault", vaultOutcome(original) == "unlocked" ? [] : ["does not unlock"])
-        for offset in original.indices {
+        let tally = Tally("damage: change-file single-byte flips and truncations (in process)")
+        let files = changeFiles(vaultPath)
+        guard let target = files.last, let original = readFile(vaultPath + "/" + target).bytes else {
+            tally.record("the base vault", ["no change file"])
+            return tally
+        }
+        tally.record("the undamaged vault", folderOutcome({ _ in }, expect: { folder, accounts in
+            folder?.skipped.isEmpty == true && accounts.count == 2 ? nil : "does not load whole"
+        }).map { [$0] } ?? [])
+        let step = short ? 5 : 1
+        for offset in stride(from: 0, to: original.count, by: step) {
             var bytes = original
             bytes[offset] ^= UInt8(1 + random.next() % 255)
-            tally.record("flip at \(offset)", vaultOutcome(bytes).map { [$0] } ?? [])
+            tally.record("flip at \(offset)", folderOutcome({ writeFile($0 + "/" + target, bytes) }, expect: skippedAlone(target)).map { [$0] } ?? [])
         }
-        for length in 0..<original.count {
-            tally.record("truncated to \(length)", vaultOutcome(Array(original[..<length])).map { [$0] } ?? [])
+        for length in stride(from: 0, to: original.count, by: step) {
+            tally.record("truncated to \(length)", folderOutcome({ writeFile($0 + "/" + target, Array(original[..<length])) },
+                                                            expect: skippedAlone(target)).map { [$0] } ?? [])
         }
         return tally
     }
 
-    // MARK: Vault tampering with a recomputed checksum
-
-    /// Where each record lies (docs/vault-format.md): the whole record and its sealed part.
-    struct RecordSpan { var whole: Range<Int>; var sealed: Range<Int> }
-
-    static func records(_ bytes: [UInt8]) -> (spans: [RecordSpan], end: Int) {
-        func u32(_ at: Int) -> Int { bytes[at..<at + 4].reduce(0) { $0 << 8 | Int($1) } }
-        var spans: [RecordSpan] = []
-        var at = 136
-        for _ in 0..<u32(132) {
-            let start = at
-            let nameLength = Int(bytes[at + 16])
-            let nonce = at + 17 + nameLength
-            let length = u32(nonce + 24)
-            at = nonce + 28 + length
-            spans.append(RecordSpan(whole: start..<at, sealed: nonce..<at))
-        }
-        return (spans, at)
-    }
-
-    static func withChecksum(_ body: [UInt8]) -> [UInt8] {
-        var hash = [UInt8](repeating: 0, count: 32)
-        crypto_generichash(&hash, 32, body, UInt64(body.count), nil, 0)
-        return body + hash
-    }
+    // MARK: Vault tampering
 
     func vaultTampering() -> Tally {
-        let tally = Tally("damage: vault records swapped, dropped, copied, replayed (checksum recomputed)")
-        let original = readFile(vaultPath).bytes ?? []
-        let body = Array(original.dropLast(32))
-        let (spans, _) = Self.records(body)
-        guard spans.count == 2 else {
-            tally.record("parse", ["expected 2 records, found \(spans.count)"])
+        let tally = Tally("damage: vault files renamed, moved, copied from another vault, withheld, replayed")
+        let files = changeFiles(vaultPath)
+        guard files.count >= 2, let last = files.last else {
+            tally.record("parse", ["expected change files, found \(files.count)"])
             return tally
         }
-        tally.record("re-sealed checksum alone", vaultOutcome(Self.withChecksum(body)) == "unlocked" ? [] : ["the untouched body no longer unlocks"])
-        // Swap the sealed parts (nonce, length, ciphertext) of the two records.
-        var swapped = body
-        let first = Array(body[spans[0].sealed]), second = Array(body[spans[1].sealed])
-        swapped.replaceSubrange(spans[1].sealed, with: first)
-        swapped.replaceSubrange(spans[0].sealed, with: second)
-        tally.record("records swapped", vaultOutcome(Self.withChecksum(swapped)).map { [$0] } ?? [])
-        // Drop the second record (count 1).
-        var dropped = body
-        dropped.removeSubrange(spans[1].whole)
-        dropped[135] = 1
-        tally.record("record dropped", vaultOutcome(Self.withChecksum(dropped)).map { [$0] } ?? [])
-        // Append a copy of the first record under the second's place (a duplicate).
-        var duplicated = body
-        duplicated.replaceSubrange(spans[1].whole, with: body[spans[0].whole])
-        tally.record("record duplicated", vaultOutcome(Self.withChecksum(duplicated)).map { [$0] } ?? [])
-        // A record copied from another vault (same UUID, other store id, other passphrase key).
+        let device = String(last.split(separator: "/")[0])
+        let name = String(last.split(separator: "/")[1])
+        // The same clock, another random part: a name its header does not match.
+        let renamed = device + "/" + String(name.prefix(17)) + "00000000.mtv"
+        tally.record("a change file renamed", folderOutcome({ folder in
+            try? FileManager.default.moveItem(atPath: folder + "/" + last, toPath: folder + "/" + renamed)
+        }, expect: skippedAlone(renamed)).map { [$0] } ?? [])
+        let moved = "0123456789abcdef/" + name
+        tally.record("a change file moved to another device", folderOutcome({ folder in
+            try? FileManager.default.createDirectory(atPath: folder + "/0123456789abcdef", withIntermediateDirectories: true)
+            try? FileManager.default.moveItem(atPath: folder + "/" + last, toPath: folder + "/" + moved)
+        }, expect: skippedAlone(moved)).map { [$0] } ?? [])
+        let replayed = device + "/" + String(name.prefix(17)) + "ffffffff.mtv"
+        tally.record("a change file replayed under another name", folderOutcome({ folder in
+            try? FileManager.default.copyItem(atPath: folder + "/" + files[0], toPath: folder + "/" + replayed)
+        }, expect: skippedAlone(replayed)).map { [$0] } ?? [])
+        tally.record("a change file withheld (deleted): the rest loads", folderOutcome({ folder in
+            try? FileManager.default.removeItem(atPath: folder + "/" + last)
+        }, expect: { folder, _ in folder?.skipped.isEmpty == true ? nil : "refused or skipped" }).map { [$0] } ?? [])
         do {
             let other = try makeStore(name: "other", fields: ["password": "alpha", "username": "ann"])
-            let otherBody = Array((readFile(other.dataDirectory + "/vault").bytes ?? []).dropLast(32))
-            let otherSpans = Self.records(otherBody).spans
-            var copied = body
-            copied.replaceSubrange(spans[0].sealed, with: otherBody[otherSpans[0].sealed])
-            tally.record("record copied from another vault", vaultOutcome(Self.withChecksum(copied)).map { [$0] } ?? [])
-            // The other vault's manifest and records, with this vault's header.
-            var transplanted = Array(body[..<136]) + Array(otherBody[136...])
-            transplanted = Self.withChecksum(transplanted)
-            tally.record("records and manifest of another vault", vaultOutcome(transplanted).map { [$0] } ?? [])
+            let otherFolder = other.dataDirectory + "/vault"
+            let foreign = changeFiles(otherFolder).last ?? ""
+            tally.record("a change file copied from another vault", folderOutcome({ folder in
+                try? FileManager.default.createDirectory(atPath: folder + "/" + String(foreign.split(separator: "/")[0]), withIntermediateDirectories: true)
+                try? FileManager.default.copyItem(atPath: otherFolder + "/" + foreign, toPath: folder + "/" + foreign)
+            }, expect: skippedAlone(foreign)).map { [$0] } ?? [])
+            tally.record("the id of another vault", folderOutcome({ folder in
+                writeFile(folder + "/id", readFile(otherFolder + "/id").bytes ?? [])
+            }, expect: { folder, accounts in
+                guard let folder else { return nil }
+                return accounts.values.contains { !$0.fields.isEmpty } || folder.skipped.count < self.changeFiles(folder.path).count ? "files opened under another vault's id" : nil
+            }).map { [$0] } ?? [])
         } catch {
             tally.record("other vault", ["\(error)"])
-        }
-        // An older version of a record replayed: change a field, then put the old record back.
-        do {
-            try base.mount()
-            let changed = writeFile(base.path("accounts/\(uuidA)/password"), Array("beta\n".utf8))
-            base.unmount()
-            guard changed == 0 else { throw SuiteError("cannot change a field") }
-            let newer = Array((readFile(vaultPath).bytes ?? []).dropLast(32))
-            let newerSpans = Self.records(newer).spans
-            var replayed = newer
-            replayed.replaceSubrange(newerSpans[0].sealed, with: body[spans[0].sealed])
-            tally.record("older record replayed", vaultOutcome(Self.withChecksum(replayed)).map { [$0] } ?? [])
-            var replayedAll = Array(body)
-            replayedAll = Self.withChecksum(replayedAll)
-            tally.record("whole older vault (a rollback: accepted, it is a valid vault)", vaultOutcome(replayedAll) == "unlocked" ? [] : ["refused"])
-        } catch {
-            tally.record("replay", ["\(error)"])
         }
         return tally
     }
@@ -218,7 +204,7 @@ final class DamagedStores {
             let unlocked = store.unlock()
             // The damaged store.
             var failed = false
-            switch file {
+            switch file.split(separator: "/").first.map(String.init) ?? file {
             case "vault":
                 let listed = listing(store.path("accounts"))
                 let read = readFile(store.path("accounts/\(uuidA)/password"))
@@ -243,8 +229,8 @@ final class DamagedStores {
             // The daemon and the other stores.
             if !ProcessState.isRunning(store.daemon) { problems.append("the daemon died") }
             if file != "Settings.plist" && readText(store.path("settings/IsFirstRun")) == nil { problems.append("settings/ broken") }
-            if file != "vault" && listing(store.path("accounts")) == nil { problems.append("accounts/ broken") }
-            if file != "vault" && unlocked == false { problems.append("unlock failed on an undamaged vault") }
+            if !file.hasPrefix("vault") && listing(store.path("accounts")) == nil { problems.append("accounts/ broken") }
+            if (!file.hasPrefix("vault") || mayWork) && unlocked == false { problems.append("unlock failed on an undamaged vault") }
             if file != "cache.sqlite" {
                 let error = writeFile(store.path("cache/probe"), Array("x".utf8), sync: true)
                 if error != 0 || readText(store.path("cache/probe")) != "x" { problems.append("cache/ broken") }
@@ -257,20 +243,31 @@ final class DamagedStores {
         return problems
     }
 
+    /// Through a mount: the folder's id damaged (nothing opens: EIO, the status says why)
+    /// and a change file damaged (skipped: the mount unlocks and serves the rest).
     func vaultThroughMount() -> Tally {
-        let tally = Tally("damage: vault flips and truncations through a mount")
-        let size = (readFile(vaultPath).bytes ?? []).count
-        let step = short ? 29 : 1
-        for offset in stride(from: 0, to: size, by: step) {
+        let tally = Tally("damage: vault id and change-file flips and truncations through a mount")
+        for offset in stride(from: 0, to: 33, by: short ? 11 : 1) {
             let mask = UInt8(1 + random.next() % 255)
-            tally.record("flip at \(offset)", mountDamaged("flip", file: "vault") { bytes in
+            tally.record("id flip at \(offset)", mountDamaged("flip", file: "vault/id") { bytes in
+                var bytes = bytes
+                if offset < bytes.count { bytes[offset] ^= mask }
+                return bytes
+            })
+        }
+        tally.record("id truncated", mountDamaged("truncate", file: "vault/id") { Array($0.prefix(20)) })
+        guard let target = changeFiles(vaultPath).last else {
+            tally.record("change files", ["none"])
+            return tally
+        }
+        let size = (readFile(vaultPath + "/" + target).bytes ?? []).count
+        for offset in stride(from: 0, to: size, by: short ? 97 : 7) {
+            let mask = UInt8(1 + random.next() % 255)
+            tally.record("change file flip at \(offset)", mountDamaged("flip", file: "vault/" + target, mayWork: true) { bytes in
                 var bytes = bytes
                 bytes[offset] ^= mask
                 return bytes
             })
-        }
-        for length in stride(from: 0, to: size, by: short ? 97 : 7) {
-            tally.record("truncated to \(length)", mountDamaged("truncate", file: "vault") { Array($0.prefix(length)) })
         }
         return tally
     }

@@ -84,4 +84,79 @@ import Testing
             #expect(text(try vault.field(.comment, of: a)) == "note")
         }
     }
+
+    func changeFiles(_ folder: String) -> [String] {
+        ((try? FileManager.default.subpathsOfDirectory(atPath: folder)) ?? []).filter { $0.hasSuffix(".mtv") }
+    }
+
+    /// With `defersWrites` (the mount's way): a change counts at once and is on disk only
+    /// once its prepared file is written; one that cannot be written goes back.
+    @Test func deferredWritesCountAtOnceAndGoBackWhenTheyFail() throws {
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let vault = try make(scratch + "/m")
+        vault.defersWrites = true
+        let before = changeFiles(scratch + "/m/vault").count
+        try vault.setFields([.password: secret("deferred")], of: a)
+        #expect(try text(vault.field(.password, of: a)) == "deferred", "shown before it is written")
+        #expect(changeFiles(scratch + "/m/vault").count == before, "nothing written under the caller's lock")
+        let files = vault.takePrepared()
+        #expect(files.count == 1 && vault.takePrepared().isEmpty)
+        files[0].write()
+        vault.finishPrepared(files[0])
+        #expect(files[0].error == nil && changeFiles(scratch + "/m/vault").count == before + 1)
+
+        // A write that fails: the device's folder replaced by a file (ENOTDIR).
+        try vault.setFields([.password: secret("lost")], of: a)
+        let failing = vault.takePrepared()[0]
+        let device = scratch + "/m/vault/" + failing.relative.split(separator: "/")[0]
+        try FileManager.default.moveItem(atPath: device, toPath: device + ".aside")
+        #expect(FileManager.default.createFile(atPath: device, contents: Data()))
+        failing.write()
+        vault.finishPrepared(failing)
+        #expect(failing.error != nil)
+        vault.refreshFromFolder()
+        #expect(try text(vault.field(.password, of: a)) == "deferred", "the value on disk shows again")
+        try FileManager.default.removeItem(atPath: device)
+        try FileManager.default.moveItem(atPath: device + ".aside", toPath: device)
+
+        // Not taken before a lock: written by the lock, not dropped with the keys.
+        try vault.setFields([.comment: secret("at lock")], of: a)
+        vault.lock()
+        let again = try Vault(path: scratch + "/m/vault")
+        try again.unlock(passphrase: secret("correct horse"))
+        #expect(try text(again.field(.password, of: a)) == "deferred" && text(again.field(.comment, of: a)) == "at lock")
+    }
+
+    /// Many saves: a fold is due past 64 own files, keeps every value shown (the same
+    /// memory, nothing wiped under a reader) and leaves one own file; a reopen shows the same.
+    @Test func aFoldDueAfterManySavesKeepsWhatShows() throws {
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let vault = try make(scratch + "/m")
+        vault.defersWrites = true
+        for round in 0..<70 {
+            try vault.setFields([.password: secret("p\(round)"), .comment: secret("c\(round % 3)")], of: a)
+            for file in vault.takePrepared() {
+                file.write()
+                vault.finishPrepared(file)
+            }
+        }
+        #expect(vault.foldIsDue)
+        let fold = try #require(try vault.prepareFold())
+        #expect(try !vault.foldIsDue && vault.prepareFold() == nil, "one fold at a time")
+        try vault.setFields([.path: secret("/during")], of: a)  // (prepared while the fold is written)
+        let during = vault.takePrepared()
+        fold.file.write()
+        during.forEach { $0.write() }
+        vault.finishFold(fold)
+        during.forEach { vault.finishPrepared($0) }
+        #expect(try text(vault.field(.password, of: a)) == "p69" && text(vault.field(.comment, of: a)) == "c0")
+        #expect(try text(vault.field(.label, of: b)) == "bank" && vault.isGuarded())
+        let own = changeFiles(scratch + "/m/vault").filter { $0.hasPrefix(fold.file.relative.prefix(16)) }
+        #expect(own.count == 2, "the fold and the change written during it: \(own)")
+        #expect(!vault.foldIsDue)
+        let again = try Vault(path: scratch + "/m/vault")
+        try again.unlock(passphrase: secret("correct horse"))
+        #expect(try text(again.field(.password, of: a)) == "p69" && text(again.field(.path, of: a)) == "/during")
+        #expect(try again.trustedPrograms(of: a) == [git] && again.accountCount == 2)
+    }
 }

@@ -195,7 +195,7 @@ import Glibc
         defer { store.close() }
         let a = store.path("accounts/\(Self.uuid)")
         #expect(Run.shell("echo https://h.example/p > \(a)/url").status == 0)
-        let vault = try Data(contentsOf: URL(fileURLWithPath: store.dataDirectory + "/vault"))
+        let vault = try FileManager.default.subpathsOfDirectory(atPath: store.dataDirectory + "/vault").sorted()
         for (field, value) in [("url", "not a url"), ("url", "https://bad host/"), ("url", "1http://h/"), ("url", "https://h:99999/"),
                                ("url", "https://h:0/"), ("protocol", "ht tp"), ("server", "-bad-.example"), ("port", "65536"),
                                ("port", "080"), ("port", "x"), ("path", "no-slash")] {
@@ -205,7 +205,7 @@ import Glibc
             #expect(errnoOf { Int32(Glibc.write(fd, bytes, bytes.count)) } == EINVAL, "\(field) = \(value)")
             close(fd)
         }
-        #expect(try Data(contentsOf: URL(fileURLWithPath: store.dataDirectory + "/vault")) == vault)
+        #expect(try FileManager.default.subpathsOfDirectory(atPath: store.dataDirectory + "/vault").sorted() == vault, "a change file was written")
         #expect(Run.shell("cat \(a)/url").stdout == "https://h.example/p\n")
         // Over 64 KiB: EFBIG.
         let fd = open("\(a)/comment", O_WRONLY | O_TRUNC | O_CLOEXEC)
@@ -387,11 +387,11 @@ import Glibc
     func damagedVaultGivesEIOAndTheOtherStoresWork(kind: String) throws {
         var before = Data()
         let store = try MountedStore { data in
-            let vault = data + "/vault"
+            let vault = data + "/vault/id"  // what names the folder: without it, nothing opens
             switch kind {
             case "flip":
-                // Every bit of byte 150 inverted (writing 0xFF changed nothing when the byte was 0xFF already: 1 run in 256).
-                let flip = "f = open(sys.argv[1], 'r+b'); f.seek(150); b = f.read(1)[0]; f.seek(150); f.write(bytes([b ^ 0xFF]))"
+                // Every bit of byte 10 inverted (no longer a hex digit).
+                let flip = "f = open(sys.argv[1], 'r+b'); f.seek(10); b = f.read(1)[0]; f.seek(10); f.write(bytes([b ^ 0xFF]))"
                 #expect(Run.program("python3", ["-c", "import sys; " + flip, vault]).status == 0)
             case "truncate": #expect(Run.shell("truncate -s 100 \(vault)").status == 0)
             default: #expect(Run.shell("head -c 300 /dev/urandom > \(vault)").status == 0)
@@ -399,7 +399,7 @@ import Glibc
             before = try Data(contentsOf: URL(fileURLWithPath: vault))
         }
         defer { store.close() }
-        let mnt = store.mountPoint, vault = store.dataDirectory + "/vault"
+        let mnt = store.mountPoint, vault = store.dataDirectory + "/vault/id"
         let listing = Run.shell("ls \(mnt)/accounts")
         #expect(listing.status != 0 && listing.stderr.contains("Input/output error"), "\(listing)")
         let status = try String(contentsOfFile: mnt + "/.mtmfs/status", encoding: .utf8)
@@ -438,4 +438,77 @@ import Glibc
         #expect(names.contains("vault"))
         #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
     }
+
+    /// A field's save writes and syncs its vault file after the tree's lock is let go
+    /// (SPEC §7): with every fsync of the daemon slowed by 1.5 s (strace), a read of
+    /// another field and a listing answer meanwhile.
+    @Test func readsAnswerWhileAFieldSaveSyncs() throws {
+        let store = try unlockedStore()
+        defer { store.close() }
+        let pid = try #require(try store.status()["pid"])
+        let account = store.path("accounts/\(Self.uuid)")
+        #expect(writeText(account + "/username", "ann\n") == 0)
+        let run = Run.program("python3", ["-c", """
+            import os, sys, time, subprocess, threading
+            account, daemon = sys.argv[1:3]
+            tracer = subprocess.Popen(["strace", "-f", "-e", "trace=fsync", "-e", "inject=fsync:delay_enter=1500000",
+                                       "-p", daemon], stderr=subprocess.PIPE, text=True, start_new_session=True)
+            line = tracer.stderr.readline()
+            time.sleep(0.5)
+            took = {}
+            def save():
+                start = time.time()
+                with open(os.path.join(account, "password"), "w") as f: f.write("saved slowly\\n")
+                took["save"] = time.time() - start
+            writer = threading.Thread(target=save); writer.start()
+            time.sleep(0.5)
+            start = time.time()
+            with open(os.path.join(account, "username")) as f: f.read()
+            os.listdir(account); os.listdir(os.path.dirname(account))
+            took["read"] = time.time() - start
+            writer.join()
+            tracer.kill(); tracer.wait()
+            print("%s save %.2f read %.2f" % (line.strip().split()[0] if line else "-", took["save"], took["read"]))
+            """, account, pid], timeout: 60)
+        try #require(run.status == 0, "\(run)")
+        let numbers = run.stdout.split(separator: " ").compactMap { Double($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        try #require(numbers.count == 2, "\(run)")
+        #expect(numbers[0] >= 1.5, "the syncs were not slowed: \(run.stdout)")
+        #expect(numbers[1] < 1, "a read waited for the save's syncs: \(run.stdout)")
+        #expect(Run.program("cat", [account + "/password"]).stdout == "saved slowly\n")
+    }
+
+    /// Every save is a new file in the vault folder; the daemon folds its own files (in
+    /// the background) so that 300 saves leave a folder of a few files, every value kept.
+    @Test func manySavesAreFoldedInTheBackground() throws {
+        let store = try unlockedStore()
+        defer { store.close() }
+        let account = store.path("accounts/\(Self.uuid)")
+        #expect(writeText(account + "/username", "ann\n") == 0)
+        for round in 0..<300 {
+            try #require(writeText(account + "/password", "round \(round)\n") == 0)
+        }
+        func changeFiles() -> [String] {
+            ((try? FileManager.default.subpathsOfDirectory(atPath: store.dataDirectory + "/vault")) ?? []).filter { $0.hasSuffix(".mtv") }
+        }
+        var waited = 0
+        while changeFiles().count > 66 && waited < 100 {
+            usleep(50_000)
+            waited += 1
+        }
+        #expect(changeFiles().count <= 66, "\(changeFiles().count) files after 300 saves")
+        #expect(Run.program("cat", [account + "/password", account + "/username"]).stdout == "round 299\nann\n")
+        #expect(Run.mtmfs("lock", store.mountPoint).status == 0)
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
+        #expect(Run.program("cat", [account + "/password", account + "/username"]).stdout == "round 299\nann\n")
+    }
+}
+
+/// Writes `text` over the file at `path` (open, truncate, write, close): 0 or the errno.
+private func writeText(_ path: String, _ text: String) -> Int32 {
+    let fd = open(path, O_WRONLY | O_TRUNC)
+    guard fd >= 0 else { return errno }
+    defer { close(fd) }
+    let bytes = Array(text.utf8)
+    return write(fd, bytes, bytes.count) == bytes.count ? 0 : errno
 }

@@ -68,12 +68,12 @@ import Glibc
         #expect(Run.program("python3", ["-c", python, data + "/Settings.plist"]).status == 0)
         #expect(Poll.until(seconds: 1) { TestFile.read(store.path("settings/FromOutside")) == "yes\n" })
 
-        // The vault: back it up, add an account through the mount, restore the backup.
-        #expect(Run.shell("cp '\(data)/vault' '\(store.scratch.sub("vault.backup"))'").status == 0)
+        // The vault: back its folder up, add an account through the mount, restore the backup.
+        #expect(Run.shell("cp -a '\(data)/vault' '\(store.scratch.sub("vault.backup"))'").status == 0)
         #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
         let account = "1F2E3D4C-5B6A-4978-8695-A4B3C2D1E0F0"
         #expect(mkdir(store.path("accounts/\(account)"), 0o700) == 0)
-        #expect(Run.shell("cp '\(store.scratch.sub("vault.backup"))' '\(data)/vault.new' && mv '\(data)/vault.new' '\(data)/vault'").status == 0)
+        #expect(Run.shell("cp -a '\(store.scratch.sub("vault.backup"))' '\(data)/vault.new' && rm -r '\(data)/vault' && mv '\(data)/vault.new' '\(data)/vault'").status == 0)
         #expect(Poll.until(seconds: 1) { (try? store.status()["state"]) == "locked" }, "a replaced vault is locked")
         #expect(Poll.until(seconds: 1) { Run.shell("ls '\(store.path("accounts"))'").stdout == "by-label\nby-server\n" })
         // The restored file is what the mount now serves: the next change keeps it.

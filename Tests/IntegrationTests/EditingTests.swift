@@ -101,7 +101,7 @@ import Glibc
         let leftInSettings = Run.shell("ls -A \(settings)").stdout, leftInAccount = Run.shell("ls -A \(account)").stdout
         #expect(leftInSettings.replacingOccurrences(of: "N~\n", with: "") == keyNames, "\(tool): \(leftInSettings)")
         #expect(leftInAccount.replacingOccurrences(of: "port~\n", with: "") == fieldNames, "\(tool): \(leftInAccount)")
-        #expect(try DataFiles.names(in: store.dataDirectory).sorted() == ["Settings.plist", "cache.sqlite", "mtmfs.lock", "vault"])
+        #expect(try DataFiles.names(in: store.dataDirectory).sorted() == ["Settings.plist", "cache.sqlite", "device", "mtmfs.lock", "vault"])
     }
 
     /// A value the key or field does not take: the same tool fails in both trees and the old

@@ -472,10 +472,10 @@ struct GuardTests {
         try mount.makeAccount()
         let pass = mount.scratch.sub("pass")
         #expect(mount.mtmfs("guard", "off", "--passphrase-file", pass, mount.mountPoint).status == 0)
-        #expect(mount.run("/bin/cp", ["-p", mount.data + "/vault", mount.writable + "/vault-old"]).status == 0)
+        #expect(mount.run("/bin/cp", ["-a", mount.data + "/vault", mount.writable + "/vault-old"]).status == 0)
         #expect(mount.mtmfs("guard", "on", "--passphrase-file", pass, mount.mountPoint).status == 0)
         // Put back by another program, as a restore from a backup does: read again, locked.
-        let restore = "cp -p \(mount.writable)/vault-old \(mount.data)/vault.new && mv \(mount.data)/vault.new \(mount.data)/vault"
+        let restore = "cp -a \(mount.writable)/vault-old \(mount.data)/vault.new && rm -r \(mount.data)/vault && mv \(mount.data)/vault.new \(mount.data)/vault"
         #expect(mount.shell(restore).status == 0)
         #expect(Poll.until(seconds: 5) { mount.mtmfs("status", mount.mountPoint).stdout.contains("accounts: locked") })
         let unlock = mount.mtmfs("unlock", "--passphrase-file", pass, mount.mountPoint)

@@ -22,11 +22,16 @@ import Glibc
         #expect(st.st_mode & 0o7777 == 0o600)
         #expect(stat(data + "/cache.sqlite", &st) == 0)
         #expect(st.st_mode & 0o7777 == 0o600)
+        // The vault: a folder of format 3 (docs/vault-format-3.md), its id and one key slot.
         #expect(stat(data + "/vault", &st) == 0)
-        #expect(st.st_mode & 0o7777 == 0o600)
-        let vault = try Data(contentsOf: URL(fileURLWithPath: data + "/vault"))
-        #expect(vault.starts(with: Data("MTMVAULT".utf8)))
-        #expect(vault.range(of: Data(Run.passphrase.utf8)) == nil)
+        #expect(st.st_mode & 0o7777 == 0o700 && st.st_mode & S_IFMT == S_IFDIR)
+        #expect((try? String(contentsOfFile: data + "/vault/id", encoding: .utf8))?.count == 33)
+        let slots = try FileManager.default.contentsOfDirectory(atPath: data + "/vault/keys")
+        #expect(slots.count == 1 && slots[0].hasSuffix(".slot"), "\(slots)")
+        let slot = try Data(contentsOf: URL(fileURLWithPath: data + "/vault/keys/" + slots[0]))
+        #expect(slot.starts(with: Data("MTMSLOT3".utf8)))
+        #expect(slot.range(of: Data(Run.passphrase.utf8)) == nil)
+        #expect(stat(data + "/device", &st) == 0)
 
         // The shipped defaults, read by real plist readers.
         let python = Run.program("python3", ["-c", """

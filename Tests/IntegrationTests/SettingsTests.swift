@@ -169,7 +169,7 @@ import Glibc
         let listing = Run.shell("ls -A \(s)").stdout
         #expect(!listing.contains(".swp") && !listing.contains("4913"), "\(tool): \(listing)")
         // No editor file reached the data directory.
-        #expect(try DataFiles.names(in: store.dataDirectory).sorted() == ["Settings.plist", "cache.sqlite", "mtmfs.lock", "vault"])
+        #expect(try DataFiles.names(in: store.dataDirectory).sorted() == ["Settings.plist", "cache.sqlite", "device", "mtmfs.lock", "vault"])
     }
 
     /// A key renamed away (vim's `K~`) or unlinked (mv, install) and recreated keeps its
@@ -350,7 +350,7 @@ import Glibc
         Run.program("fusermount3", ["-uz", store.mountPoint])
         #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
         #expect(Poll.until(seconds: 2) {
-            (try? DataFiles.names(in: store.dataDirectory).sorted()) == ["Settings.plist", "cache.sqlite", "mtmfs.lock", "vault"]
+            (try? DataFiles.names(in: store.dataDirectory).sorted()) == ["Settings.plist", "cache.sqlite", "device", "mtmfs.lock", "vault"]
         })
     }
 }

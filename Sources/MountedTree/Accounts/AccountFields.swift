@@ -77,6 +77,18 @@ struct AccountFields: EditedStore, @unchecked Sendable {
         if let uuid = uuids.removeValue(forKey: id) { ids[uuid] = nil }
     }
 
+    /// After the vault was made again from its files: accounts no longer in it go, and
+    /// every field of the others counts as changed.
+    mutating func reconcileWithVault() {
+        for (id, uuid) in uuids {
+            if vault?.hasAccount(uuid: uuid) == true {
+                changedKeys += Self.names.indices.map { FieldKey(account: id, index: $0) }
+            } else {
+                forgetAccount(id)
+            }
+        }
+    }
+
     // MARK: EditedStore
 
     func key(named name: String, in directory: LocalInode, isHidden: (FieldKey) -> Bool) -> FieldKey? {

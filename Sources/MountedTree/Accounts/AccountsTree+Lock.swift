@@ -28,12 +28,11 @@ extension AccountsTree {
                     let seconds = self.state.withLock { $0.fields.session.autoLockSeconds }
                     self.lock(reason: "auto-lock after \(seconds) s without a secret access")
                 } else {
-                    let invalidations = self.state.withLock { s -> [Invalidation] in
-                        guard s.fields.session.isOpen else { return [] }
+                    self.lockedAlways { s in
+                        guard s.fields.session.isOpen else { return }
                         s.engine.commitDueRemovals(before: .now, &s.fields)
-                        return s.takeInvalidations()
                     }
-                    self.send(invalidations)
+                    self.foldIfDue()
                 }
             }
         }
@@ -45,7 +44,7 @@ extension AccountsTree {
     /// file holds; a file that cannot be read leaves accounts/ answering EIO until it can.
     func reloadIfReplaced() {
         let replaced = state.withLock { s -> Bool in
-            FileIdentity(of: s.fields.session.vaultPath) != s.fields.vault?.fileIdentity
+            s.fields.vault.map { $0.isReplaced } ?? (FileIdentity(of: s.fields.session.vaultPath) != nil)
         }
         guard replaced else { return }
         lock(reason: "the vault file was changed by another program")
@@ -61,8 +60,26 @@ extension AccountsTree {
     func nextDeadline() -> ContinuousClock.Instant?? {
         guard running.load(ordering: .relaxed) else { return nil }
         return .some(state.withLock { s in
-            [s.fields.session.autoLockDeadline, s.fields.session.isOpen ? s.engine.nextRemovalDue : nil].compactMap { $0 }.min()
+            s.backgroundWorkDue ? .now
+                : [s.fields.session.autoLockDeadline, s.fields.session.isOpen ? s.engine.nextRemovalDue : nil].compactMap { $0 }.min()
         })
+    }
+
+    /// Folds this device's vault files into one when enough have piled up (`Vault.foldIsDue`):
+    /// prepared under the lock, written and synced with it let go, finished under it again.
+    /// Runs on the watcher, never on a request.
+    func foldIfDue() {
+        let work = state.withLock { s -> (Vault, VaultFolder.PreparedFold)? in
+            guard s.fields.session.isOpen, let vault = s.fields.vault,
+                  let fold = try? vault.prepareFold() else { return nil }
+            return (vault, fold)
+        }
+        guard let (vault, fold) = work else { return }
+        fold.file.write()
+        state.withLock { s in
+            vault.finishFold(fold)  // (a vault read again meanwhile: only this one's files go)
+            if let error = fold.file.error { Log.warning("vault fold not written (\(error.description)): the files stay as they are") }
+        }
     }
 
     /// SIGUSR1 locks this tree's vault (see `LockSignal`).
@@ -78,6 +95,8 @@ extension AccountsTree {
         do throws(VaultError) {
             kek = try vault.passphraseKey(passphrase)
         } catch {
+            // (A folder's key slots are opened here: a wrong passphrase shows now.)
+            Log.warning(error == .wrongPassphrase ? "unlock refused: wrong passphrase" : error.description)
             throw error.errno
         }
         // Sizes cached as 0 while locked are dropped, so `ls -l` right after shows the real ones.
@@ -117,6 +136,8 @@ extension AccountsTree {
         // sends its own (`PageCacheGate.admit`): nothing here waits for the sending thread.
         pageCache.changed()
         for local in files { notifier.invalidateInode(space.inode(local)) }
+        // What opening the records needed only for a while goes back to the system.
+        Syscall.trimHeap()
         // The auto-lock has a deadline now: the watcher learns it.
         defer { wakeup.wake() }
         state.withLock { s in

@@ -131,7 +131,7 @@ public final class AccountsTree: EditingTree {
         let local = space.local(of: inode)
         guard local.isFile else { return }
         pageCache.forget(inode)
-        state.withLock { $0.engine.referenceGone(local) }
+        lockedAlways { $0.engine.referenceGone(local) }  // (a change it makes is written after the lock)
     }
 
     public func attributes(of inode: InodeNumber, context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {

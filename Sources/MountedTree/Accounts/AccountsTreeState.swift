@@ -29,6 +29,22 @@ extension AccountsTree {
             for key in changed { engine.keyChanged(key) }
         }
 
+        mutating func takeSaves() -> [any DeferredSave] {
+            guard let vault = fields.vault else { return [] }
+            return vault.takePrepared().map { VaultSave(vault: vault, file: $0) }
+        }
+
+        /// A vault file that could not be written (ENOSPC): the accounts are made again from
+        /// the files on disk, and every field is invalidated (rare: not worth finding which).
+        mutating func savesFinished(failed: Bool) {
+            guard failed, let vault = fields.vault else { return }
+            vault.refreshFromFolder()
+            fields.reconcileWithVault()
+        }
+
+        /// Whether the watcher has work now (a fold of the vault's own files).
+        var backgroundWorkDue: Bool { fields.session.isOpen && fields.vault?.foldIsDue == true }
+
         mutating func takeInvalidations() -> [Invalidation] {
             settle()
             defer {
@@ -198,4 +214,16 @@ extension AccountsTree {
             try engine.rename(name, in: from, to: newName, in: to, flags: flags, &fields)
         }
     }
+}
+
+/// A vault change file prepared under the tree's lock, written and synced after it.
+final class VaultSave: DeferredSave, @unchecked Sendable {
+    let vault: Vault
+    let file: VaultFolder.PreparedFile
+
+    init(vault: Vault, file: VaultFolder.PreparedFile) { (self.vault, self.file) = (vault, file) }
+
+    func write() { file.write() }
+    var failure: Errno? { file.error?.errno }
+    func finish() { vault.finishPrepared(file) }
 }

@@ -30,6 +30,7 @@ struct VaultSession {
         AtomicFile.removeStaleTemporaries(of: vaultPath)
         do {
             vault = try Vault(path: vaultPath)
+            vault?.defersWrites = true  // (a folder's: written by the request after the tree's lock, `AccountsTree.VaultSave`)
         } catch {
             damage(error.description)
         }
@@ -84,6 +85,7 @@ struct VaultSession {
         vault?.lock()
         do {
             vault = try Vault(path: vaultPath)
+            vault?.defersWrites = true  // (a folder's: written by the request after the tree's lock, `AccountsTree.VaultSave`)
             if let problem { Log.info("vault readable again: \(vaultPath) (was: \(problem))") }
             problem = nil
         } catch {

@@ -18,11 +18,14 @@ protocol EditingTreeState {
     /// After saves were written and finished (under the lock): when one failed, what is in
     /// memory is read again from the store, so that nothing shows a value not on disk.
     mutating func savesFinished(failed: Bool)
+    /// Whether the tree's watcher has work to do now (woken after saves).
+    var backgroundWorkDue: Bool { get }
 }
 
 extension EditingTreeState {
     mutating func takeSaves() -> [any DeferredSave] { [] }
     mutating func savesFinished(failed: Bool) {}
+    var backgroundWorkDue: Bool { false }
 }
 
 /// A store's save prepared under its tree's lock: written and synced with the lock let go
@@ -78,11 +81,13 @@ extension EditingTree {
         guard !saves.isEmpty else { return nil }
         for save in saves { save.write() }
         let failure = saves.lazy.compactMap(\.failure).first
-        send(state.withLock { s in
+        let (invalidations, due) = state.withLock { s in
             for save in saves { save.finish() }
             s.savesFinished(failed: failure != nil)
-            return s.takeInvalidations()
-        })
+            return (s.takeInvalidations(), s.backgroundWorkDue)
+        }
+        send(invalidations)
+        if due { wakeup.wake() }
         return failure
     }
 

@@ -104,7 +104,7 @@ public struct DataDirectory: Hashable, Sendable {
             throw .cannotCreate(path, "\(error)")
         }
         do {
-            try Vault.create(at: vaultPath, passphrase: passphrase, parameters: kdf, guarded: guarded).lock()
+            try Vault.createFolder(at: vaultPath, passphrase: passphrase, parameters: kdf, guarded: guarded).lock()
         } catch {
             throw .cannotCreate(path, error.description)
         }
