@@ -73,6 +73,17 @@ static inline int mtmfs_inotify_watch_directory(int fd, const char *path) {
                                        IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR);
 }
 
+/* A folder whose files come and go (a vault folder and its device folders): a file written
+   and closed, moved in or out, removed; a folder made in it (IN_CREATE, for its watch). */
+static inline int mtmfs_inotify_watch_folder(int fd, const char *path) {
+    return inotify_add_watch(fd, path, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CREATE |
+                                       IN_ONLYDIR);
+}
+
+static inline unsigned mtmfs_inotify_create_mask(void) { return IN_CREATE; }
+static inline unsigned mtmfs_inotify_moved_to_mask(void) { return IN_MOVED_TO; }
+static inline unsigned mtmfs_inotify_is_directory_mask(void) { return IN_ISDIR; }
+
 /* pipe2(2) with O_CLOEXEC (hidden behind _GNU_SOURCE): no window in which a child spawned
    by another thread inherits the descriptors. */
 static inline int mtmfs_pipe_cloexec(int fds[2]) {

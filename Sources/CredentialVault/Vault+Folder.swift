@@ -30,7 +30,7 @@ extension Vault {
     static func deviceFile(for path: String) -> String { AtomicFile.parentDirectory(of: path) + "/device" }
 
     /// Whether `path` is a vault folder (else a single file of format 1 or 2, or nothing).
-    static func isFolder(_ path: String) -> Bool {
+    public static func isFolder(_ path: String) -> Bool {
         guard let info = try? Syscall.stat(path) else { return false }
         return info.st_mode & S_IFMT == S_IFDIR
     }
@@ -52,6 +52,7 @@ extension Vault {
         guard isUnlocked else { return }
         fields.removeAll()
         trusted.removeAll()
+        conflicted.removeAll()
         for (uuid, account) in merged where uuid != Self.vaultRecord { adopt(account) }
         guarded = merged[Self.vaultRecord]?.fields["guard"].map { $0.shown.value.count == 1 && $0.shown.value.withUnsafeBytes { $0[0] } == UInt8(ascii: "1") } ?? false
         index = AccountIndex()
@@ -65,6 +66,13 @@ extension Vault {
             if let value = account.fields[field.rawValue]?.shown.value, value.count > 0 { values[field] = value }
         }
         fields[account.uuid] = values
+        var conflicts = AccountConflicts()
+        for field in AccountField.allCases {
+            guard let others = account.fields[field.rawValue]?.others, !others.isEmpty else { continue }
+            conflicts.fields[field] = others.map { AccountConflicts.Other(device: $0.id.device, milliseconds: $0.id.clock >> 16, value: $0.value) }
+        }
+        conflicts.removals = account.removalConflicts.map { AccountConflicts.Other(device: $0.device, milliseconds: $0.clock >> 16, value: SecureBytes()) }
+        conflicted[account.uuid] = conflicts.isEmpty ? nil : conflicts
         let programs = account.fields["trusted"].map { Self.decodeTrusted($0.shown.value) } ?? []
         trusted[account.uuid] = programs.isEmpty ? nil : programs
     }
@@ -88,10 +96,25 @@ extension Vault {
         } else {
             records.removeAll { $0.uuid == uuid }
             fields[uuid] = nil
+            conflicted[uuid] = nil
             trusted[uuid] = nil
             index?.remove(uuid)
         }
     }
+
+    // MARK: Conflicts
+
+    /// An account's conflicts (nil: none, or locked): each field's other current values,
+    /// and the removals that lost against a change made apart. The values are the vault's
+    /// own (valid while unlocked and until the next change).
+    public func conflicts(of uuid: [UInt8]) -> AccountConflicts? { conflicted[uuid] }
+
+    /// Unresolved conflicts while unlocked: a field with other values counts one, an
+    /// account's lost removals one.
+    public var conflictCount: Int { conflicted.values.reduce(0) { $0 + $1.fields.count + ($1.removals.isEmpty ? 0 : 1) } }
+
+    /// Change files of the folder loaded, and those passed over with why (nil: a single file).
+    public var folderFiles: (loaded: Int, skipped: [String: String])? { folder.map { ($0.files.count, $0.skipped) } }
 
     // MARK: Changes
 
@@ -171,6 +194,22 @@ extension Vault {
         prepared.append(try folder.prepare(changes, key: key).0)
     }
 
+    /// Reads the folder again (files a synchroniser or git brought or took away); while
+    /// unlocked the new files are opened, and the accounts made again when anything changed.
+    /// Returns whether anything did.
+    public func rescanFolder() -> Bool {
+        guard let folder else { return false }
+        let changed: Bool
+        do throws(VaultError) {
+            changed = try folder.rescan(key: masterKey, arena: arena)
+        } catch {
+            Log.error("vault folder not read again: \(error.description)")
+            return false
+        }
+        if changed { refreshFromFolder() }
+        return changed
+    }
+
     // MARK: Writes outside the owner's lock
 
     /// The files prepared since the last take (emptied): the taker writes each (`write`,
@@ -245,4 +284,23 @@ extension Vault {
             return programs
         }
     }
+}
+
+/// What of one account's changes made apart did not settle into one value (SPEC §2b):
+/// shown in `accounts/<UUID>/conflicts/`.
+///
+/// Thread-safety: as `Vault` (its values are the vault's).
+public struct AccountConflicts: @unchecked Sendable {
+    /// One other value (or a removal: its value empty), with the device and the time (ms
+    /// since 1970) of its change.
+    public struct Other: @unchecked Sendable {
+        public let device: UInt64
+        public let milliseconds: UInt64
+        public let value: SecureBytes
+    }
+
+    public var fields: [AccountField: [Other]] = [:]
+    public var removals: [Other] = []
+
+    var isEmpty: Bool { fields.isEmpty && removals.isEmpty }
 }

@@ -109,6 +109,9 @@ public final class Vault: @unchecked Sendable {
     /// written, synced, before its call returns.
     public var defersWrites = false
     var prepared: [VaultFolder.PreparedFile] = []
+    /// Folder only, while unlocked: the accounts with a field of several current values or
+    /// a removal that lost against a change made apart (`conflicts(of:)`).
+    var conflicted: [[UInt8]: AccountConflicts] = [:]
 
     struct SealedRecord {
         var uuid: [UInt8]
@@ -451,6 +454,7 @@ public final class Vault: @unchecked Sendable {
         index = nil
         for (_, values) in fields { for (_, value) in values { value.wipe() } }
         fields.removeAll()
+        conflicted.removeAll()  // (their values were the folder's, wiped with it)
         arena.releaseAll()
         refreshFromFolder()
     }

@@ -131,3 +131,70 @@ public final class FileWatch: Sendable {
         }
     }
 }
+
+/// A watch of a folder and of the folders in it, one level down (a vault folder and its
+/// device folders): `changed` says whether a file was written, moved in or out, or removed
+/// in any of them since the last look. A folder made in it is watched from then on. A file
+/// only created (still being written) is not a change: its close is.
+///
+/// Thread-safety: `changed` from one thread (the watcher's).
+public final class FolderWatch: Sendable {
+    public let fd: Int32
+    let path: String
+    let top: Int32
+
+    public init(_ path: String) throws(Errno) {
+        let fd = try Syscall.valueOrErrno { mtmfs_inotify_init() }
+        do {
+            top = try Syscall.valueOrErrno { mtmfs_inotify_watch_folder(fd, path) }
+        } catch {
+            Syscall.close(fd)
+            throw error
+        }
+        self.fd = fd
+        self.path = path
+        for name in (try? Syscall.listDirectory(path)) ?? [] where !name.hasPrefix(".") {
+            _ = mtmfs_inotify_watch_folder(fd, path + "/" + name)  // (a file: ENOTDIR, not watched)
+        }
+    }
+
+    deinit { Syscall.close(fd) }
+
+    /// A watch of `path`, or nil with a line in the log saying what that costs (`otherwise`).
+    public static func logging(_ path: String, otherwise consequence: String) -> FolderWatch? {
+        do {
+            return try FolderWatch(path)
+        } catch {
+            Log.error("inotify on \(path): \(error); \(consequence)")
+            return nil
+        }
+    }
+
+    /// Reads the events waiting; whether any was a change (or the kernel dropped some).
+    public func changed() -> Bool {
+        var changed = false
+        var buffer = [UInt8](repeating: 0, count: 16 << 10)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) }
+            guard n > 0 else { return changed }
+            var made: [String] = []
+            var offset = 0
+            buffer.withUnsafeBytes { bytes in
+                while offset + 16 <= n {
+                    let watch = bytes.loadUnaligned(fromByteOffset: offset, as: Int32.self)
+                    let mask = bytes.loadUnaligned(fromByteOffset: offset + 4, as: UInt32.self)
+                    let length = Int(bytes.loadUnaligned(fromByteOffset: offset + 12, as: UInt32.self))
+                    let name = String(decoding: bytes[(offset + 16)..<min(n, offset + 16 + length)].prefix { $0 != 0 }, as: UTF8.self)
+                    let isDirectory = mask & mtmfs_inotify_is_directory_mask() != 0
+                    if watch == top, isDirectory, mask & (mtmfs_inotify_create_mask() | mtmfs_inotify_moved_to_mask()) != 0 {
+                        made.append(name)
+                    }
+                    if mask & mtmfs_inotify_create_mask() == 0 || isDirectory { changed = true }
+                    offset += 16 + length
+                }
+            }
+            // A folder made or moved in: watched now, and what it already holds counts.
+            for name in made where !name.hasPrefix(".") { _ = mtmfs_inotify_watch_folder(fd, path + "/" + name) }
+        }
+    }
+}

@@ -502,6 +502,43 @@ import Glibc
         #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
         #expect(Run.program("cat", [account + "/password", account + "/username"]).stdout == "round 299\nann\n")
     }
+
+    /// Change files brought into a mounted vault folder (as Syncthing does: a temporary
+    /// name, then a rename) show at once, without a lock and unlock: a field changed on the
+    /// other machine, a new account; a synchroniser's temporary file left behind is skipped.
+    @Test func changeFilesFromAnotherMachineShowWhileMounted() throws {
+        let first = try unlockedStore()
+        defer { first.close() }
+        let a = first.path("accounts/\(Self.uuid)")
+        #expect(writeText(a + "/username", "ann\n") == 0 && writeText(a + "/password", "one\n") == 0)
+        let second = try MountedStore { data in
+            try FileManager.default.removeItem(atPath: data + "/vault")
+            try FileManager.default.copyItem(atPath: first.dataDirectory + "/vault", toPath: data + "/vault")
+        }
+        defer { second.close() }
+        #expect(Run.mtmfs("unlock", second.mountPoint, input: Run.passphrase + "\n").status == 0)
+        let b = second.path("accounts/\(Self.uuid)")
+        let other = "0f8fad5b-d9cb-469f-a165-70867728950e"
+        #expect(writeText(b + "/password", "two\n") == 0 && writeText(b + "/comment", "from b\n") == 0)
+        #expect(mkdir(second.path("accounts/\(other)"), 0o700) == 0)
+        // What a synchroniser does: every file the first lacks, under a temporary name first.
+        let source = second.dataDirectory + "/vault", target = first.dataDirectory + "/vault"
+        for relative in try FileManager.default.subpathsOfDirectory(atPath: source) where relative.hasSuffix(".mtv") {
+            let destination = target + "/" + relative
+            guard !FileManager.default.fileExists(atPath: destination) else { continue }
+            let folder = (destination as NSString).deletingLastPathComponent
+            try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            let temporary = folder + "/.syncthing." + (relative as NSString).lastPathComponent + ".tmp"
+            try FileManager.default.copyItem(atPath: source + "/" + relative, toPath: temporary)
+            try FileManager.default.moveItem(atPath: temporary, toPath: destination)
+        }
+        let device = try #require(try FileManager.default.contentsOfDirectory(atPath: source).first { $0.count == 16 && $0 != "keys" })
+        #expect(FileManager.default.createFile(atPath: target + "/" + device + "/.syncthing.half.mtv.tmp", contents: Data([1, 2, 3])))
+        #expect(Poll.until { Run.program("cat", [a + "/password", a + "/comment", a + "/username"]).stdout == "two\nfrom b\nann\n" },
+                "the other machine's values do not show: \(Run.program("cat", [a + "/password", a + "/comment"]).stdout)")
+        #expect(Poll.until { (try? FileManager.default.contentsOfDirectory(atPath: first.path("accounts")))?.contains(other) == true })
+        #expect(try first.status()["state"] == "unlocked")
+    }
 }
 
 /// Writes `text` over the file at `path` (open, truncate, write, close): 0 or the errno.

@@ -79,14 +79,19 @@ struct AccountFields: EditedStore, @unchecked Sendable {
 
     /// After the vault was made again from its files: accounts no longer in it go, and
     /// every field of the others counts as changed.
-    mutating func reconcileWithVault() {
+    /// Returns the names of the accounts that went.
+    @discardableResult
+    mutating func reconcileWithVault() -> [String] {
+        var gone: [String] = []
         for (id, uuid) in uuids {
             if vault?.hasAccount(uuid: uuid) == true {
                 changedKeys += Self.names.indices.map { FieldKey(account: id, index: $0) }
             } else {
                 forgetAccount(id)
+                gone.append(AccountName.string(uuid))
             }
         }
+        return gone
     }
 
     // MARK: EditedStore

@@ -16,12 +16,16 @@ extension AccountsTree {
         let wakeup = self.wakeup
         let path = state.withLock { $0.fields.session.vaultPath }
         let watch = FileWatch.logging(path, otherwise: "a vault replaced by another program is not noticed")
+        // A folder's files brought by git or a synchroniser show while mounted.
+        let folderWatch = Vault.isFolder(path)
+            ? FolderWatch.logging(path, otherwise: "files brought into the vault folder show only at the next unlock") : nil
         Threads.detach { [weak self] in
             while true {
                 guard let deadline = self?.nextDeadline() else { return }
-                let ready = wakeup.wait(until: deadline, watching: watch.map { [$0.fd] } ?? [])
+                let ready = wakeup.wait(until: deadline, watching: [watch?.fd, folderWatch?.fd].compactMap { $0 })
                 guard let self, self.running.load(ordering: .relaxed) else { return }
-                if let watch, !ready.isEmpty, watch.changed() { self.reloadIfReplaced() }
+                if let watch, ready.contains(watch.fd), watch.changed() { self.reloadIfReplaced() }
+                if let folderWatch, ready.contains(folderWatch.fd), folderWatch.changed() { self.folderChanged() }
                 if LockSignal.take() {
                     self.lock(reason: "SIGUSR1")
                 } else if self.state.withLock({ $0.fields.session.autoLockDue }) {
@@ -54,6 +58,20 @@ extension AccountsTree {
         }
         Log.warning("the vault file was changed by another program: read again (\(top.count - 1) accounts), locked")
         for local in top { notifier.invalidateInode(space.inode(local)) }
+    }
+
+    /// Files of the vault folder came or went (not this mount's own, or not only): the
+    /// folder is read again, and what changed is invalidated — every field, the listing,
+    /// and the names of accounts that went.
+    func folderChanged() {
+        let invalidations = state.withLock { s -> [Invalidation] in
+            guard let vault = s.fields.vault, !vault.isReplaced, vault.rescanFolder() else { return [] }
+            let gone = s.fields.reconcileWithVault()
+            return s.takeInvalidations() + [.inode(.top)] + gone.map { .entry(parent: .top, name: $0) }
+        }
+        guard !invalidations.isEmpty else { return }
+        Log.info("vault folder changed by another program: read again")
+        send(invalidations)
     }
 
     /// When the watcher must next look (nil inside: no deadline); nil when the tree is shut down.
