@@ -13,7 +13,9 @@ struct CheckCommand: Command {
     static let usage = """
     Usage: mtmfs check [--data-dir DIR]
 
-    Checks the credential vault (format, header, checksum, every record's framing; the
+    Checks the credential vault (a folder: its id, key slots and every change file's
+    framing, naming each file that is skipped — damaged, half-synced, renamed, foreign or
+    a synchroniser's own; a single file: header, checksum, every record's framing; the
     contents stay encrypted), Settings.plist (parses as a property list) and cache.sqlite
     (SQLite's full integrity check, which reads every page: seconds per gigabyte). Reads
     only; safe while the store is mounted. One line per store; exit 1 if any is damaged.
@@ -44,8 +46,13 @@ struct CheckCommand: Command {
             if problem != nil { damaged.append(store) }
         }
         do {
-            _ = try Vault(path: dataDirectory.vaultPath)
+            let vault = try Vault(path: dataDirectory.vaultPath)
             report("vault", nil)
+            // A folder: the files passed over are named (the rest loads; the vault is not damaged).
+            if let files = vault.folderFiles {
+                print("vault: \(files.loaded) change file(s), \(files.skipped.count) skipped")
+                for (relative, why) in files.skipped.sorted(by: { $0.key < $1.key }) { print("vault: skipped \(relative): \(why)") }
+            }
         } catch {
             report("vault", error.description)
         }

@@ -67,6 +67,14 @@ struct StatusCommand: Command {
                          + "can trace another and read a trusted program's memory")
         }
         if let error = values["vault_error"] { lines.append("  vault: \(error)") }
+        if let conflicts = Int(values["conflicts"] ?? ""), conflicts > 0 {
+            lines.append("  conflicts: \(conflicts) field(s) changed on two machines apart: see accounts/*/conflicts/ "
+                         + "(writing a field resolves its conflict)")
+        }
+        if let skipped = Int(values["vault_skipped"] ?? ""), skipped > 0 {
+            lines.append("  vault: \(skipped) file(s) of the vault folder skipped (damaged, half-synced, foreign or a "
+                         + "synchroniser's own): `mtmfs check` names them")
+        }
         if let error = values["cache_error"] {
             lines.append("  cache: \(error)")
         } else if let files = values["cache_files"], let bytes = values["cache_bytes"] {

@@ -539,6 +539,80 @@ import Glibc
         #expect(Poll.until { (try? FileManager.default.contentsOfDirectory(atPath: first.path("accounts")))?.contains(other) == true })
         #expect(try first.status()["state"] == "unlocked")
     }
+
+    /// One field changed on two machines apart, and an account removed on one while the
+    /// other changed it (SPEC §2b): once synced both show the later value, the other in
+    /// `conflicts/<field>` (value escaped, device, time), the kept account's removal in
+    /// `conflicts/removed`; `.mtmfs/status` counts them; writing the field resolves it on
+    /// both; `conflicts/` takes no writes.
+    @Test func conflictsAreShownAndResolvedByWritingTheField() throws {
+        let first = try unlockedStore()
+        defer { first.close() }
+        let other = "0f8fad5b-d9cb-469f-a165-70867728950e"
+        #expect(mkdir(first.path("accounts/\(other)"), 0o700) == 0)
+        #expect(writeText(first.path("accounts/\(other)/label"), "old\n") == 0)
+        let second = try MountedStore { data in
+            try FileManager.default.removeItem(atPath: data + "/vault")
+            try FileManager.default.copyItem(atPath: first.dataDirectory + "/vault", toPath: data + "/vault")
+        }
+        defer { second.close() }
+        #expect(Run.mtmfs("unlock", second.mountPoint, input: Run.passphrase + "\n").status == 0)
+        let a1 = first.path("accounts/\(Self.uuid)"), a2 = second.path("accounts/\(Self.uuid)")
+        #expect(writeText(a1 + "/password", "from\tfirst\\\n") == 0)
+        usleep(5_000)
+        #expect(writeText(a2 + "/password", "from second\n") == 0)
+        // Removed on the first (cleared, then rmdir), changed on the second meanwhile.
+        #expect(Run.shell("rm -r \(first.path("accounts/\(other)"))").status == 0)
+        #expect(writeText(second.path("accounts/\(other)/comment"), "still here\n") == 0)
+        try Self.copyNewFiles(from: first.dataDirectory, to: second.dataDirectory)
+        try Self.copyNewFiles(from: second.dataDirectory, to: first.dataDirectory)
+        let device1 = try #require(Self.device(first.dataDirectory))
+        for store in [first, second] {
+            let a = store.path("accounts/\(Self.uuid)")
+            #expect(Poll.until { Run.program("cat", [a + "/password"]).stdout == "from second\n" }, "the later value shows")
+            #expect(Poll.until { (try? store.status()["conflicts"]) == "2" }, "\((try? store.status()) ?? [:])")
+            let listing = Run.program("ls", [a, a + "/conflicts"]).stdout
+            #expect(listing.contains("conflicts") && listing.contains("password"), "\(listing)")
+            let line = Run.program("cat", [a + "/conflicts/password"]).stdout
+            #expect(line.hasPrefix("from\\tfirst\\\\\t\(device1)\t20"), "\(line)")
+            #expect(line.hasSuffix("Z\n") && line.split(separator: "\n").count == 1, "\(line)")
+            let kept = store.path("accounts/\(other)")
+            #expect(Run.program("cat", [kept + "/comment"]).stdout == "still here\n", "the change made apart keeps the account")
+            #expect(Run.program("cat", [kept + "/conflicts/removed"]).stdout.hasPrefix(device1 + "\t"))
+            #expect(errnoOf { open(a + "/conflicts/password", O_WRONLY) } == EACCES)
+            #expect(errnoOf { open(a + "/conflicts/new", O_WRONLY | O_CREAT, 0o600) } == EACCES)
+            #expect(errnoOf { mkdir(a + "/conflicts/dir", 0o700) } == EACCES)
+            #expect(errnoOf { rename(a + "/conflicts/password", a + "/comment") } == EACCES)
+        }
+        #expect(Run.mtmfs("status", first.mountPoint).stdout.contains("conflicts: 2"))
+        // Writing the field resolves it, here and, once synced, there.
+        #expect(writeText(a1 + "/password", "agreed\n") == 0)
+        #expect(errnoOf { open(a1 + "/conflicts/password", O_RDONLY) } == ENOENT)
+        try Self.copyNewFiles(from: first.dataDirectory, to: second.dataDirectory)
+        #expect(Poll.until { Run.program("cat", [a2 + "/password"]).stdout == "agreed\n" })
+        #expect(Poll.until { (try? second.status()["conflicts"]) == "1" })
+        #expect(!Run.program("ls", [a2]).stdout.contains("conflicts"))
+    }
+
+    /// This machine's device id for the vault of `data`.
+    static func device(_ data: String) -> String? {
+        (try? String(contentsOfFile: data + "/device", encoding: .utf8))?.split(separator: "\n")
+            .first { $0.hasPrefix("device ") }.map { String($0.dropFirst(7)) }
+    }
+
+    /// What a synchroniser does: every change file `to` lacks, under a temporary name first.
+    static func copyNewFiles(from: String, to: String) throws {
+        let source = from + "/vault", target = to + "/vault"
+        for relative in try FileManager.default.subpathsOfDirectory(atPath: source) where relative.hasSuffix(".mtv") {
+            let destination = target + "/" + relative
+            guard !FileManager.default.fileExists(atPath: destination) else { continue }
+            let folder = (destination as NSString).deletingLastPathComponent
+            try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            let temporary = folder + "/.syncthing." + (relative as NSString).lastPathComponent + ".tmp"
+            try FileManager.default.copyItem(atPath: source + "/" + relative, toPath: temporary)
+            try FileManager.default.moveItem(atPath: temporary, toPath: destination)
+        }
+    }
 }
 
 /// Writes `text` over the file at `path` (open, truncate, write, close): 0 or the errno.

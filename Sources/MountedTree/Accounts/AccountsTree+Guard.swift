@@ -27,7 +27,7 @@ struct TrustedListNode: Hashable {
     init(account: AccountID) { self.account = account }
 
     init?(_ local: LocalInode) {
-        guard local.raw >= Self.bit, local.raw < LocalInode.viewBit << 1 else { return nil }
+        guard local.raw >= Self.bit, local.raw < Self.bit + (1 << 44) else { return nil }  // (then `ConflictNode`)
         account = AccountID(serial: local.raw - Self.bit)
     }
 

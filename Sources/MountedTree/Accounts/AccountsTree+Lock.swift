@@ -180,6 +180,7 @@ extension AccountsTree {
             s.fields.session.lock()
             noteGuarding(s)
             trustedLists.withLock { $0.removeAll() }
+            wipeConflictTexts()
             let files = s.engine.wipeAll().map(Invalidation.inode) + s.takeInvalidations() + viewNames
             if wasUnlocked { Log.info("accounts locked (\(reason))") }
             return files
@@ -211,6 +212,14 @@ extension AccountsTree {
             lines.append("accounts=\(session.vault?.accountCount ?? 0)")
             lines.append("guard=" + ["unknown", "off", "on"][lastKnownGuarding.load(ordering: .relaxed)])
             lines.append("ptrace_scope=" + ptraceScope)
+            if let vault = session.vault, let files = vault.folderFiles {
+                lines.append("vault_files=\(files.loaded)")
+                lines.append("vault_skipped=\(files.skipped.count)")
+                for (relative, why) in files.skipped.sorted(by: { $0.key < $1.key }).prefix(20) {
+                    lines.append("vault_skipped_file=\(relative): \(why)")
+                }
+                if session.isOpen { lines.append("conflicts=\(vault.conflictCount)") }
+            }
             if let problem = session.problem { lines.append("vault_error=\(problem)") }
             return lines
         }

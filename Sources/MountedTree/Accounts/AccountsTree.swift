@@ -54,6 +54,8 @@ public final class AccountsTree: EditingTree {
     /// The text of each open `trusted` file, by handle (its lock generation is in it: a
     /// lock empties the table and refuses the handles of before).
     let trustedLists = Locked<[UInt64: [UInt8]]>([:])
+    /// The texts of open `conflicts/` files, by handle (secure memory, wiped at release and lock).
+    let conflictTexts = Locked<[UInt64: SecureBytes]>([:])
     /// Secure copies of what a read replies, made under the tree's lock and sent after it
     /// (an arena of their own: a lock's `releaseAll` of the vault's never frees one that is
     /// still being sent).
@@ -142,7 +144,7 @@ public final class AccountsTree: EditingTree {
             return (symlinkAttributes(target), .none)
         }
         return try locked { (s) throws(Errno) in
-            if TrustedListNode(local) != nil { return (try s.attributes(local, space), .none) }
+            if TrustedListNode(local) != nil || ConflictNode(local) != nil { return (try s.attributes(local, space), .none) }
             // Through a descriptor from before a lock: refused. The kernel asks this before
             // it reads cached pages past the size it knows, so such a descriptor's read fails
             // with EACCES rather than reading nothing (the size is 0 while locked).
@@ -157,7 +159,7 @@ public final class AccountsTree: EditingTree {
         let requester = handle == nil && changes.size != nil ? self.requester(context) : nil
         return try locked { (s) throws(Errno) in
             let local = space.local(of: inode)
-            if ViewNode(local) != nil || TrustedListNode(local) != nil { throw .permissionDenied }  // the views are read-only
+            if ViewNode(local) != nil || TrustedListNode(local) != nil || ConflictNode(local) != nil { throw .permissionDenied }  // the views are read-only
             if changes.size != nil, handle == nil, let file = s.engine.files[local] {
                 // truncate(2) by name: a write without an open (one through a handle was decided at its open).
                 let directory: LocalInode? = if case .scratch(let parent, _) = file.role { parent } else { file.key?.account.directory }
@@ -205,7 +207,15 @@ public final class AccountsTree: EditingTree {
 
     public func removeDirectory(parent: InodeNumber, name: String, context: RequestContext) throws(Errno) {
         let parentLocal = space.local(of: parent)
-        if ViewNode(parentLocal) != nil { throw .permissionDenied }
+        if ViewNode(parentLocal) != nil || ConflictNode(parentLocal) != nil { throw .permissionDenied }
+        if parentLocal != .top && name == ConflictNode.name {
+            // `rm -r` of an account: its conflicts go with it (nothing to remove here).
+            try locked { (s) throws(Errno) in
+                try s.fields.session.requireOpen()
+                _ = try s.lookup(parentLocal, name)
+            }
+            return
+        }
         guard parentLocal == .top else { throw .notDirectory }
         let requester = self.requester(context)
         try locked { (s) throws(Errno) in
@@ -233,6 +243,12 @@ public final class AccountsTree: EditingTree {
                 try s.fields.session.requireOpen()
                 return
             }
+            // The same for the files of `conflicts/` (writing a field is what resolves one).
+            if let node = ConflictNode(parentLocal) {
+                try s.fields.session.requireOpen()
+                _ = try s.conflictLookup(node, name)
+                return
+            }
             try s.unlink(parentLocal, name)
         }
     }
@@ -248,6 +264,8 @@ public final class AccountsTree: EditingTree {
         let requester = parentLocal == .top ? nil : self.requester(context)
         return try locked { (s) throws(Errno) in
             if parentLocal != .top && name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil { throw .fileExists }
+            if ConflictNode(parentLocal) != nil { throw .permissionDenied }
+            if parentLocal != .top && name == ConflictNode.name && (try? s.lookup(parentLocal, name)) != nil { throw .fileExists }
             if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: "files") }
             let made = try s.makeSymbolicLink(target, in: parentLocal, name)
             return try handOut(s, made)
@@ -278,6 +296,9 @@ public final class AccountsTree: EditingTree {
         try locked { (s) throws(Errno) in
             for (directory, fileName) in [(from, name), (to, newName)] where directory != .top {
                 if fileName == TrustedListNode.name && s.fields.account(at: directory) != nil { throw .permissionDenied }
+                if ConflictNode(directory) != nil || (fileName == ConflictNode.name && s.fields.account(at: directory) != nil) {
+                    throw .permissionDenied
+                }
             }
             if from != .top { try requireTrust(&s, directory: from, requester, context: context, what: newName) }
             if to != .top && to != from { try requireTrust(&s, directory: to, requester, context: context, what: newName) }
@@ -292,6 +313,7 @@ public final class AccountsTree: EditingTree {
 
     public func open(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile? {
         if let node = TrustedListNode(space.local(of: inode)) { return try openTrustedList(node, flags: flags) }
+        if let node = ConflictNode(space.local(of: inode)) { return try openConflicts(node, flags: flags, context: context) }
         return try guardedOpen(inode, flags: flags, context: context, request: request)
     }
 
@@ -354,6 +376,8 @@ public final class AccountsTree: EditingTree {
         let requester = parentLocal == .top ? nil : self.requester(context)
         return try locked { (s) throws(Errno) in
             if parentLocal != .top && name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil { throw .fileExists }
+            if ConflictNode(parentLocal) != nil { throw .permissionDenied }
+            if parentLocal != .top && name == ConflictNode.name && (try? s.lookup(parentLocal, name)) != nil { throw .fileExists }
             if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: name) }
             let handle = s.fields.session.newHandle()
             let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle)
@@ -366,6 +390,9 @@ public final class AccountsTree: EditingTree {
         defer { SecureBytes.burnStack() }
         if TrustedListNode(space.local(of: inode)) != nil {
             return try readTrustedList(handle: handle, offset: offset, size: size, reply: reply)
+        }
+        if ConflictNode(space.local(of: inode)) != nil {
+            return try readConflicts(handle: handle, offset: offset, size: size, reply: reply)
         }
         // Copied (into secure memory) under the lock, replied after it: no request of
         // accounts/ waits for a reply to reach the kernel.
@@ -419,6 +446,7 @@ public final class AccountsTree: EditingTree {
             _ = trustedLists.withLock { $0.removeValue(forKey: handle) }
             return
         }
+        if ConflictNode(space.local(of: inode)) != nil { return releaseConflicts(handle: handle) }
         // The open is let go even when the vault cannot be used; a handle from before a
         // lock commits nothing.
         lockedAlways { s in

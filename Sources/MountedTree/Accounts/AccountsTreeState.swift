@@ -57,6 +57,7 @@ extension AccountsTree {
 
         func attributes(_ local: LocalInode, _ space: InodeSpace) throws(Errno) -> Attributes {
             if let view = ViewNode(local) { return try viewAttributes(view, space) }
+            if let node = ConflictNode(local) { return try conflictAttributes(node, space) }
             if let list = TrustedListNode(local) {
                 guard fields.uuid(of: list.account) != nil else { throw .noSuchFileOrDirectory }
                 return ownership.file(space.inode(local), mode: 0o400, size: 0)
@@ -69,7 +70,7 @@ extension AccountsTree {
         }
 
         func cache(for local: LocalInode) -> CachePolicy {
-            if TrustedListNode(local) != nil { return .none }
+            if TrustedListNode(local) != nil || ConflictNode(local) != nil { return .none }
             if let view = ViewNode(local) { return view == .byServer || view == .byLabel ? AccountsTree.directoryCache : AccountsTree.viewCache }
             guard local.isFile else { return AccountsTree.directoryCache }
             return fields.session.isOpen ? AccountsTree.fieldCache : AccountsTree.lockedFieldCache
@@ -86,10 +87,15 @@ extension AccountsTree {
 
         mutating func lookup(_ parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
             if let view = ViewNode(parent) { return try viewLookup(view, name).local }
+            if let node = ConflictNode(parent) { return try conflictLookup(node, name) }
             if parent == .top, let view = ViewNode.names[name] { return view.local }
             guard parent == .top else {
                 let account = try account(at: parent)
                 if name == TrustedListNode.name { return TrustedListNode(account: account).local }
+                if name == ConflictNode.name {
+                    guard !conflictFiles(of: account).isEmpty else { throw .noSuchFileOrDirectory }
+                    return ConflictNode.directory(account).local
+                }
                 return try engine.lookup(name, in: parent, fields)
             }
             if engine.scratch(named: name, in: .top) != nil { return try engine.lookup(name, in: .top, fields) }
@@ -99,6 +105,10 @@ extension AccountsTree {
 
         mutating func list(_ local: LocalInode) throws(Errno) -> [(String, LocalInode)] {
             if let view = ViewNode(local) { return try viewList(view).map { ($0.0, $0.1.local) } }
+            if let node = ConflictNode(local) {
+                guard case .directory(let account) = node else { throw .notDirectory }
+                return conflictFiles(of: account)
+            }
             var entries: [(String, LocalInode)] = []
             if local == .top {
                 entries = [("by-label", ViewNode.byLabel.local), ("by-server", ViewNode.byServer.local)]
@@ -116,6 +126,7 @@ extension AccountsTree {
                 if (try? fields.vault?.isGuarded()) == true {
                     entries.append((TrustedListNode.name, TrustedListNode(account: account).local))
                 }
+                if !conflictFiles(of: account).isEmpty { entries.append((ConflictNode.name, ConflictNode.directory(account).local)) }
             }
             entries += engine.scratchFiles(in: local).map { ($0.name, $0.inode) }
             return entries
