@@ -49,8 +49,8 @@ struct CheckCommand: Command {
             let vault = try Vault(path: dataDirectory.vaultPath)
             report("vault", nil)
             // A folder: the files passed over are named (the rest loads; the vault is not damaged).
-            if let files = vault.folderFiles {
-                print("vault: \(files.loaded) change file(s), \(files.skipped.count) skipped")
+            if let files = vault.folderFiles, !files.skipped.isEmpty {
+                print("vault: \(files.loaded) change file(s) load, \(files.skipped.count) skipped")
                 for (relative, why) in files.skipped.sorted(by: { $0.key < $1.key }) { print("vault: skipped \(relative): \(why)") }
             }
         } catch {

@@ -22,7 +22,7 @@ protocol Command {
 enum CommandLineTool {
     static var commands: [any Command.Type] { [
         InitCommand.self, MountCommand.self, UnmountCommand.self, UnlockCommand.self, LockCommand.self,
-        StatusCommand.self, PasswdCommand.self, CheckCommand.self, DemoCommand.self, FindCommand.self,
+        StatusCommand.self, PasswdCommand.self, CheckCommand.self, SyncCommand.self, DemoCommand.self, FindCommand.self,
         CredentialCommand.self, GuardCommand.self, TrustCommand.self, UntrustCommand.self,
     ] }
 

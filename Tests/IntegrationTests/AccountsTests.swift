@@ -538,6 +538,9 @@ import Glibc
                 "the other machine's values do not show: \(Run.program("cat", [a + "/password", a + "/comment"]).stdout)")
         #expect(Poll.until { (try? FileManager.default.contentsOfDirectory(atPath: first.path("accounts")))?.contains(other) == true })
         #expect(try first.status()["state"] == "unlocked")
+        #expect(Poll.until { (try? first.status()["vault_skipped"]) == "1" })
+        let check = Run.mtmfs("check", "--data-dir", first.dataDirectory)
+        #expect(check.status == 0 && check.stdout.contains("vault: skipped \(device)/.syncthing.half.mtv.tmp: "), "\(check)")
     }
 
     /// One field changed on two machines apart, and an account removed on one while the

@@ -51,8 +51,8 @@ final class MountedStore {
 
     /// `prepare` runs between init and mount, with the data directory (to damage a store,
     /// or to put another Settings.plist in place).
-    init(options: [String] = [], prepare: (String) throws -> Void = { _ in }) throws {
-        let initialized = Run.initStore(dataDirectory)
+    init(options: [String] = [], prepare: (String) throws -> Void = { _ in }, initialize: ((String) -> CommandResult)? = nil) throws {
+        let initialized = initialize?(dataDirectory) ?? Run.initStore(dataDirectory)
         try #require(initialized.status == 0, "init: \(initialized)")
         try prepare(dataDirectory)
         mkdir(mountPoint, 0o755)

@@ -79,6 +79,19 @@ public struct DataDirectory: Hashable, Sendable {
     /// existing empty directory is used (and set to 0700); one that already holds a store,
     /// or that another process holds (a mount), is refused.
     public func initialize(passphrase: SecureBytes, kdf: KDFParameters, guarded: Bool = false) throws(DataDirectoryError) {
+        try initialize { (vaultPath) throws(DataDirectoryError) in
+            do throws(VaultError) {
+                try Vault.createFolder(at: vaultPath, passphrase: passphrase, parameters: kdf, guarded: guarded).lock()
+            } catch {
+                throw .cannotCreate(path, error.description)
+            }
+        }
+    }
+
+    /// As `initialize(passphrase:…)`, with the vault that `makeVault` puts at the path it is
+    /// given (`mtmfs init --from`: a clone of another machine's, checked with its passphrase);
+    /// when it throws, nothing of the new stores is left.
+    public func initialize(makingVault makeVault: (String) throws(DataDirectoryError) -> Void) throws(DataDirectoryError) {
         do {
             let st = try Syscall.stat(path)
             guard st.st_mode & S_IFMT == S_IFDIR else { throw DataDirectoryError.notADirectory(path) }
@@ -98,15 +111,16 @@ public struct DataDirectory: Hashable, Sendable {
         }
         do {
             try Syscall.chmod(path, mode: 0o700)
-            try AtomicFile.replace(settingsPath, with: DefaultSettings.propertyList(), mode: 0o600)
-            try CacheDatabase.createEmpty(at: cachePath)
         } catch {
             throw .cannotCreate(path, "\(error)")
         }
+        try makeVault(vaultPath)
         do {
-            try Vault.createFolder(at: vaultPath, passphrase: passphrase, parameters: kdf, guarded: guarded).lock()
+            try AtomicFile.replace(settingsPath, with: DefaultSettings.propertyList(), mode: 0o600)
+            try CacheDatabase.createEmpty(at: cachePath)
         } catch {
-            throw .cannotCreate(path, error.description)
+            try? Syscall.unlink(settingsPath)
+            throw .cannotCreate(path, "\(error)")
         }
     }
 
