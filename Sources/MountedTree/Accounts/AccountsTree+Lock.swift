@@ -16,11 +16,14 @@ extension AccountsTree {
         let wakeup = self.wakeup
         let path = state.withLock { $0.fields.session.vaultPath }
         let watch = FileWatch.logging(path, otherwise: "a vault replaced by another program is not noticed")
-        // A folder's files brought by git or a synchroniser show while mounted.
-        let folderWatch = Vault.isFolder(path)
-            ? FolderWatch.logging(path, otherwise: "files brought into the vault folder show only at the next unlock") : nil
         Threads.detach { [weak self] in
+            // A folder's files brought by git or a synchroniser show while mounted (watched
+            // from when the vault is a folder: a single file becomes one at its first unlock).
+            var folderWatch: FolderWatch?
             while true {
+                if folderWatch == nil, Vault.isFolder(path) {
+                    folderWatch = FolderWatch.logging(path, otherwise: "files brought into the vault folder show only at the next unlock")
+                }
                 guard let deadline = self?.nextDeadline() else { return }
                 let ready = wakeup.wait(until: deadline, watching: [watch?.fd, folderWatch?.fd].compactMap { $0 })
                 guard let self, self.running.load(ordering: .relaxed) else { return }
@@ -108,7 +111,9 @@ extension AccountsTree {
     /// the lock is taken only to unwrap the master key and open the records.
     public func unlock(passphrase: SecureBytes) throws(Errno) {
         defer { SecureBytes.burnStack() }
-        guard let vault = state.withLock({ $0.fields.vault }) else { throw .ioError }
+        guard var vault = state.withLock({ $0.fields.vault }) else { throw .ioError }
+        let converted = !vault.isFolder
+        if converted { vault = try convert(vault, passphrase: passphrase) }
         let kek: SecureBytes
         do throws(VaultError) {
             kek = try vault.passphraseKey(passphrase)
@@ -156,12 +161,57 @@ extension AccountsTree {
         for local in files { notifier.invalidateInode(space.inode(local)) }
         // What opening the records needed only for a while goes back to the system.
         Syscall.trimHeap()
+        // The single file a conversion kept goes once a later unlock of the folder worked.
+        let kept = Vault.keptFilePath(for: vault.path)
+        if !converted, (try? Syscall.lstat(kept)) != nil {
+            try? Syscall.unlink(kept)
+            Log.info("vault.v2 (the single-file vault kept at its conversion) removed: the folder unlocked again")
+        }
         // The auto-lock has a deadline now: the watcher learns it.
         defer { wakeup.wake() }
         state.withLock { s in
             s.fields.session.revealing = false
             Log.info("accounts unlocked")
         }
+    }
+
+    /// A single-file vault (format 1 or 2) becomes a folder at its first unlock (SPEC §2b):
+    /// written beside it from a second opening of the file (outside the tree's lock: that
+    /// derives keys), then, under the lock, the file is renamed `vault.v2`, the folder takes
+    /// its name and is the tree's vault from then on. Nothing can change meanwhile (the
+    /// vault is locked: every write gets EACCES). Returns the vault to unlock.
+    func convert(_ vault: Vault, passphrase: SecureBytes) throws(Errno) -> Vault {
+        let path = vault.path, converting = Vault.conversionPath(for: path)
+        Vault.removeConversionLeftover(at: converting)
+        do throws(VaultError) {
+            let source = try Vault(path: path)
+            try source.unlock(passphrase: passphrase)
+            defer { source.lock() }
+            try source.writeAsFolder(at: converting, passphrase: passphrase)
+        } catch {
+            Vault.removeConversionLeftover(at: converting)
+            if error != .wrongPassphrase { Log.error("vault not converted to a folder: \(error.description)") }
+            throw error.errno
+        }
+        let folder = try state.withLock { (s) throws(Errno) -> Vault in
+            guard s.fields.vault === vault else {
+                Vault.removeConversionLeftover(at: converting)
+                throw .tryAgain
+            }
+            do throws(VaultError) {
+                try Vault.swapInConverted(at: path)
+                let folder = try Vault(path: path)
+                folder.defersWrites = true
+                s.fields.session.vault = folder
+                return folder
+            } catch {
+                Log.error("vault not converted to a folder: \(error.description)")
+                throw error.errno
+            }
+        }
+        try? AtomicFile.syncDirectory(AtomicFile.parentDirectory(of: path))
+        Log.info("vault converted to a folder (format 3); the single file is kept as vault.v2 until a later unlock")
+        return folder
     }
 
     /// Zeroes every key and plaintext, and tells the kernel to forget every field it holds.

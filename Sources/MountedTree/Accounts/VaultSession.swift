@@ -28,6 +28,7 @@ struct VaultSession {
         self.autoLockSeconds = autoLockSeconds
         // A save cut short by a kill leaves its (sealed) temporary file behind.
         AtomicFile.removeStaleTemporaries(of: vaultPath)
+        Vault.finishInterruptedConversion(at: vaultPath)
         do {
             vault = try Vault(path: vaultPath)
             vault?.defersWrites = true  // (a folder's: written by the request after the tree's lock, `AccountsTree.VaultSave`)

@@ -140,7 +140,10 @@ public struct DataDirectory: Hashable, Sendable {
         } catch {
             throw .unreadable(path, error)
         }
-        guard FileExistence.exists(settingsPath), FileExistence.exists(cachePath), FileExistence.exists(vaultPath) else {
+        // (A conversion cut between its renames: the mount finishes it, `Vault.finishInterruptedConversion`.)
+        let vaultThere = FileExistence.exists(vaultPath)
+            || (FileExistence.exists(Vault.keptFilePath(for: vaultPath)) && FileExistence.exists(Vault.conversionPath(for: vaultPath)))
+        guard FileExistence.exists(settingsPath), FileExistence.exists(cachePath), vaultThere else {
             throw .notInitialized(path)
         }
     }

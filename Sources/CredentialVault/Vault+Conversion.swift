@@ -1,0 +1,67 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Posix
+
+/// A single-file vault (format 1 or 2) converted to a folder of format 3 (SPEC §2b: at its
+/// first unlock). The folder is written under a name of its own beside the file; the caller
+/// then renames the file to `vault.v2` and the folder into its place (`swapInConverted`).
+extension Vault {
+    /// Whether this vault is a folder of format 3.
+    public var isFolder: Bool { folder != nil }
+
+    /// Where a conversion writes the folder before it takes the vault's name.
+    public static func conversionPath(for path: String) -> String { path + ".converting" }
+
+    /// Where the single file is kept after a conversion, until a later unlock succeeds.
+    public static func keptFilePath(for path: String) -> String { path + ".v2" }
+
+    /// This unlocked single-file vault written as a new folder at `path` (which must not
+    /// exist): every account in its order, its fields and trusted list, and the guarding
+    /// flag; the key slot wraps a new master key under `passphrase` with this vault's limits.
+    public func writeAsFolder(at path: String, passphrase: SecureBytes) throws(VaultError) {
+        guard folder == nil else { throw .io(.invalidArgument) }
+        _ = try requireKey()
+        let converted = try Vault.createFolder(at: path, passphrase: passphrase, parameters: parameters, guarded: guarded)
+        defer { converted.lock() }
+        try converted.folderAddAccounts(records.map { record in
+            (record.uuid, record.name, fields[record.uuid] ?? [:], trusted[record.uuid] ?? [])
+        })
+    }
+
+    /// Removes a folder a conversion left half-made (a crash): its files, one level of
+    /// folders below, then the folder.
+    public static func removeConversionLeftover(at path: String) {
+        guard isFolder(path) else { return }
+        for name in (try? Syscall.listDirectory(path)) ?? [] {
+            let inner = path + "/" + name
+            if isFolder(inner) {
+                for file in (try? Syscall.listDirectory(inner)) ?? [] { try? Syscall.unlink(inner + "/" + file) }
+                try? Syscall.removeDirectory(inner)
+            } else {
+                try? Syscall.unlink(inner)
+            }
+        }
+        try? Syscall.removeDirectory(path)
+    }
+
+    /// The file becomes `vault.v2`, the converted folder takes its name. Also finishes a
+    /// conversion a crash cut between the two renames (the file kept, the folder beside).
+    public static func swapInConverted(at path: String) throws(VaultError) {
+        let converting = conversionPath(for: path), kept = keptFilePath(for: path)
+        do throws(Errno) {
+            if (try? Syscall.lstat(path)) != nil { try Syscall.rename(path, kept) }
+            try Syscall.rename(converting, path)
+        } catch {
+            throw .io(error)
+        }
+    }
+
+    /// At a mount: a conversion cut by a crash after the file was renamed is finished (the
+    /// folder is whole: it was written before either rename).
+    public static func finishInterruptedConversion(at path: String) {
+        guard (try? Syscall.lstat(path)) == nil, (try? Syscall.lstat(keptFilePath(for: path))) != nil,
+              isFolder(conversionPath(for: path)) else { return }
+        try? swapInConverted(at: path)
+    }
+}
