@@ -120,8 +120,21 @@ public enum Spawn {
 
     /// Runs a program to its end with its output (stdout and stderr together) collected
     /// through a pipe; standard input is /dev/null.
-    public static func output(_ program: String, _ arguments: [String]) -> (status: Int32, output: String) {
-        collect(program, arguments, input: nil, output: .both)
+    public static func output(_ program: String, _ arguments: [String], environment: [String]? = nil) -> (status: Int32, output: String) {
+        collect(program, arguments, input: nil, output: .both, environment: environment)
+    }
+
+    /// Our environment with `settings` ("NAME=value") put in place of any of those names.
+    public static func environment(with settings: [String]) -> [String] {
+        let names = Set(settings.map { $0.prefix { $0 != "=" } })
+        var result: [String] = []
+        var entry = environ
+        while let pointer = entry.pointee {
+            let text = String(cString: pointer)
+            if !names.contains(text.prefix { $0 != "=" }) { result.append(text) }
+            entry += 1
+        }
+        return result + settings
     }
 
     /// Whether `program` is found in PATH.
@@ -133,7 +146,7 @@ public enum Spawn {
     /// prints collected as asked. The input is written by a thread of its own, so that a
     /// child that prints before it has read all of it cannot block on a full pipe.
     private static func collect(_ program: String, _ arguments: [String], input: String?,
-                                output: Collected) -> (status: Int32, output: String) {
+                                output: Collected, environment: [String]? = nil) -> (status: Int32, output: String) {
         let stdin = input == nil ? nil : try? Syscall.pipe()
         let stdout = output == .none ? nil : try? Syscall.pipe()
         let opened = [stdin?.read, stdin?.write, stdout?.read, stdout?.write].compactMap { $0 }
@@ -146,7 +159,7 @@ public enum Spawn {
         do {
             pid = try start(program, arguments, stdin: stdin.map { .descriptor($0.read) } ?? .null, stdout: printed,
                             stderr: output == .both ? printed : .null,
-                            closing: [stdin?.write, stdout?.read].compactMap { $0 })
+                            closing: [stdin?.write, stdout?.read].compactMap { $0 }, environment: environment)
         } catch {
             opened.forEach { Syscall.close($0) }
             return (127, output == .both ? "cannot run \(program): \(error)" : "")

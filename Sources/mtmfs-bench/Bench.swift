@@ -21,6 +21,9 @@ final class Bench {
     var daemonPID: pid_t = 0
     var floorPID: pid_t = 0
     var passReady = false
+    /// W25: the smallest vault store, synced to a bare remote; pass pushing to one too.
+    var syncMount: String?
+    var passSyncReady = false
     var manyAccountsMount = ""
     var vaultStores: [(accounts: Int, mount: String, daemon: pid_t)] = []
     var statusStores: [(files: Int, mount: String)] = []

@@ -61,11 +61,96 @@ extension Bench {
             record("W16 daemon memory maps unlocked, \(count) full accounts", "mtmfs", Double(maps))
             guard Spawn.run(mtmfs, ["lock", mount]) == 0 else { throw BenchError("mtmfs lock (W16) failed") }
             record("W16 daemon RSS locked again, \(count) full accounts (MB)", "mtmfs", rss(of: pid))
-            guard Spawn.run(mtmfs, ["unlock", "--passphrase-file", root + "/w3-pass", mount]) == 0 else {
-                throw BenchError("mtmfs unlock (W16) failed")
+            let unlock = try seconds {
+                guard Spawn.run(mtmfs, ["unlock", "--passphrase-file", root + "/w3-pass", mount]) == 0 else {
+                    throw BenchError("mtmfs unlock (W16) failed")
+                }
+            }
+            record("W24 unlock, \(count) full accounts, interactive KDF (s)", "mtmfs", unlock)
+        }
+        if let largest = stores.last { try unlockAfterManyChanges(largest) }
+        try setUpSync(stores[0])
+        return stores
+    }
+
+    /// W24: the unlock of the largest vault again after many changes of one field through
+    /// the mount (each a change file; the daemon folds its own files in the background),
+    /// beside its unlock before them; the folder's size and files, the daemon's memory.
+    func unlockAfterManyChanges(_ store: (Int, String, pid_t)) throws {
+        let (count, mount, pid) = store
+        let changes = options.quick ? 1_000 : 100_000
+        let path = mount + "/accounts/" + String(format: "%08x-0000-4000-8000-%012x", 1, 1) + "/comment"
+        let writing = try seconds {
+            for change in 0..<changes {
+                let fd = open(path, O_WRONLY | O_TRUNC)
+                guard fd >= 0 else { throw BenchError("W24: open \(path): errno \(errno)") }
+                let text = Array("change \(change)\n".utf8)
+                let written = write(fd, text, text.count)
+                close(fd)
+                guard written == text.count else { throw BenchError("W24: write \(path) failed") }
             }
         }
-        return stores
+        record("W24 change a field, \(count) full accounts, during \(changes) changes (ms)", "mtmfs", writing / Double(changes) * 1000)
+        usleep(1_500_000)  // the background fold
+        let data = root + "/data-w16-\(count)/vault"
+        let files = (try? FileManager.default.subpathsOfDirectory(atPath: data))?.filter { $0.hasSuffix(".mtv") } ?? []
+        let bytes = files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: data + "/" + $1)[.size] as? Int) ?? 0) }
+        record("W24 vault folder after \(changes) changes, \(count) full accounts (MB)", "mtmfs", Double(bytes) / 1e6)
+        record("W24 vault change files after \(changes) changes, \(count) full accounts", "mtmfs", Double(files.count))
+        record("W24 daemon RSS unlocked after \(changes) changes, \(count) full accounts (MB)", "mtmfs", rss(of: pid))
+        guard Spawn.run(mtmfs, ["lock", mount]) == 0 else { throw BenchError("mtmfs lock (W24) failed") }
+        let unlock = try seconds {
+            guard Spawn.run(mtmfs, ["unlock", "--passphrase-file", root + "/w3-pass", mount]) == 0 else {
+                throw BenchError("mtmfs unlock (W24) failed")
+            }
+        }
+        record("W24 unlock, \(count) full accounts after \(changes) changes, interactive KDF (s)", "mtmfs", unlock)
+    }
+
+    /// W25: one change carried to a local bare remote: `mtmfs sync` (commit, fetch, merge,
+    /// push) of the smallest store beside `pass git push` of one `pass insert` (pass commits
+    /// at the insert; only the push is timed).
+    func setUpSync(_ store: (Int, String, pid_t)) throws {
+        guard Spawn.exists("git") else {
+            notes.append("W25: skipped (git is not installed)")
+            return
+        }
+        let remote = root + "/w25-mtmfs.git", vault = root + "/data-w16-\(store.0)/vault"
+        guard Spawn.run("git", ["init", "-q", "--bare", remote]) == 0,
+              Spawn.run("git", ["-C", vault, "remote", "add", "origin", remote]) == 0,
+              Spawn.run(mtmfs, ["sync", store.1]) == 0 else { throw BenchError("W25: mtmfs sync set-up failed") }
+        syncMount = store.1
+        if passReady, let store = ProcessInfo.processInfo.environment["PASSWORD_STORE_DIR"] {
+            let passRemote = root + "/w25-pass.git"
+            guard Spawn.run("git", ["init", "-q", "--bare", passRemote]) == 0, Spawn.run("pass", ["git", "init"]) == 0,
+                  Spawn.run("git", ["-C", store, "remote", "add", "origin", passRemote]) == 0,
+                  Spawn.run("pass", ["git", "push", "-q", "origin", "HEAD"]) == 0 else {
+                notes.append("W25: pass git set-up failed")
+                return
+            }
+            passSyncReady = true
+        }
+    }
+
+    func syncRound() throws {
+        guard let mount = syncMount else { return }
+        let runs = options.quick ? 3 : 10
+        let path = mount + "/accounts/" + String(format: "%08x-0000-4000-8000-%012x", 0, 0) + "/label"
+        var total = 0.0
+        for run in 0..<runs {
+            try "synced \(run)\n".write(toFile: path, atomically: false, encoding: .utf8)
+            total += try seconds {
+                guard Spawn.run(mtmfs, ["sync", mount]) == 0 else { throw BenchError("W25: mtmfs sync failed") }
+            }
+        }
+        record("W25 carry one change to a local bare remote (ms)", "mtmfs", total / Double(runs) * 1000)
+        guard passSyncReady else { return }
+        var passTotal = 0.0
+        for run in 0..<runs {
+            Spawn.run("pass", ["insert", "-m", "-f", "bench/synced"], input: "synced \(run)\n")
+            passTotal += seconds { Spawn.run("pass", ["git", "push", "-q", "origin", "HEAD"]) }
+        }
+        record("W25 carry one change to a local bare remote (ms)", "pass", passTotal / Double(runs) * 1000)
     }
 
     /// One round: ms per field change at each vault size (and `pass insert -f`).
@@ -87,6 +172,7 @@ extension Bench {
             record("W16 change a field, \(vaultSizes.last!) full accounts (ms)", "pass", total / Double(changes) * 1000)
         }
         try findRound(stores)
+        try syncRound()
     }
 
     /// W17: finding an account by what it is for, at each vault size: `cat` of a password

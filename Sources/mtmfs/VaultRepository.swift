@@ -22,16 +22,46 @@ struct VaultRepository {
     /// Names git keeps out of the repository: a synchroniser's and an editor's files.
     static let excluded = ["*.sync-conflict-*", ".syncthing.*", "*.tmp", "*~", ".stfolder", ".stignore", ".mtmfs-*"]
 
-    static var gitIsInstalled: Bool { Spawn.exists("git") }
+    /// Whether git is on PATH (looked up here: no shell started for it).
+    static var gitIsInstalled: Bool {
+        let path = getenv("PATH").map { String(cString: $0) } ?? "/usr/bin:/bin"
+        return path.split(separator: ":").contains { access(String($0) + "/git", X_OK) == 0 }
+    }
 
     var isRepository: Bool { ((try? Syscall.lstat(folder + "/.git")) != nil) }
 
     /// Runs git in the folder: its status and what it printed (stdout and stderr).
     func git(_ arguments: [String]) -> (status: Int32, output: String) {
-        Spawn.output("env", ["GIT_TERMINAL_PROMPT=0", "GIT_ASKPASS=/bin/false", "SSH_ASKPASS=/bin/false", "LC_ALL=C",
-                             "git", "-C", folder, "-c", "user.name=mtmfs", "-c", "user.email=mtmfs@localhost",
-                             "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", "-c", "merge.ff=true",
-                             "-c", "pull.rebase=false", "-c", "advice.detachedHead=false"] + arguments)
+        Spawn.output("git", gitArguments(arguments), environment: Self.environment)
+    }
+
+    /// git's arguments: the folder, a fixed identity, no hooks, no signing.
+    func gitArguments(_ arguments: [String]) -> [String] {
+        ["-C", folder, "-c", "user.name=mtmfs", "-c", "user.email=mtmfs@localhost", "-c", "core.hooksPath=/dev/null",
+         "-c", "commit.gpgsign=false", "-c", "merge.ff=true", "-c", "pull.rebase=false"] + arguments
+    }
+
+    /// No prompt for a password or a passphrase (a sync from a timer has no one to ask), and
+    /// git's messages in English (they are matched).
+    static let environment = Spawn.environment(with: ["GIT_TERMINAL_PROMPT=0", "GIT_ASKPASS=/bin/false",
+                                                      "SSH_ASKPASS=/bin/false", "LC_ALL=C"])
+
+    /// git's own estimate of loose objects (one of its 256 object folders, `17/`, counted):
+    /// past its `gc.auto` mark, `git gc --auto` packs them. A sync that only pushes never
+    /// fetches, and so never runs the maintenance a fetch runs.
+    func packIfDue() {
+        let sample = ((try? Syscall.listDirectory(folder + "/.git/objects/17")) ?? []).count
+        if sample * 256 > 6_700 { _ = git(["gc", "--auto", "--quiet"]) }
+    }
+
+    /// Takes back the commit `commitNewFiles` made (the files stay, untracked again).
+    func undoCommit() {
+        if git(["rev-parse", "-q", "--verify", "HEAD~1"]).status == 0 {
+            _ = git(["reset", "-q", "--mixed", "HEAD~1"])
+        } else {
+            _ = git(["update-ref", "-d", "HEAD"])
+            _ = git(["rm", "-r", "-q", "--cached", "--", "."])
+        }
     }
 
     /// git's last line of output (what it said went wrong).
@@ -57,18 +87,36 @@ struct VaultRepository {
         }
     }
 
-    /// The branch checked out (`main` for a repository `init` made).
+    /// The branch checked out (`main` for a repository `init` made), from `.git/HEAD`.
     var branch: String {
-        let head = git(["symbolic-ref", "--short", "-q", "HEAD"])
-        let name = Self.trimmed(head.output)
-        return head.status == 0 && !name.isEmpty ? name : "main"
+        let head = Self.trimmed(read(".git/HEAD") ?? "")
+        return head.hasPrefix("ref: refs/heads/") ? String(head.dropFirst("ref: refs/heads/".count)) : "main"
     }
 
-    /// The remote to sync with: `origin`, else the only one; nil when there is none.
+    func read(_ relative: String) -> String? {
+        guard let fd = try? Syscall.open(folder + "/" + relative, O_RDONLY) else { return nil }
+        defer { Syscall.close(fd) }
+        return (try? Syscall.readAll(fd)).map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// A ref's commit, read from its file or from `packed-refs` (no git started).
+    func ref(_ name: String) -> String? {
+        if let loose = read(".git/" + name) { return Self.trimmed(loose) }
+        for line in (read(".git/packed-refs") ?? "").split(separator: "\n") where line.hasSuffix(" " + name) {
+            return String(line.prefix { $0 != " " })
+        }
+        return nil
+    }
+
+    /// The remote to sync with, from `.git/config`: `origin`, else the only one; nil when
+    /// there is none.
     func remote() throws(CommandFailure) -> String? {
-        let listed = git(["remote"])
-        guard listed.status == 0 else { throw CommandFailure("git remote failed: \(Self.lastLine(listed.output))") }
-        let names = listed.output.split(separator: "\n").map(String.init)
+        var names: [String] = []
+        for line in (read(".git/config") ?? "").split(separator: "\n") {
+            let text = Self.trimmed(String(line))
+            guard text.hasPrefix("[remote \""), text.hasSuffix("\"]") else { continue }
+            names.append(String(text.dropFirst("[remote \"".count).dropLast(2)))
+        }
         if names.contains("origin") { return "origin" }
         guard names.count <= 1 else {
             throw CommandFailure("the vault's repository has several remotes and none is called origin: rename the one to sync with")
@@ -86,23 +134,22 @@ struct VaultRepository {
         if ((try? Syscall.lstat(folder + "/.git/MERGE_HEAD")) != nil) { _ = git(["merge", "--abort"]) }
     }
 
-    /// Commits every new or removed file (a fold removes this device's old ones); whether
-    /// there was anything. The message names no account and no value.
+    /// Commits every new or removed file (a fold removes this device's old ones): how many.
+    /// The message names no account and no value.
     func commitNewFiles(device: String) throws(CommandFailure) -> Int {
-        let added = git(["add", "-A", "--", "."])
+        let added = git(["add", "-A", "--verbose", "--", "."])
         guard added.status == 0 else { throw CommandFailure("git add failed: \(Self.lastLine(added.output))") }
-        let staged = git(["diff", "--cached", "--name-only", "-z"])
-        let count = staged.output.split(separator: "\0").count
+        let count = added.output.split(separator: "\n").filter { $0.hasPrefix("add '") || $0.hasPrefix("remove '") }.count
         guard count > 0 else { return 0 }
-        let committed = git(["commit", "-q", "--no-verify", "-m", "mtmfs: \(count) file(s) from device \(device)"])
+        // (No maintenance after each commit: a fetch runs git's, which packs what piled up.)
+        let committed = git(["-c", "maintenance.auto=false", "commit", "-q", "--no-verify", "-m", "mtmfs: \(count) file(s) from device \(device)"])
         guard committed.status == 0 else { throw CommandFailure("git commit failed: \(Self.lastLine(committed.output))") }
         return count
     }
 
     /// The remote's copy of the vault's `id` file, if the remote has the branch.
     func remoteID(_ remote: String, _ branch: String) -> String?? {
-        let exists = git(["rev-parse", "-q", "--verify", "refs/remotes/\(remote)/\(branch)"])
-        guard exists.status == 0 else { return .some(nil) }
+        guard ref("refs/remotes/\(remote)/\(branch)") != nil else { return .some(nil) }
         let shown = git(["show", "\(remote)/\(branch):id"])
         return shown.status == 0 ? .some(Self.normalizedID(shown.output)) : nil
     }
@@ -116,20 +163,24 @@ struct VaultRepository {
 
     /// Files the merge of `remote/branch` brings (their count), merged; a conflict (a
     /// repository changed by hand) is aborted and refused.
-    func merge(_ remote: String, _ branch: String) throws(CommandFailure) -> Int {
-        let incoming = git(["diff", "--name-only", "-z", "HEAD...\(remote)/\(branch)"])
+    func merge(_ remote: String, _ branch: String) throws(CommandFailure) {
         let merged = git(["merge", "-q", "--no-edit", "--allow-unrelated-histories", "-m", "mtmfs: merge", "\(remote)/\(branch)"])
         guard merged.status == 0 else {
             _ = git(["merge", "--abort"])
             throw CommandFailure("the merge with \(remote)/\(branch) does not apply (was the vault's repository changed by hand?): "
                                  + "\(Self.lastLine(merged.output)); nothing merged")
         }
-        return incoming.status == 0 ? incoming.output.split(separator: "\0").count : 0
+        // What was merged, so that the next sync that fetches nothing new merges nothing.
+        if let commit = ref("refs/remotes/\(remote)/\(branch)") {
+            try? AtomicFile.replace(folder + "/.git/mtmfs-merged", with: Array((commit + "\n").utf8), mode: 0o644)
+        }
     }
 
-    /// fetch, commit, merge, push; a push that lost a race with another machine's fetches
-    /// and merges again (at most `attempts` times). Nothing is committed before the fetch
-    /// worked, so an unreachable remote changes nothing.
+    /// Commits the new files, then pushes first: a fast-forward push that lands means the
+    /// remote had nothing this machine lacks, so nothing is fetched. Otherwise (rejected:
+    /// another machine pushed), or with nothing to push, it fetches, merges, and pushes
+    /// again (at most `attempts` times). A remote that cannot be reached, or that holds
+    /// another vault, takes the commit back: nothing changes.
     func sync(device: String, localID: String, attempts: Int = 5) throws(CommandFailure) -> Outcome {
         recoverFromAKilledSync()
         var outcome = Outcome()
@@ -138,32 +189,48 @@ struct VaultRepository {
             return outcome
         }
         outcome.remote = remote
-        let branch = self.branch
-        for attempt in 1...attempts {
-            let fetched = Progress.whileWorking("fetching from \(remote)") { git(["fetch", "-q", "--no-tags", remote]) }
-            guard fetched.status == 0 else {
-                throw CommandFailure("cannot fetch from \(remote): \(Self.lastLine(fetched.output)); nothing changed")
+        let branch = self.branch, head = "refs/heads/\(branch)", tracking = "refs/remotes/\(remote)/\(branch)"
+        let before = ref(head)
+        outcome.sent = try commitNewFiles(device: device)
+        /// Gives up: the commit taken back unless something was merged (that stays).
+        func fail(_ message: String) -> CommandFailure {
+            if outcome.received == 0 {
+                if outcome.sent > 0 { undoCommit() }
+                return CommandFailure(message + "; nothing changed")
             }
-            switch remoteID(remote, branch) {
-            case .none:
-                throw CommandFailure("\(remote)/\(branch) has no vault id file: not an mtmfs vault; nothing changed")
-            case .some(.some(let id)) where id != Self.normalizedID(localID):
-                throw CommandFailure("\(remote)/\(branch) holds another vault (its id differs); nothing changed")
-            case .some(.some):
-                if attempt == 1 { outcome.sent = try commitNewFiles(device: device) }
-                outcome.received += try merge(remote, branch)
-            case .some(.none):
-                if attempt == 1 { outcome.sent = try commitNewFiles(device: device) }
-            }
-            let pushed = Progress.whileWorking("pushing to \(remote)") { git(["push", "-q", remote, "HEAD:refs/heads/\(branch)"]) }
-            if pushed.status == 0 { return outcome }
-            let raced = pushed.output.contains("fetch first") || pushed.output.contains("non-fast-forward")
-                || pushed.output.contains("rejected")
-            guard raced, attempt < attempts else {
-                throw CommandFailure("push to \(remote) failed: \(Self.lastLine(pushed.output)) "
-                                     + "(what was merged stays merged here; the next sync pushes it)")
-            }
+            return CommandFailure(message + " (what was merged stays merged here; the next sync pushes it)")
         }
-        return outcome
+        var ahead = ref(head) != nil && ref(head) != ref(tracking)
+        for _ in 1...attempts {
+            if ahead {
+                let pushed = Progress.whileWorking("pushing to \(remote)") { git(["push", "-q", remote, "HEAD:\(head)"]) }
+                if pushed.status == 0 {
+                    packIfDue()
+                    if let pushedHead = ref(head) { try? AtomicFile.replace(folder + "/.git/mtmfs-merged", with: Array((pushedHead + "\n").utf8), mode: 0o644) }
+                    return outcome
+                }
+                let raced = pushed.output.contains("fetch first") || pushed.output.contains("non-fast-forward")
+                    || pushed.output.contains("rejected")
+                guard raced else { throw fail("cannot reach \(remote): \(Self.lastLine(pushed.output))") }
+            }
+            let fetched = Progress.whileWorking("fetching from \(remote)") { git(["fetch", "-q", "--no-tags", remote]) }
+            guard fetched.status == 0 else { throw fail("cannot reach \(remote): \(Self.lastLine(fetched.output))") }
+            // Merged already (at the last sync, or where this branch stood): nothing to check or merge.
+            let theirs = ref(tracking)
+            let merged = theirs == nil || theirs == before || theirs == ref(head) || theirs == read(".git/mtmfs-merged").map(Self.trimmed)
+            if !merged {
+                switch remoteID(remote, branch) {
+                case .none, .some(.none): throw fail("\(remote)/\(branch) has no vault id file: not an mtmfs vault")
+                case .some(.some(let id)) where id != Self.normalizedID(localID):
+                    throw fail("\(remote)/\(branch) holds another vault (its id differs)")
+                case .some(.some): break
+                }
+                try merge(remote, branch)
+                outcome.received += 1
+            }
+            ahead = ref(head) != nil && ref(head) != ref(tracking)
+            if !ahead { return outcome }
+        }
+        throw fail("push to \(remote) lost the race with other machines \(attempts) times: run mtmfs sync again")
     }
 }
