@@ -22,6 +22,9 @@ let package = Package(
         .systemLibrary(name: "CSQLite", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium",
                        providers: [.apt(["libsodium-dev"])]),
+        // OpenSSL's libcrypto: HMAC-SHA1 for one-time codes (libsodium has no SHA-1).
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto",
+                       providers: [.apt(["libssl-dev"])]),
         // libc calls Swift cannot make directly (variadic prctl, syslog).
         .systemLibrary(name: "CPosixShims"),
 
@@ -32,7 +35,7 @@ let package = Package(
         // Stores, each usable without a mount.
         .target(name: "SettingsStore", dependencies: ["Posix"]),
         .target(name: "CacheStore", dependencies: ["CSQLite", "Posix"]),
-        .target(name: "CredentialVault", dependencies: ["CSodium", "Posix"]),
+        .target(name: "CredentialVault", dependencies: ["CSodium", "CCrypto", "Posix"]),
         // The mounted tree: root, control files, and the routing to each store.
         .target(name: "MountedTree",
                 dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "CredentialVault"]),

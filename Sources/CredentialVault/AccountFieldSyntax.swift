@@ -15,6 +15,7 @@ public enum AccountFieldSyntax {
         case .port: return value.isEmpty || isPort(value)
         case .path: return value.isEmpty || isPath(value)
         case .label, .comment, .username, .password: return true
+        case .otp: return value.isEmpty || OneTimeCode.isValid(value)
         }
     }
 

@@ -14,6 +14,10 @@ public enum AccountField: String, CaseIterable, Sendable {
     case comment      // kSecAttrComment
     case username     // kSecAttrAccount
     case password     // kSecValueData
+    case otp          // a TOTP secret or otpauth:// URI (SPEC §2d; a vault folder only)
+
+    /// The fields a single-file vault (format 1 or 2) holds, in its record order.
+    static let singleFileFields: [AccountField] = [.label, .protocol, .server, .port, .path, .comment, .username, .password]
 }
 
 /// Why the vault cannot do what was asked, each with the message a user sees.
@@ -247,7 +251,7 @@ public final class Vault: @unchecked Sendable {
         self.init(path: folder.path, random: random, parameters: parameters, salt: [], storeID: folder.vaultID)
         self.folder = folder
         formatVersion = 3
-        fileIdentity = FileIdentity(of: folder.path + "/" + VaultFolder.idFile)
+        folderIdentity = Self.folderIdentity(folder.path)
         refreshFromFolder()
     }
 
@@ -279,16 +283,23 @@ public final class Vault: @unchecked Sendable {
         fileIdentity = identity
     }
 
-    /// The vault file as this vault last read or wrote it (a folder's: its `id` file, which
-    /// nothing rewrites): when the file at `path` is no longer this one, another program
-    /// replaced or changed it.
+    /// The vault file as this vault last read or wrote it: when the file at `path` is no
+    /// longer this one, another program replaced or changed it.
     public private(set) var fileIdentity: FileIdentity?
+    /// A folder's device and inode numbers as read.
+    private(set) var folderIdentity: [UInt64]?
 
-    /// Whether another program replaced the vault (a restore from a backup): the file, or
-    /// the folder's `id` file, is no longer the one read. (New change files in a folder are
-    /// not a replacement.)
+    static func folderIdentity(_ path: String) -> [UInt64]? {
+        (try? Syscall.stat(path)).map { [UInt64($0.st_dev), UInt64($0.st_ino)] }
+    }
+
+    /// Whether another program replaced the vault (a restore from a backup): the file is no
+    /// longer the one read, or the folder is another folder (or holds another vault's id).
+    /// New change files in a folder are not a replacement, and neither is its `id` file
+    /// written again with the same id (a synchroniser that settles two copies' times).
     public var isReplaced: Bool {
-        FileIdentity(of: folder == nil ? path : path + "/" + VaultFolder.idFile) != fileIdentity
+        guard let folder else { return FileIdentity(of: path) != fileIdentity }
+        return Self.folderIdentity(path) != folderIdentity || folder.idOnDisk != folder.vaultID
     }
 
     /// Opens (locked) a vault from its bytes, as if read from `path` (tests and fuzzing).
@@ -592,6 +603,8 @@ public final class Vault: @unchecked Sendable {
             return try writeFields(changes.sorted { $0.key.rawValue < $1.key.rawValue }.map { ($0.key.rawValue, $0.value) },
                                    of: uuid, name: name(of: uuid) ?? AccountName.string(uuid))
         }
+        // (A single file has no place for `otp`: a mount converts it to a folder at its first unlock.)
+        if changes.keys.contains(.otp) { throw .io(.invalidArgument) }
         try upgradeIfNeeded()
         guard let old = fields[uuid], let index = lookupIndex().byUUID[uuid] else { throw .noSuchAccount }
         let oldRecord = records[index]
@@ -776,7 +789,7 @@ public final class Vault: @unchecked Sendable {
         guard let values = fields[uuid] else { throw .noSuchAccount }
         let plaintext = SecureBytes(count: 1)
         plaintext.withUnsafeMutableBytes { $0[0] = UInt8(formatVersion) }
-        for field in AccountField.allCases {
+        for field in AccountField.singleFileFields {
             let value = values[field]
             let length = VaultFormat.bigEndian(UInt64(value?.count ?? 0), 4)
             length.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
@@ -815,7 +828,7 @@ public final class Vault: @unchecked Sendable {
         let ok: Bool = plaintext.withUnsafeBytes { bytes in
             guard bytes.count >= 1, bytes[0] == UInt8(version) else { return false }
             var position = 1
-            for field in AccountField.allCases {
+            for field in AccountField.singleFileFields {
                 guard bytes.count - position >= 4 else { return false }
                 let length = (0..<4).reduce(0) { $0 << 8 | Int(bytes[position + $1]) }
                 position += 4

@@ -93,6 +93,14 @@ public final class VaultFolder: @unchecked Sendable {
         try rescan()
     }
 
+    /// The vault id the folder's `id` file holds now (nil: none, or not an id).
+    public var idOnDisk: [UInt8]? {
+        guard let fd = try? Syscall.open(path + "/" + Self.idFile, O_RDONLY) else { return nil }
+        defer { Syscall.close(fd) }
+        guard let text = try? Syscall.readAll(fd) else { return nil }
+        return ASCIIHex.bytes(String(decoding: text, as: UTF8.self).trimmingSuffix("\n"))
+    }
+
     /// Reads what appeared since the last scan (a synchroniser's or git's new files, a
     /// folded file) and forgets files that went. New files of an open folder are opened too.
     /// Returns whether anything changed.

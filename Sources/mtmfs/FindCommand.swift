@@ -70,7 +70,7 @@ struct FindCommand: Command {
     static let flags: Set<String> = []
     static let filters = ["server", "protocol", "port", "path", "username", "label", "comment"]
     static let options: Set<String> = Set(filters.map { "--" + $0 } + ["--print"])
-    static let printable = ["label", "protocol", "server", "port", "path", "comment", "username", "password", "url"]
+    static let printable = ["label", "protocol", "server", "port", "path", "comment", "username", "password", "otp", "url", "totp"]
 
     let mountPoint: String
     let criteria: [(String, String)]

@@ -131,15 +131,16 @@ extension AccountsTree {
         guard case .file(let account, let index) = node else { throw .isDirectory }
         guard flags & O_ACCMODE == O_RDONLY else { throw .permissionDenied }
         let field: AccountField? = index == ConflictNode.removedIndex ? nil : AccountField.allCases[index]
-        let requester = field == .password ? self.requester(context) : nil
+        let secret = field == .password || field == .otp
+        let requester = secret ? self.requester(context) : nil
         let (handle, text) = try locked { (s) throws(Errno) -> (FileHandle, SecureBytes) in
             try s.fields.session.requireOpen()
             guard let conflicts = s.conflicts(of: account), let uuid = s.fields.uuid(of: account) else { throw .noSuchFileOrDirectory }
             let others = field.map { conflicts.fields[$0] ?? [] } ?? conflicts.removals
             guard !others.isEmpty else { throw .noSuchFileOrDirectory }
-            if field == .password, let vault = s.fields.vault, (try? vault.isGuarded()) == true {
+            if secret, let vault = s.fields.vault, (try? vault.isGuarded()) == true {
                 let who = requester ?? self.access.inspector.inspect(thread: context.pid)
-                let access = s.accessDescription(uuid, what: "conflicts/password", writing: false)
+                let access = s.accessDescription(uuid, what: "conflicts/\(field?.rawValue ?? "")", writing: false)
                 switch self.access.verdict(who, access, trusted: try s.trustedPrograms(uuid)) {
                 case .allowed(let why): self.access.record(allowed: true, why, who, access)
                 case .denied(let why):

@@ -8,11 +8,13 @@ import Posix
 /// One field of one account: what a file in an account's directory stands for.
 struct FieldKey: Hashable, Sendable {
     let account: AccountID
-    /// An index into `AccountFields.names` (`url` last).
+    /// An index into `AccountFields.names` (`url`, then `totp`, after the fields).
     let index: Int
 
     var isURL: Bool { index == AccountFields.urlIndex }
-    var field: AccountField? { isURL ? nil : AccountField.allCases[index] }
+    /// `totp`: the current one-time code of `otp` (read only; there while `otp` is set).
+    var isTOTP: Bool { index == AccountFields.totpIndex }
+    var field: AccountField? { isURL || isTOTP ? nil : AccountField.allCases[index] }
 }
 
 /// The fields of the vault's accounts as the editing engine sees them (its `EditedStore`):
@@ -31,8 +33,9 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     typealias Buffer = SecureBytes
     typealias Note = Never
 
-    static let names = AccountField.allCases.map(\.rawValue) + ["url"]
+    static let names = AccountField.allCases.map(\.rawValue) + ["url", "totp"]
     static let urlIndex = AccountField.allCases.count
+    static let totpIndex = AccountField.allCases.count + 1
     /// Editor's files an account directory may hold at once (they take secure memory).
     static let maximumScratchFiles = 64
 
@@ -98,7 +101,22 @@ struct AccountFields: EditedStore, @unchecked Sendable {
 
     func key(named name: String, in directory: LocalInode, isHidden: (FieldKey) -> Bool) -> FieldKey? {
         guard let account = account(at: directory), let index = Self.names.firstIndex(of: name) else { return nil }
+        if index == Self.totpIndex && !hasOTP(account) { return nil }
         return FieldKey(account: account, index: index)
+    }
+
+    /// Whether the account's `otp` is set (known while unlocked only).
+    func hasOTP(_ account: AccountID) -> Bool {
+        guard session.isOpen, let vault, let uuid = uuids[account],
+              let value = try? vault.storedField(.otp, of: uuid) else { return false }
+        return value.count > 0
+    }
+
+    /// The clock `totp` is read at (seconds since 1970).
+    static func now() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_REALTIME, &time)
+        return UInt64(max(0, time.tv_sec))
     }
 
     func directory(of key: FieldKey) -> LocalInode? { key.account.directory }
@@ -116,7 +134,14 @@ struct AccountFields: EditedStore, @unchecked Sendable {
             func bytes(_ value: SecureBytes?, _ use: (UnsafeRawBufferPointer) -> Void) {
                 if let value { value.withUnsafeBytes(use) } else { use(UnsafeRawBufferPointer(start: nil, count: 0)) }
             }
-            if let field = key.field {
+            if key.isTOTP {
+                // The code of this moment: `totp` is read by direct I/O, never from a cache.
+                if let otp = try vault.storedField(.otp, of: uuid), let (secret, parameters) = otp.withUnsafeBytes({ OneTimeCode.parse($0) }) {
+                    let code = OneTimeCode.code(secret: secret, parameters: parameters, at: Self.now())
+                    secret.wipe()
+                    code.withUnsafeBytes { out.write($0, at: 0) }
+                }
+            } else if let field = key.field {
                 bytes(try vault.storedField(field, of: uuid)) { out.write($0, at: 0) }
             } else {
                 let parts = try [AccountField.protocol, .server, .port, .path].map { (f) throws(VaultError) in
@@ -138,6 +163,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     func mode(forNewFile requested: mode_t) -> mode_t { 0o600 }
 
     func accepts(_ text: UnsafeRawBufferPointer, for key: FieldKey, note: Never?) -> Bool {
+        if key.isTOTP { return false }
         let value = Self.withoutNewline(text)
         guard let field = key.field else { return AccountFieldSyntax.parseURL(value) != nil }
         return AccountFieldSyntax.isValid(value, for: field)
@@ -149,6 +175,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     mutating func commit(_ text: SecureBytes, to key: FieldKey, note: Never?) throws(Errno) -> Committed<FieldKey, SecureBytes> {
         try session.requireOpen()
         guard let vault, let uuid = uuids[key.account] else { throw .noSuchFileOrDirectory }
+        if key.isTOTP { throw .permissionDenied }  // (made from `otp`: written there)
         guard text.count <= AccountFieldSyntax.maximumSize + 2 else { throw .fileTooLarge }
         var changes: [AccountField: SecureBytes] = [:]
         defer { for (_, value) in changes { value.wipe() } }
@@ -176,6 +203,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
 
     /// The fields whose text changes with `key`'s: a URL and its parts.
     static func related(to key: FieldKey) -> [FieldKey] {
+        if key.field == .otp { return [FieldKey(account: key.account, index: totpIndex)] }
         let parts = [AccountField.protocol, .server, .port, .path].map { AccountField.allCases.firstIndex(of: $0)! }
         guard key.isURL || parts.contains(key.index) else { return [] }
         return (parts + [urlIndex]).filter { $0 != key.index }.map { FieldKey(account: key.account, index: $0) }
@@ -183,6 +211,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
 
     /// An unlinked field: cleared.
     mutating func remove(_ key: FieldKey) throws(Errno) {
+        if key.isTOTP { return }  // (goes with `otp`: `rm -r` of an account unlinks it too)
         let empty = SecureBytes()
         let saved = try commit(empty, to: key, note: nil)
         changedKeys += [key] + saved.alsoChanged

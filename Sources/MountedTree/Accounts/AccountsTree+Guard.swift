@@ -382,7 +382,7 @@ extension AccountsTree.State {
         let what: String
         let directory: LocalInode?
         if let key = file.key {
-            guard writing || key.field == .password else { return .uncovered }
+            guard writing || key.field == .password || key.field == .otp || key.isTOTP else { return .uncovered }
             what = AccountFields.names[key.index]
             directory = key.account.directory
         } else {

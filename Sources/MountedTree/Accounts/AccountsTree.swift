@@ -352,9 +352,13 @@ public final class AccountsTree: EditingTree {
                 case .covered(let access, let trusted): return .covered(access, trusted)
                 }
             }
+            let totp = s.engine.files[local]?.key?.isTOTP == true
+            if totp && writer { throw .permissionDenied }  // read only: written through `otp`
             let handle = s.fields.session.newHandle()
             try s.engine.open(local, handle: handle, truncate: flags & O_TRUNC != 0 && writer, s.fields)
             s.fields.session.touched()
+            // The code changes with the clock: every read asks (no page kept, none sent twice).
+            if totp { return .opened(OpenedFile(handle: handle.raw, directIO: true, noFlush: true)) }
             guard !writer else { return .opened(OpenedFile(handle: handle.raw, directIO: true)) }
             // A decided reader: never the page cache (another program would read it too);
             // its close commits nothing either.

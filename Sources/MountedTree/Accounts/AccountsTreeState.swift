@@ -63,7 +63,9 @@ extension AccountsTree {
                 return ownership.file(space.inode(local), mode: 0o400, size: 0)
             }
             if local.isFile {
-                return try engine.attributes(of: local, as: space.inode(local), ownership: ownership, fields)
+                var attributes = try engine.attributes(of: local, as: space.inode(local), ownership: ownership, fields)
+                if engine.files[local]?.key?.isTOTP == true { attributes.mode = (attributes.mode & ~0o777) | 0o400 }
+                return attributes
             }
             guard local == .top || fields.account(at: local) != nil else { throw .noSuchFileOrDirectory }
             return ownership.directory(space.inode(local), mode: 0o700)
@@ -118,6 +120,7 @@ extension AccountsTree {
             } else {
                 let account = try account(at: local)
                 for (index, name) in AccountFields.names.enumerated() {
+                    if index == AccountFields.totpIndex && !fields.hasOTP(account) { continue }
                     let key = FieldKey(account: account, index: index)
                     guard !engine.isHidden(key), engine.scratch(named: name, in: local) == nil else { continue }
                     entries.append((name, engine.file(for: key, fields)))
