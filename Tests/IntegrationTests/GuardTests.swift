@@ -419,6 +419,26 @@ struct GuardTests {
         #expect(!mount.run("/bin/ls", [mount.path("accounts")]).stdout.contains(GuardedMount.uuid))
     }
 
+    /// `otp` and `totp` are guarded like `password` (SPEC §2d): a program not trusted with
+    /// the account gets neither; a trusted one reads the code.
+    @Test func oneTimeCodesAreGuardedLikeThePassword() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        let account = mount.path("accounts/\(GuardedMount.uuid)")
+        mount.answer("ok")
+        let written = mount.shell("printf 'JBSWY3DPEHPK3PXP\\n' | dd of=\(account)/otp status=none")
+        #expect(written.status == 0, "\(written)")
+        mount.answer("cancel")
+        #expect(mount.run("/bin/cat", [account + "/otp"]).status != 0, "otp to an untrusted program")
+        #expect(mount.run("/bin/cat", [account + "/totp"]).status != 0, "totp to an untrusted program")
+        #expect(mount.run("/bin/cat", [account + "/totp"]).stdout.isEmpty)
+        let reader = mount.trustedReader()
+        let code = mount.run(reader, ["-c", "20", account + "/totp"]).stdout
+        #expect(code.count == 7 && code.dropLast().allSatisfy(\.isNumber), "a trusted program reads the code: \(code)")
+        #expect(mount.decisions.contains("field=totp"), "the refusal is recorded: \(mount.decisions)")
+    }
+
     /// A prompt that never answers stalls nothing else, and a SIGINT of its requester ends
     /// the wait at once (EINTR; the pinentry is killed).
     @Test func aHangingPromptStallsNothingAndCtrlCEndsIt() throws {
