@@ -80,7 +80,7 @@ extension Vault {
     /// After a change of one account: it alone is merged again.
     private func refresh(_ uuid: [UInt8]) {
         guard let folder else { return }
-        let account = VaultMerge.account(uuid, folder.changes.filter { $0.uuid == uuid })
+        let account = VaultMerge.account(uuid, folder.changes(of: uuid))
         if uuid == Self.vaultRecord {
             guarded = account?.fields["guard"].map { $0.shown.value.count == 1 && $0.shown.value.withUnsafeBytes { $0[0] } == UInt8(ascii: "1") } ?? false
             return
@@ -122,7 +122,7 @@ extension Vault {
     func writeFields(_ values: [(name: String, value: SecureBytes)], of uuid: [UInt8], name: String) throws(VaultError) {
         guard let folder else { return }
         let key = try requireKey()
-        let current = VaultMerge.account(uuid, folder.changes.filter { $0.uuid == uuid })
+        let current = VaultMerge.account(uuid, folder.changes(of: uuid))
         var written: [AccountChange.FieldValue] = []
         for (field, value) in values {
             guard let copy = value.withUnsafeBytes({ SecureBytes.allocate(copying: $0, in: arena) }) else {
@@ -131,7 +131,7 @@ extension Vault {
             }
             written.append(AccountChange.FieldValue(name: field, seen: current?.fields[field]?.seen ?? [:], value: copy))
         }
-        let removals = folder.changes.filter { $0.uuid == uuid && $0.kind == .remove }.map(\.id)
+        let removals = folder.changes(of: uuid).filter { $0.kind == .remove }.map(\.id)
         let change = AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid, name: name,
                                    seen: Array(Set(removals)).sorted(), fields: written)
         do {
@@ -163,7 +163,7 @@ extension Vault {
                 copies.append(list)
                 values.append(AccountChange.FieldValue(name: "trusted", seen: [:], value: list))
             }
-            let removals = folder.changes.filter { $0.uuid == account.uuid && $0.kind == .remove }.map(\.id)
+            let removals = folder.changes(of: account.uuid).filter { $0.kind == .remove }.map(\.id)
             changes.append(AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: account.uuid,
                                          name: account.name, seen: Array(Set(removals)).sorted(), fields: values))
         }
@@ -179,7 +179,7 @@ extension Vault {
     func folderRemoveAccount(uuid: [UInt8]) throws(VaultError) {
         guard let folder else { return }
         let key = try requireKey()
-        guard let account = VaultMerge.account(uuid, folder.changes.filter { $0.uuid == uuid }) else { throw .noSuchAccount }
+        guard let account = VaultMerge.account(uuid, folder.changes(of: uuid)) else { throw .noSuchAccount }
         try commit([AccountChange(kind: .remove, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid,
                                         name: account.name, seen: account.sets, fields: [])], to: folder, key: key)
         refresh(uuid)

@@ -24,8 +24,12 @@ public final class VaultFolder: @unchecked Sendable {
     let now: @Sendable () -> UInt64
     /// The newest clock seen in a file or written: the next change is later than it.
     public private(set) var clock: UInt64 = 0
-    /// The valid files' changes, by path relative to the folder.
+    /// The valid files' changes, by path relative to the folder (changed only through
+    /// `put`, `drop` and `dropAll`, which keep `filesByAccount`).
     public private(set) var files: [String: [AccountChange]] = [:]
+    /// For each account, the files that hold a change of it: one account's changes without
+    /// a walk through every file (a save at 10,000 accounts).
+    private var filesByAccount: [[UInt8]: Set<String>] = [:]
     /// Files passed over, with why (relative path → reason).
     public private(set) var skipped: [String: String] = [:]
     private var parsed: [String: ChangeFile.Parsed] = [:]
@@ -38,6 +42,36 @@ public final class VaultFolder: @unchecked Sendable {
 
     static let idFile = "id"
     static let keysFolder = "keys"
+
+    private func put(_ relative: String, _ changes: [AccountChange]) {
+        if let old = files[relative] { forget(relative, old) }
+        files[relative] = changes
+        for uuid in Set(changes.map(\.uuid)) { filesByAccount[uuid, default: []].insert(relative) }
+    }
+
+    @discardableResult
+    private func drop(_ relative: String) -> [AccountChange]? {
+        guard let old = files.removeValue(forKey: relative) else { return nil }
+        forget(relative, old)
+        return old
+    }
+
+    private func dropAll() {
+        files.removeAll()
+        filesByAccount.removeAll()
+    }
+
+    private func forget(_ relative: String, _ changes: [AccountChange]) {
+        for uuid in Set(changes.map(\.uuid)) {
+            filesByAccount[uuid]?.remove(relative)
+            if filesByAccount[uuid]?.isEmpty == true { filesByAccount[uuid] = nil }
+        }
+    }
+
+    /// One account's valid changes, in the order of their files' paths (as `changes`).
+    public func changes(of uuid: [UInt8]) -> [AccountChange] {
+        (filesByAccount[uuid] ?? []).sorted().flatMap { relative in (files[relative] ?? []).filter { $0.uuid == uuid } }
+    }
 
     /// Every valid change, in the order of their files' paths (one order on every machine).
     public var changes: [AccountChange] { files.sorted { $0.key < $1.key }.flatMap { $0.value } }
@@ -138,10 +172,10 @@ public final class VaultFolder: @unchecked Sendable {
                         // Only opened files join an open folder (a scan without the key
                         // leaves new ones for the next scan with it).
                         guard let key, let arena else { continue }
-                        files[relative] = try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena)
+                        put(relative, try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena))
                     } else {
                         parsed[relative] = file
-                        files[relative] = file.changes
+                        put(relative, file.changes)
                     }
                     seeClock(fileClock)
                     skipped[relative] = nil
@@ -153,7 +187,7 @@ public final class VaultFolder: @unchecked Sendable {
             }
         }
         for relative in Array(files.keys) where !present.contains(relative) && !pending.contains(relative) {
-            files.removeValue(forKey: relative)?.forEach { $0.wipe() }
+            drop(relative)?.forEach { $0.wipe() }
             parsed[relative] = nil
             changed = true
         }
@@ -324,13 +358,13 @@ public final class VaultFolder: @unchecked Sendable {
     public func open(with key: SecureBytes, arena: SecureArena) throws(VaultError) {
         for (relative, file) in parsed {
             do throws(VaultError) {
-                files[relative] = try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena)
+                put(relative, try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena))
             } catch {
                 if case .io(.noMemory) = error {
                     close()
                     throw error
                 }
-                files[relative] = nil
+                drop(relative)
                 note(relative, error.description)
             }
         }
@@ -341,7 +375,7 @@ public final class VaultFolder: @unchecked Sendable {
     /// Forgets every field (wiped) and goes back to the clear parts, read anew.
     public func close() {
         for (_, changes) in files { changes.forEach { $0.wipe() } }
-        files.removeAll()
+        dropAll()
         parsed.removeAll()
         isOpen = false
         _ = try? rescan()
@@ -416,7 +450,7 @@ public final class VaultFolder: @unchecked Sendable {
     /// changes with it (wiped), as if they had never been made.
     public func finish(_ file: PreparedFile) {
         pending.remove(file.relative)
-        if file.error != nil { files.removeValue(forKey: file.relative)?.forEach { $0.wipe() } }
+        if file.error != nil { drop(file.relative)?.forEach { $0.wipe() } }
     }
 
     private func prepareFile(_ changes: [AccountChange], clock fileClock: UInt64, key: SecureBytes) -> PreparedFile {
@@ -424,7 +458,7 @@ public final class VaultFolder: @unchecked Sendable {
         let bytes = ChangeFile.encode(device: device, clock: fileClock, changes: changes, vaultID: vaultID, path: relative,
                                       key: key, nonce: random.bytes(VaultFormat.nonceSize))
         clock = fileClock
-        files[relative] = changes
+        put(relative, changes)
         pending.insert(relative)
         return PreparedFile(relative: relative, folder: path, bytes: bytes)
     }
@@ -499,7 +533,7 @@ public final class VaultFolder: @unchecked Sendable {
     public func finishFold(_ fold: PreparedFold) {
         pending.remove(fold.file.relative)
         guard fold.file.error == nil else {
-            files[fold.file.relative] = nil  // (its values are the old files')
+            drop(fold.file.relative)  // (its values are the old files')
             foldFailedAt = ownFileCount  // (tried again after as many new files as a fold needs)
             return
         }
@@ -507,7 +541,7 @@ public final class VaultFolder: @unchecked Sendable {
         let carried = Set((files[fold.file.relative] ?? []).flatMap { $0.fields ?? [] }.map { ObjectIdentifier($0.value) })
         for relative in fold.replaced {
             try? Syscall.unlink(path + "/" + relative)
-            for change in files.removeValue(forKey: relative) ?? [] {
+            for change in drop(relative) ?? [] {
                 for field in change.fields ?? [] where !carried.contains(ObjectIdentifier(field.value)) { field.value.wipe() }
             }
         }

@@ -108,8 +108,29 @@ public enum VaultMerge {
         }
         var fields: [String: Field] = [:]
         for (name, all) in values {
-            let current = all.filter { v in !all.contains { w in w.id != v.id && (w.seen[v.id.device] ?? 0) >= v.id.clock } }
-                .sorted { $0.id > $1.id }
+            // A value is superseded when another had seen its clock: per device, the two
+            // greatest clocks seen (by two different values) tell it for every value at once
+            // (linear in the values: one field changed 2,500 times between folds).
+            var best: [UInt64: (clock: UInt64, id: ChangeID, second: UInt64)] = [:]
+            for w in all {
+                for (device, clock) in w.seen {
+                    guard let top = best[device] else {
+                        best[device] = (clock, w.id, 0)
+                        continue
+                    }
+                    if w.id == top.id {
+                        best[device] = (max(top.clock, clock), top.id, top.second)
+                    } else if clock > top.clock {
+                        best[device] = (clock, w.id, top.clock)
+                    } else {
+                        best[device] = (top.clock, top.id, max(top.second, clock))
+                    }
+                }
+            }
+            let current = all.filter { v in
+                guard let top = best[v.id.device] else { return true }
+                return (top.id != v.id ? top.clock : top.second) < v.id.clock
+            }.sorted { $0.id > $1.id }
             guard let shown = current.first else { continue }  // (cannot be: the newest is never superseded)
             fields[name] = Field(shown: shown, others: Array(current.dropFirst()), all: all)
         }

@@ -99,8 +99,13 @@ public final class FileWatch: Sendable {
 
     /// A watch of `path`, or nil with a line in the log saying what that costs (`otherwise`).
     public static func logging(_ path: String, otherwise consequence: String) -> FileWatch? {
+        logged(path, consequence) { () throws(Errno) in try FileWatch(path) }
+    }
+
+    /// `make`'s watch, or nil with the error and its `consequence` in the log.
+    static func logged<Watch>(_ path: String, _ consequence: String, _ make: () throws(Errno) -> Watch) -> Watch? {
         do {
-            return try FileWatch(path)
+            return try make()
         } catch {
             Log.error("inotify on \(path): \(error); \(consequence)")
             return nil
@@ -110,24 +115,33 @@ public final class FileWatch: Sendable {
     /// Reads the events waiting; whether one was about the file (or the kernel dropped some).
     public func changed() -> Bool {
         var changed = false
+        Self.drain(fd) { _, mask, eventName in
+            if mask & UInt32(IN_Q_OVERFLOW) != 0 || mask & UInt32(IN_IGNORED) != 0 || eventName == name { changed = true }
+        }
+        return changed
+    }
+
+    /// Reads every event waiting on the inotify descriptor `fd` (until it would block),
+    /// handing each to `each` (its watch, mask and name) one read at a time; `afterRead`
+    /// runs after each read's events (to add watches before the next one).
+    static func drain(_ fd: Int32, afterRead: () -> Void = {}, _ each: (Int32, UInt32, String) -> Void) {
         var buffer = [UInt8](repeating: 0, count: 16 << 10)
         while true {
             let n = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) }
-            guard n > 0 else { return changed }
-            var offset = 0
+            guard n > 0 else { return }
             buffer.withUnsafeBytes { bytes in
+                var offset = 0
                 while offset + 16 <= n {
                     // struct inotify_event: wd, mask, cookie (4 bytes each), len, then the name.
+                    let watch = bytes.loadUnaligned(fromByteOffset: offset, as: Int32.self)
                     let mask = bytes.loadUnaligned(fromByteOffset: offset + 4, as: UInt32.self)
                     let length = Int(bytes.loadUnaligned(fromByteOffset: offset + 12, as: UInt32.self))
-                    let nameBytes = bytes[(offset + 16)..<min(n, offset + 16 + length)].prefix { $0 != 0 }
-                    if mask & UInt32(IN_Q_OVERFLOW) != 0 || mask & UInt32(IN_IGNORED) != 0
-                        || String(decoding: nameBytes, as: UTF8.self) == name {
-                        changed = true
-                    }
+                    let name = String(decoding: bytes[(offset + 16)..<min(n, offset + 16 + length)].prefix { $0 != 0 }, as: UTF8.self)
+                    each(watch, mask, name)
                     offset += 16 + length
                 }
             }
+            afterRead()
         }
     }
 }
@@ -162,39 +176,24 @@ public final class FolderWatch: Sendable {
 
     /// A watch of `path`, or nil with a line in the log saying what that costs (`otherwise`).
     public static func logging(_ path: String, otherwise consequence: String) -> FolderWatch? {
-        do {
-            return try FolderWatch(path)
-        } catch {
-            Log.error("inotify on \(path): \(error); \(consequence)")
-            return nil
-        }
+        FileWatch.logged(path, consequence) { () throws(Errno) in try FolderWatch(path) }
     }
 
     /// Reads the events waiting; whether any was a change (or the kernel dropped some).
     public func changed() -> Bool {
         var changed = false
-        var buffer = [UInt8](repeating: 0, count: 16 << 10)
-        while true {
-            let n = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) }
-            guard n > 0 else { return changed }
-            var made: [String] = []
-            var offset = 0
-            buffer.withUnsafeBytes { bytes in
-                while offset + 16 <= n {
-                    let watch = bytes.loadUnaligned(fromByteOffset: offset, as: Int32.self)
-                    let mask = bytes.loadUnaligned(fromByteOffset: offset + 4, as: UInt32.self)
-                    let length = Int(bytes.loadUnaligned(fromByteOffset: offset + 12, as: UInt32.self))
-                    let name = String(decoding: bytes[(offset + 16)..<min(n, offset + 16 + length)].prefix { $0 != 0 }, as: UTF8.self)
-                    let isDirectory = mask & mtmfs_inotify_is_directory_mask() != 0
-                    if watch == top, isDirectory, mask & (mtmfs_inotify_create_mask() | mtmfs_inotify_moved_to_mask()) != 0 {
-                        made.append(name)
-                    }
-                    if mask & mtmfs_inotify_create_mask() == 0 || isDirectory { changed = true }
-                    offset += 16 + length
-                }
-            }
-            // A folder made or moved in: watched now, and what it already holds counts.
+        var made: [String] = []
+        // A folder made or moved in: watched at once, and what it already holds counts.
+        FileWatch.drain(fd, afterRead: {
             for name in made where !name.hasPrefix(".") { _ = mtmfs_inotify_watch_folder(fd, path + "/" + name) }
+            made.removeAll()
+        }) { watch, mask, name in
+            let isDirectory = mask & mtmfs_inotify_is_directory_mask() != 0
+            if watch == top, isDirectory, mask & (mtmfs_inotify_create_mask() | mtmfs_inotify_moved_to_mask()) != 0 {
+                made.append(name)
+            }
+            if mask & mtmfs_inotify_create_mask() == 0 || isDirectory { changed = true }
         }
+        return changed
     }
 }

@@ -521,17 +521,8 @@ import Glibc
         let other = "0f8fad5b-d9cb-469f-a165-70867728950e"
         #expect(writeText(b + "/password", "two\n") == 0 && writeText(b + "/comment", "from b\n") == 0)
         #expect(mkdir(second.path("accounts/\(other)"), 0o700) == 0)
-        // What a synchroniser does: every file the first lacks, under a temporary name first.
+        try Self.copyNewFiles(from: second.dataDirectory, to: first.dataDirectory)
         let source = second.dataDirectory + "/vault", target = first.dataDirectory + "/vault"
-        for relative in try FileManager.default.subpathsOfDirectory(atPath: source) where relative.hasSuffix(".mtv") {
-            let destination = target + "/" + relative
-            guard !FileManager.default.fileExists(atPath: destination) else { continue }
-            let folder = (destination as NSString).deletingLastPathComponent
-            try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-            let temporary = folder + "/.syncthing." + (relative as NSString).lastPathComponent + ".tmp"
-            try FileManager.default.copyItem(atPath: source + "/" + relative, toPath: temporary)
-            try FileManager.default.moveItem(atPath: temporary, toPath: destination)
-        }
         let device = try #require(try FileManager.default.contentsOfDirectory(atPath: source).first { $0.count == 16 && $0 != "keys" })
         #expect(FileManager.default.createFile(atPath: target + "/" + device + "/.syncthing.half.mtv.tmp", contents: Data([1, 2, 3])))
         #expect(Poll.until { Run.program("cat", [a + "/password", a + "/comment", a + "/username"]).stdout == "two\nfrom b\nann\n" },
