@@ -101,6 +101,8 @@ extension AccountsTree {
             vault.finishFold(fold)  // (a vault read again meanwhile: only this one's files go)
             if let error = fold.file.error { Log.warning("vault fold not written (\(error.description)): the files stay as they are") }
         }
+        // What the fold's merge and its file took from the heap goes back to the system.
+        Syscall.trimHeap()
     }
 
     /// SIGUSR1 locks this tree's vault (see `LockSignal`).
