@@ -251,7 +251,10 @@ final class DamagedStores {
             let mask = UInt8(1 + random.next() % 255)
             tally.record("id flip at \(offset)", mountDamaged("flip", file: "vault/id") { bytes in
                 var bytes = bytes
-                if offset < bytes.count { bytes[offset] ^= mask }
+                guard offset < bytes.count else { return bytes }
+                // (Not a letter's other case: the id is read in either case, the same id.)
+                let lower = { (c: UInt8) in c >= 0x41 && c <= 0x5A ? c + 0x20 : c }
+                bytes[offset] ^= lower(bytes[offset] ^ mask) == lower(bytes[offset]) ? mask ^ 0x01 : mask
                 return bytes
             })
         }
