@@ -179,19 +179,20 @@ final class Soak {
             _ = Run.wait(unlocking, timeout: 120)
             done.withLock { $0 = true }
         }
-        var longest = 0.0, requests = 0
+        var longest = 0.0, requests = 0, longestAt = 0.0
         var stat_ = stat()
         while !done.withLock({ $0 }) && Date().timeIntervalSince(started) < 60 {
             let before = Date()
             _ = listing(store.path("accounts"))
             _ = listing(account)
             _ = stat(account + "/username", &stat_)
-            longest = max(longest, Date().timeIntervalSince(before))
+            let took = Date().timeIntervalSince(before)
+            if took > longest { (longest, longestAt) = (took, before.timeIntervalSince(started)) }
             requests += 3
         }
         let unlockSeconds = Date().timeIntervalSince(started)
-        say(String(format: "  unlock stall: SENSITIVE unlock took %.2f s; %d requests meanwhile, longest %.1f ms",
-                   unlockSeconds, requests, longest * 1000))
+        say(String(format: "  unlock stall: SENSITIVE unlock took %.2f s; %d requests meanwhile, longest %.1f ms (%.2f s in)",
+                   unlockSeconds, requests, longest * 1000, longestAt))
         var problems: [String] = []
         if longest >= 0.1 { problems.append(String(format: "a request waited %.1f ms", longest * 1000)) }
         if requests < 10 { problems.append("only \(requests) requests during the unlock") }
