@@ -129,9 +129,7 @@ public final class VaultFolder: @unchecked Sendable {
 
     /// The vault id the folder's `id` file holds now (nil: none, or not an id).
     public var idOnDisk: [UInt8]? {
-        guard let fd = try? Syscall.open(path + "/" + Self.idFile, O_RDONLY) else { return nil }
-        defer { Syscall.close(fd) }
-        guard let text = try? Syscall.readAll(fd) else { return nil }
+        guard let text = try? Syscall.readFile(path + "/" + Self.idFile) else { return nil }
         return ASCIIHex.bytes(String(decoding: text, as: UTF8.self).trimmingSuffix("\n"))
     }
 

@@ -137,8 +137,12 @@ public enum Spawn {
         return result + settings
     }
 
-    /// Whether `program` is found in PATH.
-    public static func exists(_ program: String) -> Bool { run("/bin/sh", ["-c", "command -v \"$0\" >/dev/null", program]) == 0 }
+    /// Whether `program` is found in PATH (an executable file there; no shell started).
+    public static func exists(_ program: String) -> Bool {
+        if program.contains("/") { return access(program, X_OK) == 0 }
+        let path = getenv("PATH").map { String(cString: $0) } ?? "/usr/bin:/bin"
+        return path.split(separator: ":").contains { access(String($0) + "/" + program, X_OK) == 0 }
+    }
 
     private enum Collected { case none, standardOutput, both }
 

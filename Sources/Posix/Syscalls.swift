@@ -132,6 +132,13 @@ public enum Syscall {
         _ = try valueOrErrno { Glibc.access(path, mode) }
     }
 
+    /// The whole file at `path` (open, read to the end, close).
+    public static func readFile(_ path: String) throws(Errno) -> [UInt8] {
+        let fd = try open(path, O_RDONLY | O_CLOEXEC)
+        defer { close(fd) }
+        return try readAll(fd)
+    }
+
     /// The names in a directory, without "." and "..".
     public static func listDirectory(_ path: String) throws(Errno) -> [String] {
         guard let dir = opendir(path) else { throw Errno.current }

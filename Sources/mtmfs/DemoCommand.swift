@@ -204,11 +204,7 @@ struct DemoCommand: Command {
         """
     }
 
-    func readFile(_ path: String) throws(Errno) -> [UInt8] {
-        let fd = try Syscall.open(path, O_RDONLY)
-        defer { Syscall.close(fd) }
-        return try Syscall.readAll(fd)
-    }
+    func readFile(_ path: String) throws(Errno) -> [UInt8] { try Syscall.readFile(path) }
 }
 
 enum FileManagerLink {

@@ -100,9 +100,7 @@ struct SyncCommand: Command {
     }
 
     static func read(_ path: String) -> String? {
-        guard let fd = try? Syscall.open(path, O_RDONLY) else { return nil }
-        defer { Syscall.close(fd) }
-        return (try? Syscall.readAll(fd)).map { String(decoding: $0, as: UTF8.self) }
+        (try? Syscall.readFile(path)).map { String(decoding: $0, as: UTF8.self) }
     }
 
     /// This machine's device id for the vault (the first line of `DATA_DIR/device`).

@@ -22,11 +22,7 @@ struct VaultRepository {
     /// Names git keeps out of the repository: a synchroniser's and an editor's files.
     static let excluded = ["*.sync-conflict-*", ".syncthing.*", "*.tmp", "*~", ".stfolder", ".stignore", ".mtmfs-*"]
 
-    /// Whether git is on PATH (looked up here: no shell started for it).
-    static var gitIsInstalled: Bool {
-        let path = getenv("PATH").map { String(cString: $0) } ?? "/usr/bin:/bin"
-        return path.split(separator: ":").contains { access(String($0) + "/git", X_OK) == 0 }
-    }
+    static var gitIsInstalled: Bool { Spawn.exists("git") }
 
     var isRepository: Bool { ((try? Syscall.lstat(folder + "/.git")) != nil) }
 
@@ -94,9 +90,7 @@ struct VaultRepository {
     }
 
     func read(_ relative: String) -> String? {
-        guard let fd = try? Syscall.open(folder + "/" + relative, O_RDONLY) else { return nil }
-        defer { Syscall.close(fd) }
-        return (try? Syscall.readAll(fd)).map { String(decoding: $0, as: UTF8.self) }
+        (try? Syscall.readFile(folder + "/" + relative)).map { String(decoding: $0, as: UTF8.self) }
     }
 
     /// A ref's commit, read from its file or from `packed-refs` (no git started).

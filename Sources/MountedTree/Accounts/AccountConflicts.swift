@@ -55,10 +55,6 @@ enum ConflictNode: Hashable {
         index == removedIndex ? removedName : AccountField.allCases[index].rawValue
     }
 
-    static func index(named name: String) -> Int? {
-        name == removedName ? removedIndex : AccountField.allCases.firstIndex { $0.rawValue == name }
-    }
-
     /// One line: a value with `\`, tab and newline escaped (`\\`, `\t`, `\n`), then the
     /// device and the time of its change (UTC), tab-separated.
     static func text(_ others: [AccountConflicts.Other], values: Bool) -> SecureBytes {
