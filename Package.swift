@@ -63,7 +63,7 @@ let package = Package(
         .testTarget(name: "FuseLowLevelTests", dependencies: ["FuseLowLevel", "CFuse", "Posix"]),
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),
         .testTarget(name: "CacheStoreTests", dependencies: ["CacheStore", "Posix", "TestSupport"]),
-        .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault"]),
+        .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault", "Posix", "TestSupport"]),
         .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "CredentialVault"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Posix", "TestSupport"]),
     ]

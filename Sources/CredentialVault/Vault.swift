@@ -471,20 +471,7 @@ public final class Vault: @unchecked Sendable {
     }
 
     static func deriveKey(_ passphrase: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(VaultError) -> SecureBytes {
-        let key = SecureBytes(count: VaultFormat.keySize)
-        let rc = passphrase.withUnsafeBytes { secret in
-            key.withUnsafeMutableBytes { out in
-                crypto_pwhash(out.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(out.count),
-                              secret.baseAddress?.assumingMemoryBound(to: CChar.self) ?? UnsafePointer(bitPattern: 1)!,
-                              UInt64(secret.count), salt, parameters.operations, Int(parameters.memoryBytes),
-                              crypto_pwhash_ALG_ARGON2ID13)
-            }
-        }
-        guard rc == 0 else {
-            key.wipe()
-            throw .io(.noMemory)
-        }
-        return key
+        try KeyDerivation.derive(passphrase, salt: salt, parameters: parameters)
     }
 
     // MARK: Accounts

@@ -62,6 +62,44 @@ public enum Syscall {
         try result.get()
     }
 
+    /// One `read` into `buffer` (EINTR retried): the count read, 0 at end of file.
+    public static func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) throws(Errno) -> Int {
+        guard let base = buffer.baseAddress, buffer.count > 0 else { return 0 }
+        return try valueOrErrno { Glibc.read(fd, base, buffer.count) }
+    }
+
+    /// Fills `buffer` from `fd`, looping over short reads: false at an early end of file.
+    public static func readExactly(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) throws(Errno) -> Bool {
+        var done = 0
+        while done < buffer.count {
+            let n = try read(fd, into: UnsafeMutableRawBufferPointer(rebasing: buffer[done...]))
+            if n == 0 { return false }
+            done += n
+        }
+        return true
+    }
+
+    /// Runs `body` with SIGPIPE blocked on this thread: a write to a pipe whose reader is
+    /// gone fails with EPIPE instead of ending the process (one that does not ignore SIGPIPE
+    /// itself: a test runner, a command). A SIGPIPE raised meanwhile is taken, not delivered.
+    public static func withoutBrokenPipeSignal<T>(_ body: () -> T) -> T {
+        var pipeSignal = sigset_t()
+        sigemptyset(&pipeSignal)
+        sigaddset(&pipeSignal, SIGPIPE)
+        var previous = sigset_t()
+        pthread_sigmask(SIG_BLOCK, &pipeSignal, &previous)
+        defer {
+            var pending = sigset_t()
+            sigpending(&pending)
+            if sigismember(&pending, SIGPIPE) == 1 && sigismember(&previous, SIGPIPE) == 0 {
+                var now = timespec()
+                _ = sigtimedwait(&pipeSignal, nil, &now)
+            }
+            pthread_sigmask(SIG_SETMASK, &previous, nil)
+        }
+        return body()
+    }
+
     /// Reads until end of file.
     public static func readAll(_ fd: Int32) throws(Errno) -> [UInt8] {
         var result: [UInt8] = []
@@ -161,8 +199,6 @@ public enum Syscall {
         return (fds[0], fds[1])
     }
 
-    /// Makes the process not dumpable (no core file, no ptrace by other users) and sets the
-    /// core-file size limit to zero.
     /// Bytes available to an unprivileged writer on the file system holding `path`.
     public static func availableBytes(onFileSystemOf path: String) throws(Errno) -> UInt64 {
         var fs = Glibc.statvfs()
@@ -171,6 +207,8 @@ public enum Syscall {
         return UInt64(fs.f_bavail) * UInt64(fs.f_frsize)
     }
 
+    /// Makes the process not dumpable (no core file, no ptrace by other users) and sets the
+    /// core-file size limit to zero.
     public static func forbidCoreDumps() throws(Errno) {
         _ = try valueOrErrno { mtmfs_prctl_set_dumpable(0) }
         _ = try valueOrErrno { mtmfs_disable_core_files() }

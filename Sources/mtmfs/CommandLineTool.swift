@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CredentialVault
 import MountedTree
 
 /// One `mtmfs` subcommand: its name, its help, the options it takes, a validating
@@ -54,6 +55,8 @@ enum CommandLineTool {
         case "--help", "-h", "help":
             print(overview)
             return ExitCode.success
+        case KeyDerivationChild.command:
+            return KeyDerivation.serveChild()
         default:
             break
         }

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import FuseLowLevel
+import CredentialVault
 import MountedTree
 import Posix
 
@@ -91,6 +92,7 @@ enum Daemon {
         }
         chdir("/")
         try? Syscall.forbidCoreDumps()
+        KeyDerivationChild.use()
         let report: @Sendable (String) -> Void = { word in
             guard let readyFD else { return }
             try? Syscall.writeAll(readyFD, Array((word + "\n").utf8))
@@ -131,3 +133,12 @@ extension String {
         hasSuffix(suffix) ? String(dropLast(suffix.count)) : self
     }
 }
+
+/// The daemon's key derivations run in a child process: its own executable (the running
+/// file, even once a package upgrade replaced it) with a command no user types.
+enum KeyDerivationChild {
+    static let command = "internal-derive-key"
+
+    static func use() { KeyDerivation.useChildProcess(["/proc/self/exe", command]) }
+}
+
