@@ -148,7 +148,9 @@ extension AccountsTree {
                 }
             }
             s.fields.session.touched()
-            return (s.fields.session.newHandle(), ConflictNode.text(others, values: field != nil))
+            let handle = s.fields.session.newHandle()
+            s.fields.session.opened(handle, of: node.local)
+            return (handle, ConflictNode.text(others, values: field != nil))
         }
         conflictTexts.withLock { $0[handle.raw] = text }
         return OpenedFile(handle: handle.raw, directIO: true, noFlush: true)
@@ -171,8 +173,9 @@ extension AccountsTree {
         piece.withUnsafeBytes { reply($0) }
     }
 
-    func releaseConflicts(handle: UInt64) {
+    func releaseConflicts(_ node: ConflictNode, handle: UInt64) {
         conflictTexts.withLock { $0.removeValue(forKey: handle)?.wipe() }
+        state.withLock { $0.fields.session.released(FileHandle(raw: handle), of: node.local) }
     }
 
     /// At a lock: every text made for a handle is wiped.

@@ -66,6 +66,8 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     }
 
     func uuid(of account: AccountID) -> [UInt8]? { uuids[account] }
+    /// The account of a UUID already seen (nil: none yet; `id(of:)` makes one).
+    func existingID(of uuid: [UInt8]) -> AccountID? { ids[uuid] }
 
     /// The account whose directory is `directory`, if it is one.
     func account(at directory: LocalInode) -> AccountID? {

@@ -89,6 +89,7 @@ extension AccountsTree {
             self.access.record(allowed: false, why, requester, access)
             throw .permissionDenied
         case .ask:
+            noteReplacedProgram(requester, account: access.account, trusted: trusted)
             if let why = self.access.cannotAsk(requester) {
                 self.access.record(allowed: false, why, requester, access)
                 throw .permissionDenied
@@ -298,7 +299,8 @@ extension AccountsTree {
             Log.info("guarding turned \(on ? "on" : "off")")
             return Array(s.engine.files.keys)
         }
-        // Pages a reader kept of a password from before go: guarded reads bypass the cache.
+        // Pages a reader kept of a password from before go; the handles open then stay
+        // revoked (`retireHandles`), and their files uncached until they are closed.
         pageCache.changed()
         for local in files { notifier.invalidateInode(space.inode(local)) }
     }
@@ -325,7 +327,7 @@ extension AccountsTree {
             found.append(TrustedProgram(sha256: try ProgramDigest.sha256(of: fd), path: path))
         }
         try checkPassphrase(passphrase)
-        try locked { (s) throws(Errno) in
+        let narrowed = try locked { (s) throws(Errno) -> [LocalInode] in
             try s.fields.session.requireOpen()
             guard let vault = s.fields.vault, let account = vault.account(named: accountName) else { throw .noSuchFileOrDirectory }
             do throws(VaultError) {
@@ -343,7 +345,11 @@ extension AccountsTree {
                 throw error.errno
             }
             Log.info("trusted programs of account \(accountName): \(found.count) \(adding ? "added" : "removed") (passphrase given)")
+            // Fewer programs may read it: what was open on its secrets reads nothing more.
+            guard !adding, let id = s.fields.existingID(of: account.uuid) else { return [] }
+            return narrow(&s, account: id)
         }
+        dropPages(narrowed)
     }
 
     /// EACCES unless `passphrase` is the vault's (the derivation runs outside the lock).
@@ -369,7 +375,54 @@ extension AccountsTree {
     }
 }
 
+extension AccountsTree {
+    /// A narrowing of who may read `account`'s secrets (SPEC §3a: `untrust`, a trusted
+    /// program replaced by another version): under the tree's lock, the handles open on them
+    /// (and on their conflicts) are revoked. Returns the files whose pages go (`dropPages`,
+    /// after the lock).
+    func narrow(_ s: inout State, account: AccountID) -> [LocalInode] {
+        let conflicts = [AccountField.password, .otp].map {
+            ConflictNode.file(account, index: AccountField.allCases.firstIndex(of: $0)!).local
+        }
+        let secrets = Set(s.engine.files.keys.filter { s.isSecret($0, of: account) } + conflicts)
+        s.fields.session.revokeHandles { secrets.contains($0) }
+        return Array(secrets)
+    }
+
+    /// The kernel drops the pages of `files`, sent by the notifier's thread (no request waits
+    /// for it); the next open that may cache them drops them again first (`PageCacheGate`).
+    func dropPages(_ files: [LocalInode]) {
+        for local in files {
+            let inode = space.inode(local)
+            pageCache.forget(inode)
+            notifier.invalidateInode(inode)
+        }
+    }
+
+    /// A requester whose program is at a trusted program's path but is another version:
+    /// the trusted one was replaced, which narrows who may read the account.
+    func noteReplacedProgram(_ requester: Requester, account uuid: [UInt8], trusted: [TrustedProgram]) {
+        guard let program = requester.program,
+              trusted.contains(where: { $0.path == program.path && $0.sha256 != program.sha256 }) else { return }
+        let files = state.withLock { s -> [LocalInode] in
+            guard let id = s.fields.existingID(of: uuid) else { return [] }
+            return narrow(&s, account: id)
+        }
+        dropPages(files)
+    }
+}
+
 extension AccountsTree.State {
+    /// Whether the file `local` holds a secret of `account` that guarding keeps: its
+    /// password or otp (and the code made of it), an older text of them still open, or an
+    /// editor's file in its directory.
+    func isSecret(_ local: LocalInode, of account: AccountID) -> Bool {
+        guard let file = engine.files[local] else { return false }
+        if case .scratch(let directory, _) = file.role { return directory == account.directory }
+        guard let key = file.key ?? file.detachedFrom ?? file.intendedKey, key.account == account else { return false }
+        return key.isTOTP || key.field == .password || key.field == .otp
+    }
+
     /// What opening `local` would touch, when guarding covers it: the password (read or
     /// written), any field written, any editor's file of an account. Uncovered: guarding
     /// off, another field read, not an account's file. Refused: a file of accounts/ that

@@ -273,6 +273,8 @@ extension AccountsTree {
                 if session.isOpen { lines.append("conflicts=\(vault.conflictCount)") }
             }
             if let problem = session.problem { lines.append("vault_error=\(problem)") }
+            lines.append("field_reads=\(fieldReads.load(ordering: .relaxed))")
+            lines.append("revoked_open=\(session.openHandles.revokedOpen)")
             return lines
         }
     }

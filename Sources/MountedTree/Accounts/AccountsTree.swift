@@ -63,6 +63,9 @@ public final class AccountsTree: EditingTree {
     /// The last guarding change on this mount turned it off (`mtmfs guard off`): then a
     /// vault read again with guarding off is no roll-back.
     let guardingTurnedOff = Atomic<Bool>(false)
+    /// READs of fields this mount answered (`.mtmfs/status` `field_reads`): a read the
+    /// kernel served from its pages does not count.
+    let fieldReads = Atomic<UInt64>(0)
 
     static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     /// Field attributes (sizes) may be cached while unlocked: every commit and every lock
@@ -328,8 +331,7 @@ public final class AccountsTree: EditingTree {
         case covered(AccessGuard.Access, [TrustedProgram])
     }
 
-    /// An open that guarding has allowed. It is never served from the kernel's pages: what
-    /// one program was allowed, another cannot read.
+    /// An open that guarding has allowed (each other program's open is decided for it).
     func openDecided(_ inode: InodeNumber, flags: Int32) throws(Errno) -> OpenedFile {
         guard case .opened(let opened) = try open(inode, flags: flags, decided: true) else { throw .permissionDenied }
         return opened
@@ -352,19 +354,24 @@ public final class AccountsTree: EditingTree {
                 case .covered(let access, let trusted): return .covered(access, trusted)
                 }
             }
-            let totp = s.engine.files[local]?.key?.isTOTP == true
+            let key = s.engine.files[local]?.key
+            let totp = key?.isTOTP == true
             if totp && writer { throw .permissionDenied }  // read only: written through `otp`
             let handle = s.fields.session.newHandle()
             try s.engine.open(local, handle: handle, truncate: flags & O_TRUNC != 0 && writer, s.fields)
+            s.fields.session.opened(handle, of: local)
             s.fields.session.touched()
             // The code changes with the clock: every read asks (no page kept, none sent twice).
             if totp { return .opened(OpenedFile(handle: handle.raw, directIO: true, noFlush: true)) }
             guard !writer else { return .opened(OpenedFile(handle: handle.raw, directIO: true)) }
-            // A decided reader: never the page cache (another program would read it too);
-            // its close commits nothing either.
-            guard !decided else { return .opened(OpenedFile(handle: handle.raw, directIO: true, noFlush: true)) }
             // A reader reads the kernel's pages of the field while it has not changed (every
-            // lock drops them all), and its close commits nothing: no READ, no FLUSH.
+            // lock drops them all), and its close commits nothing: no READ, no FLUSH. So does
+            // a decided reader of a secret: another program's open is decided for it. Not
+            // while a handle from before a narrowing is open on the file (it could read the
+            // pages this one puts back), nor an editor's file a decision let read.
+            guard !s.fields.session.openHandles.hasRevoked(local), !decided || key != nil else {
+                return .opened(OpenedFile(handle: handle.raw, directIO: true, noFlush: true))
+            }
             return .opened(OpenedFile(handle: handle.raw, keepCache: true, noFlush: true))
         }
         if case .opened(var opened) = attempt, opened.keepCache, !pageCache.admit(inode, notifier: notifier) {
@@ -385,6 +392,7 @@ public final class AccountsTree: EditingTree {
             if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: name) }
             let handle = s.fields.session.newHandle()
             let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle)
+            s.fields.session.opened(handle, of: local)
             return (try handOut(s, local), OpenedFile(handle: handle.raw, directIO: true))
         }
     }
@@ -398,6 +406,7 @@ public final class AccountsTree: EditingTree {
         if ConflictNode(space.local(of: inode)) != nil {
             return try readConflicts(handle: handle, offset: offset, size: size, reply: reply)
         }
+        fieldReads.add(1, ordering: .relaxed)
         // Copied (into secure memory) under the lock, replied after it: no request of
         // accounts/ waits for a reply to reach the kernel.
         let copy = try state.withLock { (s) throws(Errno) -> SecureBytes? in
@@ -450,11 +459,12 @@ public final class AccountsTree: EditingTree {
             _ = trustedLists.withLock { $0.removeValue(forKey: handle) }
             return
         }
-        if ConflictNode(space.local(of: inode)) != nil { return releaseConflicts(handle: handle) }
+        if let node = ConflictNode(space.local(of: inode)) { return releaseConflicts(node, handle: handle) }
         // The open is let go even when the vault cannot be used; a handle from before a
         // lock commits nothing.
         lockedAlways { s in
             let owner = FileHandle(raw: handle)
+            defer { s.fields.session.released(owner, of: space.local(of: inode)) }
             try? s.engine.release(space.local(of: inode), handle: owner, commit: s.fields.session.isCurrent(owner), &s.fields)
         }
     }

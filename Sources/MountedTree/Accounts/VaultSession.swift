@@ -22,6 +22,8 @@ struct VaultSession {
     /// fields answer as locked until then.
     var revealing = false
     private var handles = HandleAllocator()
+    /// Which handles are open on which file, and which of them a narrowing revoked.
+    private(set) var openHandles = OpenHandles()
 
     init(vaultPath: String, autoLockSeconds: Int) {
         self.vaultPath = vaultPath
@@ -67,18 +69,30 @@ struct VaultSession {
 
     mutating func newHandle() -> FileHandle { handles.next() }
 
-    /// Made under the current lock generation.
-    func isCurrent(_ handle: FileHandle) -> Bool { handles.isCurrent(handle) }
+    /// Made under the current lock generation, and not revoked by a narrowing since.
+    func isCurrent(_ handle: FileHandle) -> Bool { handles.isCurrent(handle) && !openHandles.isRevoked(handle) }
+
+    /// A handle of `file` was opened (counted once the open succeeded) or let go.
+    mutating func opened(_ handle: FileHandle, of file: LocalInode) { openHandles.opened(handle, of: file) }
+    mutating func released(_ handle: FileHandle, of file: LocalInode) { openHandles.released(handle, of: file) }
+
+    /// Revokes the handles open on the files `covers` takes in (a narrowing of who may read
+    /// them): refused from now on, and those files uncached until they are closed.
+    @discardableResult
+    mutating func revokeHandles(where covers: (LocalInode) -> Bool) -> [LocalInode] { openHandles.revoke(where: covers) }
 
     /// Starts a new generation without locking: every earlier handle is refused (guarding
     /// turned on: none of them was decided).
-    mutating func retireHandles() { handles.retireAll() }
+    mutating func retireHandles() {
+        handles.retireAll()
+        revokeHandles { _ in true }
+    }
 
     /// Zeroes the keys and starts a new generation: every earlier handle is refused.
     mutating func lock() {
         vault?.lock()
         revealing = false
-        handles.retireAll()
+        retireHandles()
     }
 
     /// Reads the vault file again (locked), after another program changed it.
