@@ -7,7 +7,8 @@ import Posix
 /// Argon2id of a passphrase (`crypto_pwhash`), in this process or in a child process made
 /// for it.
 ///
-/// A daemon derives in a child (`useChildProcess`): Argon2's memory (1 GiB at SENSITIVE) is
+/// A daemon derives in a child (`useChildProcess`) when the derivation is larger than
+/// INTERACTIVE's: Argon2's memory (1 GiB at SENSITIVE) is
 /// mapped, filled and unmapped by libsodium, and the unmap of that much memory holds the
 /// address space's lock for 90 ms on an idle machine, several hundred under load. Every
 /// thread of the process that maps memory meanwhile (a `sodium_malloc`, a large allocation)
@@ -31,9 +32,14 @@ public enum KeyDerivation {
         helper.withLock { $0 = command }
     }
 
-    /// The key for `passphrase`: in a child when one is set up and it works, else here.
+    /// Derivations of this much memory or less stay in the process: unmapping 64 MiB takes
+    /// a few milliseconds, less than starting the child (about 25 ms).
+    static let childAbove = KDFParameters.interactive.memoryBytes
+
+    /// The key for `passphrase`: in a child when one is set up, the derivation is larger
+    /// than `childAbove` and the child works; else here.
     static func derive(_ passphrase: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(VaultError) -> SecureBytes {
-        if let command = helper.withLock({ $0 }) {
+        if parameters.memoryBytes > childAbove, let command = helper.withLock({ $0 }) {
             if let key = inChild(command, passphrase, salt: salt, parameters: parameters) { return key }
             Log.warning("the key derivation's child process failed: deriving in the daemon")
         }
