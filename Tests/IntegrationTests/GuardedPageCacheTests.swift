@@ -152,4 +152,28 @@ struct GuardedPageCacheTests {
         #expect(revokedCloses(mount))
         expectCached(mount, reader, "once the old handle is closed")
     }
+
+    /// A trusted program replaced by another version at its path narrows too: once the new
+    /// version asks (and is refused), the old version's open handle reads nothing more.
+    @Test func aReplacedProgramsOldHandlesAreRevoked() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        let bin = mount.scratch.sub("bin")
+        mkdir(bin, 0o755)
+        let program = bin + "/python"
+        #expect(Run.shell("cp \"$(readlink -f /usr/bin/python3)\" \(program) && chmod 755 \(program)").status == 0)
+        let account = mount.path("accounts/\(GuardedMount.uuid)")
+        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"), account, program).status == 0)
+        let holder = try Holder(mount, program: program)
+        defer { holder.quit() }
+        #expect(holder.lines.first == "opened hunter2 hunter2", "\(holder.lines)")
+        // Another version (one byte more) takes its place; it is asked about, and denied.
+        #expect(Run.shell("cp \(program) \(program).new && printf x >> \(program).new && mv \(program).new \(program)").status == 0)
+        mount.answer("cancel")
+        let replaced = mount.run(program, ["-c", "print(open('\(mount.password)').read())"])
+        #expect(replaced.status != 0 && !replaced.stdout.contains("hunter2"), "\(replaced)")
+        #expect(status(mount)["revoked_open"] == "1")
+        #expect(holder.readAgain() == ["error 13", "mapped SIGBUS"], "\(holder.lines)")
+    }
 }
