@@ -25,6 +25,9 @@ let package = Package(
         // OpenSSL's libcrypto: HMAC-SHA1 for one-time codes (libsodium has no SHA-1).
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto",
                        providers: [.apt(["libssl-dev"])]),
+        // sd-bus (libsystemd): the Secret Service on the session bus.
+        .systemLibrary(name: "CSDBus", pkgConfig: "libsystemd",
+                       providers: [.apt(["libsystemd-dev"])]),
         // libc calls Swift cannot make directly (variadic prctl, syslog).
         .systemLibrary(name: "CPosixShims"),
 
@@ -36,9 +39,12 @@ let package = Package(
         .target(name: "SettingsStore", dependencies: ["Posix"]),
         .target(name: "CacheStore", dependencies: ["CSQLite", "Posix"]),
         .target(name: "CredentialVault", dependencies: ["CSodium", "CCrypto", "Posix"]),
+        // The Secret Service (org.freedesktop.secrets) on the session bus, over a store of
+        // items it is given (the mounted tree's accounts).
+        .target(name: "SecretService", dependencies: ["CSDBus", "CredentialVault", "Posix"]),
         // The mounted tree: root, control files, and the routing to each store.
         .target(name: "MountedTree",
-                dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "CredentialVault"]),
+                dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "CredentialVault", "SecretService"]),
         // Command line only.
         .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "CacheStore", "CredentialVault", "Posix"]),
         // Side-by-side measurements against a native directory and peers.

@@ -51,6 +51,8 @@ struct AccountIndex {
     enum Slot: Hashable {
         case attribute(IndexedAttribute, IndexDigest)
         case serverAndUsername(IndexDigest)
+        /// A named field's name and value together.
+        case named(IndexDigest)
     }
 
     init() {
@@ -67,6 +69,14 @@ struct AccountIndex {
     /// that ("ab", "c") and ("a", "bc") differ).
     func digest(server: UnsafeRawBufferPointer, username: UnsafeRawBufferPointer) -> IndexDigest {
         withUnsafeBytes(of: UInt64(server.count).littleEndian) { length in digest([length, server, username]) }
+    }
+
+    /// The digest of a named field's name and value (the name's length first).
+    func digest(name: String, value: UnsafeRawBufferPointer) -> IndexDigest {
+        var name = name
+        return name.withUTF8 { bytes in
+            withUnsafeBytes(of: UInt64(bytes.count).littleEndian) { length in digest([length, UnsafeRawBufferPointer(bytes), value]) }
+        }
     }
 
     private func digest(_ parts: [UnsafeRawBufferPointer]) -> IndexDigest {
@@ -96,13 +106,15 @@ struct AccountIndex {
 
     /// Files an account under its current values. `position` gives an account's place in
     /// the file, to keep every group in file order.
-    mutating func insert(_ uuid: [UInt8], values: [AccountField: SecureBytes], position: ([UInt8]) -> Int) {
+    mutating func insert(_ uuid: [UInt8], values: [AccountField: SecureBytes], named: [String: SecureBytes] = [:],
+                         position: ([UInt8]) -> Int) {
         func bytes<T>(_ field: AccountField, _ body: (UnsafeRawBufferPointer) -> T) -> T {
             if let value = values[field] { return value.withUnsafeBytes(body) }
             return body(UnsafeRawBufferPointer(start: nil, count: 0))
         }
         var slots = IndexedAttribute.allCases.map { attribute in Slot.attribute(attribute, bytes(attribute.field, digest)) }
         slots.append(.serverAndUsername(bytes(.server) { server in bytes(.username) { digest(server: server, username: $0) } }))
+        for (name, value) in named { slots.append(.named(value.withUnsafeBytes { digest(name: name, value: $0) })) }
         let place = position(uuid)
         func add(_ uuid: [UInt8], to list: inout [[UInt8]]) {
             // Mostly appended (an unlock, a new account); else a binary search by position.

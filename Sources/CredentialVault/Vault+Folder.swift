@@ -53,6 +53,7 @@ extension Vault {
         fields.removeAll()
         trusted.removeAll()
         conflicted.removeAll()
+        named.removeAll()
         for (uuid, account) in merged where uuid != Self.vaultRecord { adopt(account) }
         guarded = merged[Self.vaultRecord]?.fields["guard"].map { $0.shown.value.count == 1 && $0.shown.value.withUnsafeBytes { $0[0] } == UInt8(ascii: "1") } ?? false
         index = AccountIndex()
@@ -66,6 +67,11 @@ extension Vault {
             if let value = account.fields[field.rawValue]?.shown.value, value.count > 0 { values[field] = value }
         }
         fields[account.uuid] = values
+        var others: [String: SecureBytes] = [:]
+        for (name, field) in account.fields where !Self.ownFieldNames.contains(name) && field.shown.value.count > 0 {
+            others[name] = field.shown.value
+        }
+        named[account.uuid] = others.isEmpty ? nil : others
         var conflicts = AccountConflicts()
         for field in AccountField.allCases {
             guard let others = account.fields[field.rawValue]?.others, !others.isEmpty else { continue }
@@ -75,6 +81,48 @@ extension Vault {
         conflicted[account.uuid] = conflicts.isEmpty ? nil : conflicts
         let programs = account.fields["trusted"].map { Self.decodeTrusted($0.shown.value) } ?? []
         trusted[account.uuid] = programs.isEmpty ? nil : programs
+    }
+
+    /// The names of fields the vault itself gives a meaning to; every other name is a named
+    /// field (`namedFields`).
+    static let ownFieldNames: Set<String> = Set(AccountField.allCases.map(\.rawValue) + ["trusted", "guard"])
+
+    /// An account's named fields (not `AccountField`'s): a folder's only. The values are the
+    /// vault's own secure bytes: do not keep or change them.
+    public func namedFields(of uuid: [UInt8]) throws(VaultError) -> [String: SecureBytes] {
+        _ = try requireKey()
+        guard fields[uuid] != nil else { throw .noSuchAccount }
+        return named[uuid] ?? [:]
+    }
+
+    /// Sets named fields of one account together (an empty value removes one), and any
+    /// `AccountField` with them, in one change. A single-file vault has no place for them.
+    public func setFields(_ changes: [AccountField: SecureBytes], named namedChanges: [String: SecureBytes],
+                          of uuid: [UInt8]) throws(VaultError) {
+        _ = try requireKey()
+        guard fields[uuid] != nil else { throw .noSuchAccount }
+        guard folder != nil else { throw .io(.invalidArgument) }
+        guard namedChanges.keys.allSatisfy({ !Self.ownFieldNames.contains($0) && !$0.isEmpty && $0.utf8.count <= 255 }) else {
+            throw .io(.invalidArgument)
+        }
+        let values = changes.map { ($0.key.rawValue, $0.value) } + namedChanges.map { ($0.key, $0.value) }
+        try writeFields(values.sorted { $0.0 < $1.0 }.map { (name: $0.0, value: $0.1) }, of: uuid,
+                        name: name(of: uuid) ?? AccountName.string(uuid))
+    }
+
+    /// The accounts whose named field `name` is exactly `value`, through the index.
+    public func accounts(namedField name: String, equalTo value: UnsafeRawBufferPointer) throws(VaultError) -> [[UInt8]] {
+        guard let index else { throw .locked }
+        return index.accounts(in: .named(index.digest(name: name, value: value)))
+    }
+
+    /// The first and the last time an account was changed (milliseconds since 1970), from
+    /// its change files.
+    public func times(of uuid: [UInt8]) -> (created: UInt64, modified: UInt64)? {
+        guard let folder else { return nil }
+        let clocks = folder.changes(of: uuid).filter { $0.kind == .set }.map { $0.id.clock >> 16 }
+        guard let first = clocks.min(), let last = clocks.max() else { return nil }
+        return (first, last)
     }
 
     /// After a change of one account: it alone is merged again.
@@ -98,6 +146,7 @@ extension Vault {
             fields[uuid] = nil
             conflicted[uuid] = nil
             trusted[uuid] = nil
+            named[uuid] = nil
             index?.remove(uuid)
         }
     }

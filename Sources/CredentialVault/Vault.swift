@@ -116,6 +116,9 @@ public final class Vault: @unchecked Sendable {
     /// Folder only, while unlocked: the accounts with a field of several current values or
     /// a removal that lost against a change made apart (`conflicts(of:)`).
     var conflicted: [[UInt8]: AccountConflicts] = [:]
+    /// A folder's fields of each account beyond `AccountField`'s (a Secret Service item's
+    /// attributes, its secret's content type), by name; the values are the folder's own.
+    var named: [[UInt8]: [String: SecureBytes]] = [:]
 
     struct SealedRecord {
         var uuid: [UInt8]
@@ -196,7 +199,7 @@ public final class Vault: @unchecked Sendable {
     private func reindex(_ uuid: [UInt8]) {
         index?.remove(uuid)
         guard let values = fields[uuid] else { return }
-        index?.insert(uuid, values: values, position: position)
+        index?.insert(uuid, values: values, named: named[uuid] ?? [:], position: position)
     }
 
     private func lookupIndex() -> (byName: [String: Int], byUUID: [[UInt8]: Int]) {
@@ -466,6 +469,7 @@ public final class Vault: @unchecked Sendable {
         for (_, values) in fields { for (_, value) in values { value.wipe() } }
         fields.removeAll()
         conflicted.removeAll()  // (their values were the folder's, wiped with it)
+        named.removeAll()
         arena.releaseAll()
         refreshFromFolder()
     }

@@ -8,7 +8,7 @@ struct MountCommand: Command {
     static let usage = """
     Usage: mtmfs mount [--data-dir DIR] [-f] [-o OPTIONS] [--unlock [--passphrase-file FILE]]
                        [--auto-lock SECONDS] [--cache-limit BYTES] [--pinentry PROGRAM]
-                       [--debug] MOUNT
+                       [--secret-service[=replace]] [--debug] MOUNT
 
     Mounts the stores of DIR on the empty directory MOUNT. Without -f the daemon detaches,
     logs to syslog, and this command returns only once MOUNT answers, so the next line of a
@@ -27,11 +27,15 @@ struct MountCommand: Command {
       --pinentry PROGRAM       what asks whether a program may read a password, on
                                a guarded vault (GnuPG's pinentry protocol; default
                                pinentry, on the requester's terminal or the desktop)
+      --secret-service[=replace]  also serve the accounts to desktop programs on the
+                       session bus (org.freedesktop.secrets); =replace takes the
+                       name from its owner where it allows (-o secret_service)
       --debug          log every request (operation, inode, caller, result) and
                        store event; names and values are never logged
     """
-    static let flags: Set<String> = ["-f", "--foreground", "--unlock", "--debug"]
-    static let options: Set<String> = ["--data-dir", "-o", "--ready-fd", "--auto-lock", "--passphrase-file", "--cache-limit", "--pinentry"]
+    static let flags: Set<String> = ["-f", "--foreground", "--unlock", "--debug", "--secret-service"]
+    static let options: Set<String> = ["--data-dir", "-o", "--ready-fd", "--auto-lock", "--passphrase-file", "--cache-limit", "--pinentry",
+                                       "--secret-service"]
 
     let dataDirectory: String
     let mountPoint: String
@@ -49,7 +53,18 @@ struct MountCommand: Command {
     init(_ arguments: Arguments) throws(CommandFailure) {
         let positionals = try arguments.positionals(1...1, named: "the mount point (mtmfs mount MOUNT)")
         dataDirectory = Paths.dataDirectory(arguments.value("--data-dir"))
-        options = arguments.allValues("-o").flatMap { $0.split(separator: ",").map(String.init) }
+        var options = arguments.allValues("-o").flatMap { $0.split(separator: ",").map(String.init) }
+        // --secret-service travels to the daemon as its -o option.
+        if let mode = arguments.value("--secret-service") {
+            guard mode == "replace" else { throw .usage("--secret-service takes no value but replace", command: Self.name) }
+            options.append("secret_service=replace")
+        } else if arguments.has("--secret-service") {
+            options.append("secret_service")
+        }
+        guard options.allSatisfy({ !$0.hasPrefix("secret_service") || $0 == "secret_service" || $0 == "secret_service=replace" }) else {
+            throw .usage("-o secret_service takes no value but replace", command: Self.name)
+        }
+        self.options = options
         foreground = arguments.has("-f") || arguments.has("--foreground")
         guard let seconds = Int(arguments.value("--auto-lock") ?? "900"), seconds >= 0 else {
             throw .usage("--auto-lock takes a number of seconds (0: never)", command: Self.name)

@@ -170,7 +170,10 @@ extension AccountsTree {
             Log.info("vault.v2 (the single-file vault kept at its conversion) removed: the folder unlocked again")
         }
         // The auto-lock has a deadline now: the watcher learns it.
-        defer { wakeup.wake() }
+        defer {
+            wakeup.wake()
+            secretObservers.notify(.lockState)
+        }
         state.withLock { s in
             s.fields.session.revealing = false
             Log.info("accounts unlocked")
@@ -241,6 +244,7 @@ extension AccountsTree {
         // `.mtmfs/lock` answers its writer once they are sent (`KernelCacheNotifier.whenSent`).
         pageCache.changed()
         send(invalidations)
+        secretObservers.notify(.lockState)
         // What opening the records took from the heap goes back to the system too.
         Syscall.trimHeap()
     }

@@ -66,6 +66,8 @@ public final class AccountsTree: EditingTree {
     /// READs of fields this mount answered (`.mtmfs/status` `field_reads`): a read the
     /// kernel served from its pages does not count.
     let fieldReads = Atomic<UInt64>(0)
+    /// Told of every change of the accounts (the Secret Service's signals).
+    let secretObservers: SecretObservers
 
     static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     /// Field attributes (sizes) may be cached while unlocked: every commit and every lock
@@ -82,8 +84,11 @@ public final class AccountsTree: EditingTree {
         self.access = AccessGuard(settings: prompts)
         self.active = active
         let session = VaultSession(vaultPath: vaultPath, autoLockSeconds: autoLockSeconds)
+        let observers = SecretObservers()
+        self.secretObservers = observers
         self.state = Locked(State(ownership: ownership, fields: AccountFields(session: session),
-                                  engine: EditingEngine(since: ownership.since, nodes: SubtreeNodes(table: nodes, space: .accounts))))
+                                  engine: EditingEngine(since: ownership.since, nodes: SubtreeNodes(table: nodes, space: .accounts)),
+                                  secretObservers: observers))
         startWatcher()
     }
 

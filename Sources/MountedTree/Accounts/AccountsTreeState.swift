@@ -4,6 +4,7 @@ import Glibc
 import CredentialVault
 import FuseLowLevel
 import Posix
+import SecretService
 
 extension AccountsTree {
     /// Everything `accounts/` holds: the vault, its session and fields (`fields`) and the
@@ -16,6 +17,8 @@ extension AccountsTree {
         var engine: EditingEngine<AccountFields>
         /// The server directories of `by-server/` handed out since the unlock.
         var views = ServerDirectories()
+        /// Told which accounts changed (for the Secret Service), as the engine is.
+        let secretObservers: SecretObservers
 
         /// Every request but a release needs a vault (EIO while none can be read).
         func admit() throws(Errno) {
@@ -27,6 +30,8 @@ extension AccountsTree {
             let changed = fields.changedKeys
             fields.changedKeys.removeAll()
             for key in changed { engine.keyChanged(key) }
+            let accounts = Set(changed.map(\.account)).compactMap { fields.uuid(of: $0) }
+            if !accounts.isEmpty { secretObservers.notify(.items(accounts)) }
         }
 
         mutating func takeSaves() -> [any DeferredSave] {

@@ -4,6 +4,7 @@ import Glibc
 import CredentialVault
 import FuseLowLevel
 import Posix
+import SecretService
 
 /// One mtmfs mount: the data directory's stores assembled into the tree and served.
 ///
@@ -19,6 +20,8 @@ public final class MtmfsMount: Sendable {
     let startedAt: Timestamp
     /// Held for the daemon's whole life.
     let claim: DataDirectoryClaim
+    /// The Secret Service on the session bus (`-o secret_service`), while the mount lives.
+    let secretService: SecretServiceBus?
 
     /// Checks the data directory and mounts. `options` are extra FUSE `-o` options;
     /// `progress` hears about steps that take long (a full check of the cache).
@@ -99,10 +102,25 @@ public final class MtmfsMount: Sendable {
         ], ownership: ownership, statistics: { Self.statistics(of: dataDirectory.path) })
         // Always nosuid and nodev, whatever -o says (the last option wins): cache/ stores
         // device nodes and set-id bits as data, never as devices or privileges.
+        // `secret_service[=replace]` is mtmfs's own, not FUSE's.
+        let serviceOption = options.last { $0 == "secret_service" || $0.hasPrefix("secret_service=") }
         let fuseOptions = ["fsname=" + Self.escapeOption(dataDirectory.path), "subtype=mtmfs",
-                           "default_permissions"] + options + ["nosuid", "nodev"]
+                           "default_permissions"] + options.filter { !$0.hasPrefix("secret_service") } + ["nosuid", "nodev"]
         self.fuse = try FuseMount(fileSystem: root, mountPoint: mountPoint, options: fuseOptions)
         notifier.attach(fuse)
+        // On the session bus once mounted (this is the daemon's own process); a name that
+        // another program holds is said in one line, and the files are served without it.
+        if let serviceOption {
+            do {
+                secretService = try SecretServiceBus.start(store: accounts, replace: serviceOption == "secret_service=replace")
+            } catch {
+                Log.warning(error.description)
+                progress(error.description)
+                secretService = nil
+            }
+        } else {
+            secretService = nil
+        }
     }
 
     /// Serves until the mount ends; `onReady` is called once the mount answers.
@@ -111,6 +129,7 @@ public final class MtmfsMount: Sendable {
         // The notifier held the mount: both let go, and its sends done before the session's
         // descriptor closes.
         let status = fuse.run(onReady: onReady, beforeUnmount: { notifier.attach(nil) })
+        secretService?.stop()
         Log.info("unmounted \(mountPoint)")
         return status
     }

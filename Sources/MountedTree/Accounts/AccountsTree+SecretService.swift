@@ -1,0 +1,266 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+import Posix
+import SecretService
+
+/// The accounts as Secret Service items (SPEC §2c): one store, two views. Label is `label`,
+/// the secret `password`; libsecret's network-password attributes are fields (`server`,
+/// `user` → `username`, `protocol`, `port`, `object` → `path`) and every other attribute a
+/// named field `attribute:NAME` of the vault (sealed like the rest), found through the
+/// vault's index. A secret's content type other than `text/plain` is the named field
+/// `secret-content-type`.
+///
+/// Guarding decides for bus callers as for opens: the process behind the connection is
+/// looked at, and a program not trusted with an account sees its item locked.
+extension AccountsTree: SecretStore {
+    static let mappedAttributes: [(attribute: String, field: AccountField, indexed: IndexedAttribute)] = [
+        ("server", .server, .server), ("user", .username, .username), ("protocol", .protocol, .protocol),
+        ("port", .port, .port), ("object", .path, .path),
+    ]
+    static let attributePrefix = "attribute:"
+    static let contentTypeField = "secret-content-type"
+
+    static func secure(_ text: String) -> SecureBytes { Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } }
+
+    public var isLocked: Bool { state.withLock { !$0.fields.session.isOpen } }
+
+    public func allItems() -> [[UInt8]] {
+        state.withLock { s in s.fields.session.isOpen ? (s.fields.vault?.accounts.map(\.uuid) ?? []) : [] }
+    }
+
+    public func item(_ uuid: [UInt8]) -> SecretItem? {
+        state.withLock { s -> SecretItem? in
+            guard let vault = s.fields.vault, vault.hasAccount(uuid: uuid) else { return nil }
+            guard s.fields.session.isOpen else { return SecretItem(uuid: uuid, label: "", attributes: [:], created: 0, modified: 0) }
+            func text(_ value: SecureBytes?) -> String { value.map { $0.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } } ?? "" }
+            var attributes: [String: String] = [:]
+            for (name, value) in (try? vault.namedFields(of: uuid)) ?? [:] where name.hasPrefix(Self.attributePrefix) {
+                attributes[String(name.dropFirst(Self.attributePrefix.count))] = text(value)
+            }
+            for mapped in Self.mappedAttributes {
+                if let value = try? vault.storedField(mapped.field, of: uuid) { attributes[mapped.attribute] = text(value) }
+            }
+            let times = vault.times(of: uuid) ?? (0, 0)
+            return SecretItem(uuid: uuid, label: text(try? vault.storedField(.label, of: uuid)), attributes: attributes,
+                              created: times.created / 1000, modified: times.modified / 1000)
+        }
+    }
+
+    public func search(_ attributes: [String: String]) -> [[UInt8]] {
+        state.withLock { s -> [[UInt8]] in
+            guard s.fields.session.isOpen, let vault = s.fields.vault else { return [] }
+            var result: [[UInt8]]?
+            for (name, value) in attributes.sorted(by: { $0.key < $1.key }) {
+                var found = Array(value.utf8).withUnsafeBytes { bytes in
+                    (try? vault.accounts(namedField: Self.attributePrefix + name, equalTo: bytes)) ?? []
+                }
+                if let mapped = Self.mappedAttributes.first(where: { $0.attribute == name }) {
+                    let inField = Array(value.utf8).withUnsafeBytes { (try? vault.accounts(with: mapped.indexed, equalTo: $0)) ?? [] }
+                    found = value.isEmpty ? found : inField + found
+                }
+                let matching = Set(found)
+                result = result.map { $0.filter { matching.contains($0) } } ?? found
+                if result?.isEmpty == true { return [] }
+            }
+            return result ?? vault.accounts.map(\.uuid)
+        }
+    }
+
+    // MARK: Guarding
+
+    /// Guarding's verdict for a bus caller on an account (nil: guarding does not cover it).
+    private func busVerdict(_ uuid: [UInt8], caller: BusCaller, what: String, writing: Bool) -> AccessGuard.Verdict? {
+        guard let (access, trusted) = state.withLock({ s -> (AccessGuard.Access, [TrustedProgram])? in
+            guard s.fields.session.isOpen, let vault = s.fields.vault, (try? vault.isGuarded()) == true else { return nil }
+            return (s.accessDescription(uuid, what: what, writing: writing), (try? vault.trustedPrograms(of: uuid)) ?? [])
+        }) else { return nil }
+        guard caller.pid > 0 else { return .denied("the bus did not say which process called") }
+        let requester = self.access.inspector.inspect(thread: caller.pid)
+        let verdict = self.access.verdict(requester, access, trusted: trusted)
+        switch verdict {
+        case .allowed(let why): self.access.record(allowed: true, why + " (Secret Service)", requester, access)
+        case .denied(let why): self.access.record(allowed: false, why + " (Secret Service)", requester, access)
+        case .ask: self.access.record(allowed: false, "not trusted (Secret Service: the item reads as locked)", requester, access)
+        }
+        return verdict
+    }
+
+    public func mayRead(_ uuid: [UInt8], caller: BusCaller) -> Bool {
+        guard !isLocked else { return false }
+        guard let verdict = busVerdict(uuid, caller: caller, what: "password", writing: false) else { return true }
+        if case .allowed = verdict { return true }
+        return false
+    }
+
+    private func requireTrust(_ uuid: [UInt8], caller: BusCaller, what: String) throws(SecretStoreError) {
+        guard let verdict = busVerdict(uuid, caller: caller, what: what, writing: true) else { return }
+        switch verdict {
+        case .allowed: return
+        case .denied(let why): throw .denied(why)
+        case .ask: throw .denied("the calling program is not trusted with this account (mtmfs trust)")
+        }
+    }
+
+    // MARK: Secrets
+
+    public func secret(_ uuid: [UInt8], caller: BusCaller) throws(SecretStoreError) -> (value: SecureBytes, contentType: String) {
+        guard mayRead(uuid, caller: caller) else { throw isLocked ? .locked : .denied("not trusted") }
+        return try state.withLock { (s) throws(SecretStoreError) -> (SecureBytes, String) in
+            guard s.fields.session.isOpen, let vault = s.fields.vault else { throw .locked }
+            guard vault.hasAccount(uuid: uuid) else { throw .noSuchItem }
+            s.fields.session.touched()
+            let value = ((try? vault.storedField(.password, of: uuid)) ?? nil)?.copy() ?? SecureBytes()
+            let type = ((try? vault.namedFields(of: uuid))?[Self.contentTypeField]).map { $0.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } }
+            return (value, type ?? "text/plain")
+        }
+    }
+
+    public func createItem(label: String, attributes: [String: String], secret: SecureBytes, contentType: String,
+                           replace: Bool, caller: BusCaller) throws(SecretStoreError) -> [UInt8] {
+        if replace, let existing = search(attributes).first(where: { item($0)?.attributes == attributes }) {
+            try requireTrust(existing, caller: caller, what: "account")
+            try write(existing, label: label, attributes: attributes, secret: secret, contentType: contentType)
+            return existing
+        }
+        // The creator is trusted with what it creates (as a `mkdir` by a program is).
+        let creator: TrustedProgram? = caller.pid > 0 ? access.inspector.inspect(thread: caller.pid).program : nil
+        let uuid = SystemRandom().bytes(16).enumerated().map { index, byte in
+            index == 6 ? (byte & 0x0F) | 0x40 : index == 8 ? (byte & 0x3F) | 0x80 : byte  // version 4, RFC 4122 variant
+        }
+        try change(uuid, created: true) { (s, vault) throws(VaultError) in
+            let guarded = (try? vault.isGuarded()) == true
+            try vault.addAccount(uuid: uuid, name: AccountName.string(uuid), trusting: guarded ? creator.map { [$0] } ?? [] : [])
+            _ = s.fields.id(of: uuid)
+        }
+        do {
+            try write(uuid, label: label, attributes: attributes, secret: secret, contentType: contentType)
+        } catch {
+            try? change(uuid, removed: true) { (_, vault) throws(VaultError) in try vault.removeAccount(uuid: uuid) }
+            throw error
+        }
+        return uuid
+    }
+
+    public func setSecret(_ uuid: [UInt8], _ secret: SecureBytes, contentType: String, caller: BusCaller) throws(SecretStoreError) {
+        try requireTrust(uuid, caller: caller, what: "password")
+        let type = contentType == "text/plain" ? SecureBytes() : Self.secure(contentType)
+        defer { type.wipe() }
+        try change(uuid) { (_, vault) throws(VaultError) in
+            try vault.setFields([.password: secret], named: [Self.contentTypeField: type], of: uuid)
+        }
+    }
+
+    public func setLabel(_ uuid: [UInt8], _ label: String, caller: BusCaller) throws(SecretStoreError) {
+        try requireTrust(uuid, caller: caller, what: "label")
+        let value = Self.secure(label)
+        defer { value.wipe() }
+        try change(uuid) { (_, vault) throws(VaultError) in try vault.setFields([.label: value], named: [:], of: uuid) }
+    }
+
+    public func setAttributes(_ uuid: [UInt8], _ attributes: [String: String], caller: BusCaller) throws(SecretStoreError) {
+        try requireTrust(uuid, caller: caller, what: "attributes")
+        try writeAttributes(uuid, attributes, extra: [:], named: [:])
+    }
+
+    public func delete(_ uuid: [UInt8], caller: BusCaller) throws(SecretStoreError) {
+        try requireTrust(uuid, caller: caller, what: "account")
+        try change(uuid, removed: true) { (_, vault) throws(VaultError) in try vault.removeAccount(uuid: uuid) }
+    }
+
+    public func lock() { lock(reason: "locked on the Secret Service") }
+
+    public func observe(_ handler: @escaping @Sendable (SecretStoreChange) -> Void) {
+        secretObservers.add(handler)
+    }
+
+    // MARK: Writing
+
+    /// Label, attributes and secret of an item, in one change.
+    private func write(_ uuid: [UInt8], label: String, attributes: [String: String], secret: SecureBytes,
+                       contentType: String) throws(SecretStoreError) {
+        let labelValue = Self.secure(label)
+        let type = contentType == "text/plain" ? SecureBytes() : Self.secure(contentType)
+        defer { labelValue.wipe(); type.wipe() }
+        try writeAttributes(uuid, attributes, extra: [.label: labelValue, .password: secret], named: [Self.contentTypeField: type])
+    }
+
+    /// Sets the attributes to exactly `attributes` (the mapped fields that are valid for
+    /// their field, the others as named fields; those no longer there removed), with `extra`
+    /// fields and `named` fields in the same change.
+    private func writeAttributes(_ uuid: [UInt8], _ attributes: [String: String], extra: [AccountField: SecureBytes],
+                                 named: [String: SecureBytes]) throws(SecretStoreError) {
+        var fields = extra, namedFields = named
+        var made: [SecureBytes] = []
+        defer { made.forEach { $0.wipe() } }
+        func value(_ text: String) -> SecureBytes {
+            let bytes = Self.secure(text)
+            made.append(bytes)
+            return bytes
+        }
+        let old = state.withLock { s in (try? s.fields.vault?.namedFields(of: uuid)).map { Array($0.keys) } ?? [] }
+        for name in old where name.hasPrefix(Self.attributePrefix) { namedFields[name] = value("") }
+        for mapped in Self.mappedAttributes { fields[mapped.field] = value("") }
+        for (name, text) in attributes {
+            guard name.utf8.count + Self.attributePrefix.utf8.count <= 255 else { throw .invalid("an attribute name is too long: \(name)") }
+            if let mapped = Self.mappedAttributes.first(where: { $0.attribute == name }),
+               Array(text.utf8).withUnsafeBytes({ AccountFieldSyntax.isValid($0, for: mapped.field) }) {
+                fields[mapped.field] = value(text)
+            } else {
+                namedFields[Self.attributePrefix + name] = value(text)
+            }
+        }
+        try change(uuid) { (_, vault) throws(VaultError) in try vault.setFields(fields, named: namedFields, of: uuid) }
+    }
+
+    /// A change of one account on the bus, through the tree's lock as a file's is (saved
+    /// after the lock), then shown to the kernel and the bus.
+    private func change(_ uuid: [UInt8], created: Bool = false, removed: Bool = false,
+                        _ body: (inout State, Vault) throws(VaultError) -> Void) throws(SecretStoreError) {
+        let outcome: Result<String?, Errno> = Result { () throws(Errno) -> String? in
+            try locked { (s) throws(Errno) -> String? in
+                try s.fields.session.requireOpen()
+                guard let vault = s.fields.vault else { throw .ioError }
+                guard created || vault.hasAccount(uuid: uuid) else { throw .noSuchFileOrDirectory }
+                let name = vault.name(of: uuid)
+                do throws(VaultError) { try body(&s, vault) } catch { throw error.errno }
+                s.fields.session.touched()
+                if let id = s.fields.existingID(of: uuid) {
+                    if removed {
+                        s.fields.forgetAccount(id)
+                    } else {
+                        s.fields.changedKeys += AccountFields.names.indices.map { FieldKey(account: id, index: $0) }
+                    }
+                }
+                return name
+            }
+        }
+        switch outcome {
+        case .success(let name):
+            send([.inode(.top)] + (removed ? name.map { [.entry(parent: .top, name: $0)] } ?? [] : []))
+            secretObservers.notify(.items([uuid]))
+        case .failure(let errno):
+            switch errno {
+            case .permissionDenied: throw .locked
+            case .noSuchFileOrDirectory: throw .noSuchItem
+            case .invalidArgument: throw .invalid("the vault refused the value (a single-file vault keeps no attributes)")
+            default: throw .failed("the vault could not be saved: \(errno)")
+            }
+        }
+    }
+}
+
+/// Who is told of changes of the accounts for the bus (the Secret Service's signals).
+///
+/// Thread-safety: handlers are kept and called under a lock of their own, which is never
+/// held while anything else is taken (a handler only posts to the bus thread).
+final class SecretObservers: Sendable {
+    private let handlers = Locked<[@Sendable (SecretStoreChange) -> Void]>([])
+
+    func add(_ handler: @escaping @Sendable (SecretStoreChange) -> Void) { handlers.withLock { $0.append(handler) } }
+
+    func notify(_ change: SecretStoreChange) {
+        for handler in handlers.withLock({ $0 }) { handler(change) }
+    }
+}

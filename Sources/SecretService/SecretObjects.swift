@@ -1,0 +1,400 @@
+import CredentialVault
+
+/// The objects of the service and their methods and properties, as the Secret Service
+/// specification (0.2) names them and its clients (libsecret, secretstorage) call them.
+extension SecretServiceBus {
+    enum Object {
+        case service
+        case collection
+        case item([UInt8])
+        case session(String)
+        /// A path that is a directory of others (for introspection only).
+        case node
+    }
+
+    static let serviceInterface = "org.freedesktop.Secret.Service"
+    static let collectionInterface = "org.freedesktop.Secret.Collection"
+    static let itemInterface = "org.freedesktop.Secret.Item"
+    static let sessionInterface = "org.freedesktop.Secret.Session"
+    static let propertiesInterface = "org.freedesktop.DBus.Properties"
+    static let labelProperty = "org.freedesktop.Secret.Item.Label"
+    static let attributesProperty = "org.freedesktop.Secret.Item.Attributes"
+
+    func object(at path: String) throws(BusError) -> Object {
+        if path == SecretPaths.root { return .service }
+        if SecretPaths.isCollection(path) { return .collection }
+        if let uuid = SecretPaths.uuid(ofItem: path) {
+            guard store.item(uuid) != nil else { throw .noSuchObject("no such item: \(path)") }
+            return .item(uuid)
+        }
+        if sessions[path] != nil { return .session(path) }
+        if [SecretPaths.root + "/collection", SecretPaths.aliases, SecretPaths.root + "/session"].contains(path) { return .node }
+        throw BusError(name: "org.freedesktop.DBus.Error.UnknownObject", message: "no object at \(path)")
+    }
+
+    func dispatch(_ call: BusCall) throws(BusError) -> Reply {
+        let object = try object(at: call.path)
+        switch call.interface {
+        case "org.freedesktop.DBus.Introspectable":
+            guard call.member == "Introspect" else { break }
+            let xml = introspection(object, path: call.path)
+            return Reply { $0.string(xml) }
+        case "org.freedesktop.DBus.Peer":
+            guard call.member == "Ping" else { break }
+            return .empty
+        case Self.propertiesInterface:
+            return try properties(call, object)
+        default:
+            break
+        }
+        let interface = call.interface.isEmpty ? nil : call.interface
+        switch object {
+        case .service where interface == nil || interface == Self.serviceInterface:
+            if let reply = try serviceMethod(call) { return reply }
+        case .collection where interface == nil || interface == Self.collectionInterface:
+            if let reply = try collectionMethod(call) { return reply }
+        case .item(let uuid) where interface == nil || interface == Self.itemInterface:
+            if let reply = try itemMethod(call, uuid) { return reply }
+        case .session(let path) where interface == nil || interface == Self.sessionInterface:
+            if call.member == "Close" {
+                sessions[path] = nil
+                return .empty
+            }
+        default:
+            break
+        }
+        throw .unknownMethod("no method \(call.interface).\(call.member) at \(call.path)")
+    }
+
+    // MARK: Service
+
+    private func serviceMethod(_ call: BusCall) throws(BusError) -> Reply? {
+        let arguments = call.arguments
+        switch call.member {
+        case "OpenSession":
+            let algorithm = try arguments.string()
+            guard algorithm == "plain" else {
+                throw .notSupported("the session algorithm \(algorithm) is not supported; use plain")
+            }
+            try arguments.skip()  // (the input: an empty string for plain)
+            let path = openSession(for: call.caller.connection)
+            return Reply { writer in
+                writer.variant("s") { $0.string("") }
+                writer.objectPath(path)
+            }
+        case "CreateCollection":
+            _ = try arguments.skip()
+            let alias = try arguments.string()
+            guard SecretPaths.aliasNames.contains(alias) else {
+                throw .notSupported("one collection only: the vault (alias default or login)")
+            }
+            return Reply { writer in
+                writer.objectPath(SecretPaths.collection)
+                writer.objectPath(SecretPaths.noPrompt)
+            }
+        case "SearchItems":
+            let (unlocked, locked) = search(try arguments.stringDictionary(), for: call.caller)
+            return Reply { writer in
+                writer.objectPaths(unlocked)
+                writer.objectPaths(locked)
+            }
+        case "Unlock":
+            let paths = try arguments.objectPaths()
+            let unlocked = paths.filter { isUnlocked($0, for: call.caller) }
+            return Reply { writer in
+                writer.objectPaths(unlocked)
+                writer.objectPath(SecretPaths.noPrompt)
+            }
+        case "Lock":
+            let paths = try arguments.objectPaths()
+            store.lock()
+            return Reply { writer in
+                writer.objectPaths(paths)
+                writer.objectPath(SecretPaths.noPrompt)
+            }
+        case "GetSecrets":
+            let paths = try arguments.objectPaths()
+            let session = try requireSession(try arguments.objectPath(), call.caller)
+            var secrets: [(String, SecureBytes, String)] = []
+            for path in paths {
+                guard let uuid = SecretPaths.uuid(ofItem: path), store.mayRead(uuid, caller: call.caller),
+                      let (value, type) = try? store.secret(uuid, caller: call.caller) else { continue }
+                secrets.append((path, value, type))
+            }
+            if store.isLocked { throw .isLocked() }
+            return Reply(sensitive: true) { writer in
+                writer.open("a", "{o(oayays)}")
+                for (path, value, type) in secrets {
+                    writer.open("e", "o(oayays)")
+                    writer.objectPath(path)
+                    Self.writeSecret(&writer, session: session, value: value, contentType: type)
+                    writer.close()
+                    value.wipe()
+                }
+                writer.close()
+            }
+        case "ReadAlias":
+            let name = try arguments.string()
+            let path = SecretPaths.aliasNames.contains(name) ? SecretPaths.collection : SecretPaths.noPrompt
+            return Reply { $0.objectPath(path) }
+        case "SetAlias":
+            let name = try arguments.string()
+            let path = try arguments.objectPath()
+            guard SecretPaths.aliasNames.contains(name), SecretPaths.isCollection(path) else {
+                throw .notSupported("the aliases default and login name the vault; no other alias is kept")
+            }
+            return .empty
+        default:
+            return nil
+        }
+    }
+
+    /// The matches of a search: those the caller may read now, and the others.
+    func search(_ attributes: [String: String], for caller: BusCaller) -> ([String], [String]) {
+        var unlocked: [String] = [], locked: [String] = []
+        for uuid in store.search(attributes) {
+            if store.mayRead(uuid, caller: caller) { unlocked.append(SecretPaths.item(uuid)) } else { locked.append(SecretPaths.item(uuid)) }
+        }
+        return (unlocked, locked)
+    }
+
+    func isUnlocked(_ path: String, for caller: BusCaller) -> Bool {
+        if SecretPaths.isCollection(path) { return !store.isLocked }
+        guard let uuid = SecretPaths.uuid(ofItem: path) else { return false }
+        return !store.isLocked && store.mayRead(uuid, caller: caller)
+    }
+
+    func requireSession(_ path: String, _ caller: BusCaller) throws(BusError) -> String {
+        guard sessions[path] == caller.connection else { throw .noSession("no session \(path) of this connection") }
+        return path
+    }
+
+    static func writeSecret(_ writer: inout MessageWriter, session: String, value: SecureBytes, contentType: String) {
+        writer.open("r", "oayays")
+        writer.objectPath(session)
+        [UInt8]().withUnsafeBytes { writer.bytes($0) }
+        value.withUnsafeBytes { writer.bytes($0) }
+        writer.string(contentType)
+        writer.close()
+    }
+
+    /// A secret argument `(oayays)` of a plain session of the caller's.
+    func readSecret(_ arguments: MessageReader, _ caller: BusCaller) throws(BusError) -> (SecureBytes, String) {
+        guard try arguments.enter("r", "oayays") else { throw .invalidArgs("expected a secret (oayays)") }
+        _ = try requireSession(try arguments.objectPath(), caller)
+        let parameters = try arguments.bytes()
+        let value = try arguments.secureBytes()
+        let type = try arguments.string()
+        try arguments.exit()
+        guard parameters.isEmpty else {
+            value.wipe()
+            throw .invalidArgs("a plain session's secret has no parameters")
+        }
+        return (value, type.isEmpty ? "text/plain" : type)
+    }
+
+    // MARK: Collection
+
+    private func collectionMethod(_ call: BusCall) throws(BusError) -> Reply? {
+        let arguments = call.arguments
+        switch call.member {
+        case "SearchItems":
+            let (unlocked, locked) = search(try arguments.stringDictionary(), for: call.caller)
+            return Reply { $0.objectPaths(unlocked + locked) }
+        case "CreateItem":
+            var label = "", attributes: [String: String] = [:]
+            guard try arguments.enter("a", "{sv}") else { throw .invalidArgs("expected properties a{sv}") }
+            while try arguments.enter("e", "sv") {
+                switch try arguments.string() {
+                case Self.labelProperty: label = try arguments.variant("s") { () throws(BusError) in try arguments.string() }
+                case Self.attributesProperty:
+                    attributes = try arguments.variant("a{ss}") { () throws(BusError) in try arguments.stringDictionary() }
+                default: try arguments.skip()
+                }
+                try arguments.exit()
+            }
+            try arguments.exit()
+            let (secret, type) = try readSecret(arguments, call.caller)
+            defer { secret.wipe() }
+            let replace = try arguments.bool()
+            let uuid = try storeCall { () throws(SecretStoreError) in
+                try store.createItem(label: label, attributes: attributes, secret: secret, contentType: type,
+                                     replace: replace, caller: call.caller)
+            }
+            signal(.items([uuid]))
+            let path = SecretPaths.item(uuid)
+            return Reply { writer in
+                writer.objectPath(path)
+                writer.objectPath(SecretPaths.noPrompt)
+            }
+        case "Delete":
+            throw .notSupported("the vault's collection cannot be deleted")
+        default:
+            return nil
+        }
+    }
+
+    // MARK: Item
+
+    private func itemMethod(_ call: BusCall, _ uuid: [UInt8]) throws(BusError) -> Reply? {
+        let arguments = call.arguments
+        switch call.member {
+        case "GetSecret":
+            let session = try requireSession(try arguments.objectPath(), call.caller)
+            guard !store.isLocked, store.mayRead(uuid, caller: call.caller) else { throw .isLocked("the item is locked") }
+            let (value, type) = try storeCall { () throws(SecretStoreError) in try store.secret(uuid, caller: call.caller) }
+            return Reply(sensitive: true) { writer in
+                Self.writeSecret(&writer, session: session, value: value, contentType: type)
+                value.wipe()
+            }
+        case "SetSecret":
+            let (secret, type) = try readSecret(arguments, call.caller)
+            defer { secret.wipe() }
+            try storeCall { () throws(SecretStoreError) in try store.setSecret(uuid, secret, contentType: type, caller: call.caller) }
+            signal(.items([uuid]))
+            return .empty
+        case "Delete":
+            try storeCall { () throws(SecretStoreError) in try store.delete(uuid, caller: call.caller) }
+            signal(.items([uuid]))
+            return Reply { $0.objectPath(SecretPaths.noPrompt) }
+        default:
+            return nil
+        }
+    }
+
+    /// A store call, its refusal as the specification's error.
+    func storeCall<T>(_ body: () throws(SecretStoreError) -> T) throws(BusError) -> T {
+        do {
+            return try body()
+        } catch {
+            switch error {
+            case .locked: throw .isLocked()
+            case .noSuchItem: throw .noSuchObject()
+            case .denied(let why): throw .accessDenied(why)
+            case .invalid(let why): throw .invalidArgs(why)
+            case .failed(let why): throw .failed(why)
+            }
+        }
+    }
+
+    // MARK: Properties
+
+    /// A property: its D-Bus signature and how its value is written.
+    struct Property {
+        let name: String
+        let signature: String
+        let write: (inout MessageWriter) -> Void
+    }
+
+    func propertyList(_ object: Object, interface: String, caller: BusCaller) throws(BusError) -> [Property] {
+        switch object {
+        case .service where interface == Self.serviceInterface:
+            return [Property(name: "Collections", signature: "ao") { $0.objectPaths([SecretPaths.collection]) }]
+        case .collection where interface == Self.collectionInterface:
+            let items = store.allItems().map(SecretPaths.item)
+            let locked = store.isLocked
+            return [
+                Property(name: "Items", signature: "ao") { $0.objectPaths(items) },
+                Property(name: "Label", signature: "s") { $0.string("Login") },
+                Property(name: "Locked", signature: "b") { $0.bool(locked) },
+                Property(name: "Created", signature: "t") { $0.uint64(0) },
+                Property(name: "Modified", signature: "t") { $0.uint64(0) },
+            ]
+        case .item(let uuid) where interface == Self.itemInterface:
+            guard let item = store.item(uuid) else { throw .noSuchObject() }
+            let locked = store.isLocked || !store.mayRead(uuid, caller: caller)
+            return [
+                Property(name: "Locked", signature: "b") { $0.bool(locked) },
+                Property(name: "Attributes", signature: "a{ss}") { $0.stringDictionary(item.attributes) },
+                Property(name: "Label", signature: "s") { $0.string(item.label) },
+                Property(name: "Type", signature: "s") { $0.string(item.attributes["xdg:schema"] ?? "") },
+                Property(name: "Created", signature: "t") { $0.uint64(item.created) },
+                Property(name: "Modified", signature: "t") { $0.uint64(item.modified) },
+            ]
+        default:
+            return []
+        }
+    }
+
+    private func properties(_ call: BusCall, _ object: Object) throws(BusError) -> Reply {
+        let arguments = call.arguments
+        switch call.member {
+        case "Get":
+            let interface = try arguments.string(), name = try arguments.string()
+            guard let property = try propertyList(object, interface: interface, caller: call.caller).first(where: { $0.name == name }) else {
+                throw .unknownProperty("no property \(interface).\(name)")
+            }
+            return Reply { writer in writer.variant(property.signature) { property.write(&$0) } }
+        case "GetAll":
+            let interface = try arguments.string()
+            let list = try propertyList(object, interface: interface, caller: call.caller)
+            return Reply { writer in
+                writer.open("a", "{sv}")
+                for property in list {
+                    writer.open("e", "sv")
+                    writer.string(property.name)
+                    writer.variant(property.signature) { property.write(&$0) }
+                    writer.close()
+                }
+                writer.close()
+            }
+        case "Set":
+            let interface = try arguments.string(), name = try arguments.string()
+            guard case .item(let uuid) = object, interface == Self.itemInterface else {
+                throw .accessDenied("\(interface).\(name) cannot be set here")
+            }
+            switch name {
+            case "Label":
+                let label = try arguments.variant("s") { () throws(BusError) in try arguments.string() }
+                try storeCall { () throws(SecretStoreError) in try store.setLabel(uuid, label, caller: call.caller) }
+            case "Attributes":
+                let attributes = try arguments.variant("a{ss}") { () throws(BusError) in try arguments.stringDictionary() }
+                try storeCall { () throws(SecretStoreError) in try store.setAttributes(uuid, attributes, caller: call.caller) }
+            default:
+                throw .accessDenied("\(interface).\(name) is read only")
+            }
+            signal(.items([uuid]))
+            return .empty
+        default:
+            throw .unknownMethod("no method \(call.member) of \(Self.propertiesInterface)")
+        }
+    }
+
+    // MARK: Signals
+
+    /// Tells the bus what changed: items made, changed or removed; the lock state.
+    func signal(_ change: SecretStoreChange) {
+        switch change {
+        case .items(let uuids):
+            var itemsChanged = false
+            for uuid in uuids {
+                let path = SecretPaths.item(uuid)
+                let exists = store.item(uuid) != nil
+                let member: String
+                switch (known.contains(uuid), exists) {
+                case (false, true): member = "ItemCreated"; known.insert(uuid); itemsChanged = true
+                case (true, false): member = "ItemDeleted"; known.remove(uuid); itemsChanged = true
+                case (true, true): member = "ItemChanged"
+                case (false, false): continue
+                }
+                emit(SecretPaths.collection, Self.collectionInterface, member) { $0.objectPath(path) }
+            }
+            if itemsChanged { propertiesChanged(SecretPaths.collection, Self.collectionInterface, invalidated: ["Items"]) }
+        case .lockState:
+            if store.isLocked == false { known = Set(store.allItems()) }
+            propertiesChanged(SecretPaths.collection, Self.collectionInterface, invalidated: ["Locked", "Items"])
+            emit(SecretPaths.root, Self.serviceInterface, "CollectionChanged") { $0.objectPath(SecretPaths.collection) }
+        }
+    }
+
+    private func propertiesChanged(_ path: String, _ interface: String, invalidated: [String]) {
+        emit(path, Self.propertiesInterface, "PropertiesChanged") { writer in
+            writer.string(interface)
+            writer.open("a", "{sv}")
+            writer.close()
+            writer.open("a", "s")
+            for name in invalidated { writer.string(name) }
+            writer.close()
+        }
+    }
+}

@@ -1,0 +1,85 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+
+/// One item as the bus shows it: an account (SPEC §2c).
+///
+/// Thread-safety: a value.
+public struct SecretItem: Sendable, Equatable {
+    /// The account's UUID (16 bytes).
+    public var uuid: [UInt8]
+    public var label: String
+    /// The mapped fields under libsecret's names (`server`, `user`, `protocol`, `port`,
+    /// `object`) and every other attribute a program gave.
+    public var attributes: [String: String]
+    /// Seconds since 1970.
+    public var created: UInt64
+    public var modified: UInt64
+
+    public init(uuid: [UInt8], label: String, attributes: [String: String], created: UInt64, modified: UInt64) {
+        (self.uuid, self.label, self.attributes, self.created, self.modified) = (uuid, label, attributes, created, modified)
+    }
+}
+
+/// The process behind a bus connection.
+///
+/// Thread-safety: a value.
+public struct BusCaller: Sendable, Hashable {
+    /// The connection's unique name (`:1.42`).
+    public let connection: String
+    public let pid: pid_t
+
+    public init(connection: String, pid: pid_t) { (self.connection, self.pid) = (connection, pid) }
+}
+
+/// Why the store did not do what the bus asked.
+///
+/// Thread-safety: a value.
+public enum SecretStoreError: Error, Sendable, Equatable {
+    /// The vault is locked.
+    case locked
+    /// No such account (any more).
+    case noSuchItem
+    /// Guarding refused the caller (why, for the error message).
+    case denied(String)
+    case invalid(String)
+    case failed(String)
+}
+
+/// What changed in the store, for the bus's signals.
+///
+/// Thread-safety: a value.
+public enum SecretStoreChange: Sendable {
+    /// These accounts were made, changed or removed (the service compares with what it knew).
+    case items([[UInt8]])
+    /// Locked or unlocked.
+    case lockState
+}
+
+/// The accounts as the Secret Service uses them. Every call may come from the bus's thread
+/// while requests of the mount run: the store locks what it needs.
+public protocol SecretStore: AnyObject, Sendable {
+    var isLocked: Bool { get }
+    /// Every item (the collection's `Items`), in the vault's order. Empty while locked.
+    func allItems() -> [[UInt8]]
+    func item(_ uuid: [UInt8]) -> SecretItem?
+    /// The accounts whose attributes include every one of `attributes` (through the index,
+    /// not a scan of the vault).
+    func search(_ attributes: [String: String]) -> [[UInt8]]
+    /// Whether `caller` may have the secret now (with guarding off, while unlocked: yes).
+    func mayRead(_ uuid: [UInt8], caller: BusCaller) -> Bool
+    /// The secret (`password`) and its content type.
+    func secret(_ uuid: [UInt8], caller: BusCaller) throws(SecretStoreError) -> (value: SecureBytes, contentType: String)
+    /// A new item, or (`replace`) the one whose attributes are exactly these, changed in place.
+    func createItem(label: String, attributes: [String: String], secret: SecureBytes, contentType: String,
+                    replace: Bool, caller: BusCaller) throws(SecretStoreError) -> [UInt8]
+    func setSecret(_ uuid: [UInt8], _ secret: SecureBytes, contentType: String, caller: BusCaller) throws(SecretStoreError)
+    func setLabel(_ uuid: [UInt8], _ label: String, caller: BusCaller) throws(SecretStoreError)
+    func setAttributes(_ uuid: [UInt8], _ attributes: [String: String], caller: BusCaller) throws(SecretStoreError)
+    func delete(_ uuid: [UInt8], caller: BusCaller) throws(SecretStoreError)
+    /// Locks as `mtmfs lock` does.
+    func lock()
+    /// `handler` is called (on any thread, never under the store's lock) after each change.
+    func observe(_ handler: @escaping @Sendable (SecretStoreChange) -> Void)
+}
