@@ -91,7 +91,9 @@ public final class SecretServiceBus: @unchecked Sendable {
         var comm: UnsafePointer<CChar>?
         _ = sd_bus_creds_get_pid(creds, &pid)
         _ = sd_bus_creds_get_comm(creds, &comm)
-        let program = comm.map { String(cString: $0) } ?? "a program"
+        // (The bus may not send the command: read from /proc then.)
+        let proc = pid > 0 ? (try? Syscall.readFile("/proc/\(pid)/comm")).map { String(decoding: $0, as: UTF8.self).filter { $0 != "\n" } } : nil
+        let program = comm.map { String(cString: $0) } ?? proc ?? "a program"
         return pid > 0 ? "\(program) (pid \(pid))" : program
     }
 

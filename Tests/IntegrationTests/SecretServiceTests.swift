@@ -1,0 +1,261 @@
+import Foundation
+import Posix
+import TestSupport
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A session bus of the test's own (`dbus-daemon --session --fork`), ended at `close()`.
+final class PrivateBus {
+    let address: String
+    let pid: pid_t
+
+    init() throws {
+        let started = Run.program("dbus-daemon", ["--session", "--fork", "--nopidfile", "--print-address=1", "--print-pid=1"])
+        let lines = started.stdout.split(separator: "\n").map(String.init)
+        try #require(started.status == 0 && lines.count >= 2, "dbus-daemon: \(started)")
+        address = lines[0]
+        pid = pid_t(lines[1]) ?? 0
+    }
+
+    /// Our environment with this bus as the session bus.
+    var environment: [String: String] {
+        var values = ProcessInfo.processInfo.environment
+        values["DBUS_SESSION_BUS_ADDRESS"] = address
+        return values
+    }
+
+    func close() {
+        if pid > 0 { kill(pid, SIGTERM) }
+        _ = Poll.until(seconds: 5) { !ProcessState.isRunning(self.pid) }
+    }
+}
+
+/// A store mounted with `--secret-service` on a private bus.
+final class ServedStore {
+    let bus: PrivateBus
+    let scratch = Scratch("secret-service")
+    var data: String { scratch.sub("data") }
+    var mountPoint: String { scratch.sub("mnt") }
+    private(set) var mountOutput = ""
+
+    init(unlock: Bool = true, extraMount: [String] = []) throws {
+        bus = try PrivateBus()
+        #expect(Run.initStore(data).status == 0)
+        mkdir(mountPoint, 0o755)
+        try (Run.passphrase + "\n").write(toFile: scratch.sub("pass"), atomically: true, encoding: .utf8)
+        let mounted = run(Run.mtmfs, ["mount", "--secret-service", "--data-dir", data] + extraMount
+                          + (unlock ? ["--unlock", "--passphrase-file", scratch.sub("pass")] : []) + [mountPoint])
+        mountOutput = mounted.stderr
+        try #require(mounted.status == 0, "mount: \(mounted)")
+    }
+
+    @discardableResult
+    func run(_ program: String, _ arguments: [String], input: String? = nil) -> CommandResult {
+        Run.program(program, arguments, input: input, environment: bus.environment, timeout: 30)
+    }
+
+    @discardableResult
+    func python(_ script: String) -> CommandResult { run("/usr/bin/python3", ["-c", script]) }
+
+    func path(_ relative: String) -> String { mountPoint + "/" + relative }
+
+    /// The accounts' directories (UUIDs).
+    var accounts: [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: path("accounts"))) ?? []).filter { $0.count == 36 }.sorted()
+    }
+
+    func field(_ account: String, _ name: String) -> String {
+        (try? String(contentsOfFile: path("accounts/\(account)/\(name)"), encoding: .utf8)) ?? "?"
+    }
+
+    func busctl(_ arguments: [String]) -> CommandResult { run("busctl", ["--user", "--no-pager"] + arguments) }
+
+    func close() {
+        if MountTable.isMounted(mountPoint) { run(Run.mtmfs, ["unmount", mountPoint]) }
+        if MountTable.isMounted(mountPoint) { Run.program("fusermount3", ["-uz", mountPoint]) }
+        bus.close()
+        scratch.remove()
+    }
+}
+
+/// SPEC §2c through real clients on a private session bus: libsecret's `secret-tool`,
+/// Python's `secretstorage` and `keyring`, and `busctl` for what no client sends.
+@Suite(.serialized, .enabled(if: FuseAvailability.isAvailable && Spawn.exists("dbus-daemon") && Spawn.exists("secret-tool")))
+struct SecretServiceTests {
+    @Test func secretToolStoresLooksUpSearchesAndClears() throws {
+        let store = try ServedStore()
+        defer { store.close() }
+        let stored = store.run("secret-tool", ["store", "--label=Mail", "service", "mail", "user", "alice", "server", "imap.example.org"],
+                               input: "s3cret")
+        #expect(stored.status == 0, "\(stored)")
+        #expect(store.run("secret-tool", ["lookup", "service", "mail", "user", "alice"]).stdout == "s3cret")
+        // One account, its fields in files: the mapped attributes are fields.
+        let accounts = store.accounts
+        try #require(accounts.count == 1, "\(accounts)")
+        let account = accounts[0]
+        #expect(store.field(account, "password") == "s3cret\n")
+        #expect(store.field(account, "label") == "Mail\n")
+        #expect(store.field(account, "username") == "alice\n")
+        #expect(store.field(account, "server") == "imap.example.org\n")
+        // (secret-tool prints the attributes on standard error.)
+        let search = store.run("secret-tool", ["search", "--all", "service", "mail"])
+        let found = search.stdout + search.stderr
+        #expect(found.contains("label = Mail") && found.contains("attribute.service = mail")
+                && found.contains("attribute.user = alice") && found.contains("secret = s3cret"), "\(search)")
+        // A change in a file shows on the bus at once.
+        #expect(Run.shell("echo changed > \(store.path("accounts/\(account)/password"))").status == 0)
+        #expect(store.run("secret-tool", ["lookup", "service", "mail", "user", "alice"]).stdout == "changed")
+        // Stored again with the same attributes: replaced in place (libsecret's replace).
+        #expect(store.run("secret-tool", ["store", "--label=Mail 2", "service", "mail", "user", "alice", "server", "imap.example.org"],
+                          input: "second").status == 0)
+        #expect(store.accounts == [account])
+        #expect(store.field(account, "password") == "second\n" && store.field(account, "label") == "Mail 2\n")
+        // Other attributes narrow the search; an unknown value finds nothing.
+        #expect(store.run("secret-tool", ["lookup", "service", "other"]).status != 0)
+        #expect(store.run("secret-tool", ["clear", "service", "mail", "user", "alice"]).status == 0)
+        #expect(store.accounts.isEmpty)
+        // Nothing of it in clear in the data directory.
+        #expect(Run.shell("grep -rl -e second -e alice -e 'service' \(store.data)/vault").stdout.isEmpty)
+    }
+
+    @Test func secretstorageSeesTheSameItemsAsTheFiles() throws {
+        let store = try ServedStore()
+        defer { store.close() }
+        // An account made with mkdir is an item.
+        let made = "0d5c7a1e-3b2f-4c6d-8e9f-a0b1c2d3e4f5"
+        #expect(Run.shell("""
+            mkdir \(store.path("accounts/\(made)")) && cd \(store.path("accounts/\(made)")) &&
+            echo bob > username && echo git.example.org > server && echo 'Git' > label && echo hunter2 > password
+            """).status == 0)
+        let script = """
+            import secretstorage
+            connection = secretstorage.dbus_init()
+            collection = secretstorage.get_default_collection(connection)
+            assert not collection.is_locked()
+            [made] = list(collection.search_items({"user": "bob", "server": "git.example.org"}))
+            assert made.get_label() == "Git", made.get_label()
+            assert made.get_secret() == b"hunter2", made.get_secret()
+            assert made.get_attributes() == {"user": "bob", "server": "git.example.org"}, made.get_attributes()
+            item = collection.create_item("Py", {"application": "test", "user": "carol"}, b"pw1")
+            assert item.get_secret() == b"pw1" and item.get_secret_content_type() == "text/plain"
+            item.set_label("Py 2")
+            item.set_attributes({"application": "test", "user": "carol", "extra": "a b"})
+            assert item.get_label() == "Py 2" and item.get_attributes()["extra"] == "a b"
+            binary = collection.create_item("Bin", {"application": "bin"}, b"\\x00\\x01\\xff", content_type="application/octet-stream")
+            assert binary.get_secret() == b"\\x00\\x01\\xff" and binary.get_secret_content_type() == "application/octet-stream"
+            empty = collection.create_item("Empty", {"application": "empty"}, b"")
+            assert empty.get_secret() == b""
+            twin = collection.create_item("Twin", {"application": "test", "user": "carol", "extra": "a b"}, b"pw2")
+            assert len(list(collection.search_items({"application": "test"}))) == 2
+            print(item.item_path.split("/")[-1])
+            """
+        let result = store.python(script)
+        #expect(result.status == 0, "\(result)")
+        // The item made on the bus is an account; its attributes beyond the fields are files' too.
+        let accounts = store.accounts
+        #expect(accounts.count == 5, "\(accounts)")
+        let renamed = accounts.first { store.field($0, "label") == "Py 2\n" }
+        #expect(renamed.map { store.field($0, "username") } == "carol\n")
+        #expect(renamed.map { store.field($0, "password") } == "pw1\n")
+    }
+
+    @Test func pythonKeyringUsesIt() throws {
+        let store = try ServedStore()
+        defer { store.close() }
+        let result = store.python("""
+            import keyring
+            from keyring.backends import SecretService
+            keyring.set_keyring(SecretService.Keyring())
+            keyring.set_password("svc", "dave", "pw")
+            assert keyring.get_password("svc", "dave") == "pw"
+            keyring.set_password("svc", "dave", "pw2")
+            assert keyring.get_password("svc", "dave") == "pw2"
+            keyring.delete_password("svc", "dave")
+            assert keyring.get_password("svc", "dave") is None
+            print("ok")
+            """)
+        #expect(result.stdout == "ok\n", "\(result)")
+    }
+
+    @Test func lockedAndUnlockedOnTheBus() throws {
+        let store = try ServedStore()
+        defer { store.close() }
+        #expect(store.run("secret-tool", ["store", "--label=L", "service", "s"], input: "v").status == 0)
+        #expect(store.run(Run.mtmfs, ["lock", store.mountPoint]).status == 0)
+        let locked = store.python("""
+            import secretstorage
+            from secretstorage.exceptions import LockedException
+            connection = secretstorage.dbus_init()
+            collection = secretstorage.get_default_collection(connection)
+            assert collection.is_locked()
+            try:
+                collection.create_item("x", {"a": "b"}, b"c")
+                print("created while locked")
+            except LockedException:
+                print("refused")
+            """)
+        #expect(locked.stdout == "refused\n", "\(locked)")
+        #expect(store.run("secret-tool", ["lookup", "service", "s"]).status != 0)
+        #expect(store.run(Run.mtmfs, ["unlock", "--passphrase-file", store.scratch.sub("pass"), store.mountPoint]).status == 0)
+        #expect(store.run("secret-tool", ["lookup", "service", "s"]).stdout == "v")
+        // Lock on the bus locks the mount.
+        let lock = store.busctl(["call", "org.freedesktop.secrets", "/org/freedesktop/secrets", "org.freedesktop.Secret.Service",
+                                 "Lock", "ao", "1", "/org/freedesktop/secrets/collection/login"])
+        #expect(lock.status == 0, "\(lock)")
+        #expect(Run.shell("grep -x state=locked \(store.path(".mtmfs/status"))").status == 0)
+    }
+
+    /// What no client sends gets the specification's errors, and changes nothing.
+    @Test func badInputGetsTheSpecificationsErrors() throws {
+        let store = try ServedStore()
+        defer { store.close() }
+        #expect(store.run("secret-tool", ["store", "--label=L", "service", "s"], input: "v").status == 0)
+        let service = ["org.freedesktop.secrets", "/org/freedesktop/secrets", "org.freedesktop.Secret.Service"]
+        // (busctl prints the error's message.)
+        func expectError(_ arguments: [String], _ message: String, _ comment: String) {
+            let result = store.busctl(["call"] + arguments)
+            #expect(result.status != 0 && result.stderr.contains(message), "\(comment): \(result)")
+        }
+        expectError(service + ["OpenSession", "sv", "dh-ietf512-bogus", "s", ""], "is not supported", "an unknown algorithm")
+        expectError(["org.freedesktop.secrets", "/org/freedesktop/secrets/collection/login/00", "org.freedesktop.Secret.Item",
+                     "GetSecret", "o", "/"], "no object at", "an item path that is no item")
+        expectError(["org.freedesktop.secrets", "/org/freedesktop/secrets/collection/login/" + String(repeating: "0", count: 32),
+                     "org.freedesktop.Secret.Item", "GetSecret", "o", "/"], "no such item", "an item that does not exist")
+        expectError(["org.freedesktop.secrets", "/org/freedesktop/secrets/nothing", "org.freedesktop.DBus.Introspectable",
+                     "Introspect"], "no object at", "an unknown path")
+        expectError(service + ["NoSuchMethod"], "no method", "an unknown method")
+        expectError(service + ["SearchItems", "s", "x"], "expected", "a wrong signature")
+        let item = store.busctl(["call"] + service + ["SearchItems", "a{ss}", "1", "service", "s"]).stdout
+        let itemPath = item.split(separator: "\"").map(String.init).first { $0.hasPrefix("/org/freedesktop/secrets/collection/login/") } ?? ""
+        #expect(!itemPath.isEmpty, "\(item)")
+        // A session that is not the caller's (none: busctl opens a connection per call).
+        expectError(["org.freedesktop.secrets", itemPath, "org.freedesktop.Secret.Item", "GetSecret", "o",
+                     "/org/freedesktop/secrets/session/s1"], "no session", "another connection's session")
+        expectError(["org.freedesktop.secrets", itemPath, "org.freedesktop.Secret.Item", "SetSecret", "(oayays)",
+                     "/org/freedesktop/secrets/session/s1", "0", "1", "120", "text/plain"], "no session", "SetSecret with no session of its own")
+        expectError(["org.freedesktop.secrets", "/org/freedesktop/secrets/collection/login", "org.freedesktop.Secret.Collection",
+                     "Delete"], "cannot be deleted", "deleting the collection")
+        #expect(store.accounts.count == 1)
+        #expect(store.run("secret-tool", ["lookup", "service", "s"]).stdout == "v", "nothing changed")
+        // Introspection lists the item under the collection.
+        let introspected = store.busctl(["introspect", "--xml-interface", "org.freedesktop.secrets", "/org/freedesktop/secrets/collection/login"])
+        #expect(introspected.stdout.contains("<node name=\"\(itemPath.split(separator: "/").last ?? "")\"/>"), "\(introspected)")
+    }
+
+    /// The name held by another program: the mount says who in one line, and serves the files.
+    @Test func aSecondMountFindsTheNameTaken() throws {
+        let first = try ServedStore()
+        defer { first.close() }
+        let scratch = Scratch("secret-service-second")
+        defer { scratch.remove() }
+        let (data, mnt) = scratch.initializedStore()
+        let second = first.run(Run.mtmfs, ["mount", "--secret-service", "--data-dir", data, mnt])
+        defer { first.run(Run.mtmfs, ["unmount", mnt]) }
+        #expect(second.status == 0, "\(second)")
+        #expect(second.stderr.contains("org.freedesktop.secrets is taken by mtmfs"), "\(second)")
+        #expect(second.stderr.split(separator: "\n").count == 1, "one line: \(second.stderr)")
+        #expect(FileManager.default.fileExists(atPath: mnt + "/settings/IsFirstRun"))
+    }
+}
