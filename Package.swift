@@ -22,7 +22,8 @@ let package = Package(
         .systemLibrary(name: "CSQLite", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium",
                        providers: [.apt(["libsodium-dev"])]),
-        // OpenSSL's libcrypto: HMAC-SHA1 for one-time codes (libsodium has no SHA-1).
+        // OpenSSL's libcrypto: HMAC-SHA1 for one-time codes (libsodium has no SHA-1); the
+        // Secret Service's DH sessions (big numbers, AES-128-CBC, HMAC-SHA256).
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto",
                        providers: [.apt(["libssl-dev"])]),
         // sd-bus (libsystemd): the Secret Service on the session bus.
@@ -41,7 +42,7 @@ let package = Package(
         .target(name: "CredentialVault", dependencies: ["CSodium", "CCrypto", "Posix"]),
         // The Secret Service (org.freedesktop.secrets) on the session bus, over a store of
         // items it is given (the mounted tree's accounts).
-        .target(name: "SecretService", dependencies: ["CSDBus", "CredentialVault", "Posix"]),
+        .target(name: "SecretService", dependencies: ["CSDBus", "CCrypto", "CredentialVault", "Posix"]),
         // The mounted tree: root, control files, and the routing to each store.
         .target(name: "MountedTree",
                 dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "CredentialVault", "SecretService"]),
@@ -70,6 +71,7 @@ let package = Package(
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),
         .testTarget(name: "CacheStoreTests", dependencies: ["CacheStore", "Posix", "TestSupport"]),
         .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault", "Posix", "TestSupport"]),
+        .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "CCrypto", "CredentialVault"]),
         .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "CredentialVault"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Posix", "TestSupport"]),
     ]

@@ -1,4 +1,8 @@
-/* OpenSSL's libcrypto: HMAC-SHA1 for one-time codes (libsodium has no SHA-1). One call,
-   no variadics: HMAC(3) with EVP_sha1(). */
+/* OpenSSL's libcrypto, for what libsodium does not have: HMAC-SHA1 for one-time codes, and
+   for the Secret Service's dh-ietf1024-sha256-aes128-cbc-pkcs7 sessions big-number modular
+   exponentiation (the RFC 2409 group), AES-128-CBC with PKCS#7 padding and HMAC-SHA256
+   (HKDF). Calls without variadics only. */
+#include <openssl/bn.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/rand.h>

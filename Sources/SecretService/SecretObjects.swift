@@ -57,7 +57,7 @@ extension SecretServiceBus {
             if let reply = try itemMethod(call, uuid) { return reply }
         case .session(let path) where interface == nil || interface == Self.sessionInterface:
             if call.member == "Close" {
-                sessions[path] = nil
+                closeSession(path)
                 return .empty
             }
         default:
@@ -73,14 +73,26 @@ extension SecretServiceBus {
         switch call.member {
         case "OpenSession":
             let algorithm = try arguments.string()
-            guard algorithm == "plain" else {
-                throw .notSupported("the session algorithm \(algorithm) is not supported; use plain")
-            }
-            try arguments.skip()  // (the input: an empty string for plain)
-            let path = openSession(for: call.caller.connection)
-            return Reply { writer in
-                writer.variant("s") { $0.string("") }
-                writer.objectPath(path)
+            switch algorithm {
+            case "plain":
+                try arguments.skip()  // (the input: an empty string)
+                let path = openSession(for: call.caller.connection, key: nil)
+                return Reply { writer in
+                    writer.variant("s") { $0.string("") }
+                    writer.objectPath(path)
+                }
+            case SessionCrypto.algorithm:
+                let theirs = try arguments.variant("ay") { () throws(BusError) in try arguments.bytes() }
+                guard let (ours, key) = SessionCrypto.exchange(clientPublic: theirs) else {
+                    throw .invalidArgs("the public key is not in 2…p−2 of the 1024-bit group")
+                }
+                let path = openSession(for: call.caller.connection, key: key)
+                return Reply { writer in
+                    writer.variant("ay") { writer in ours.withUnsafeBytes { writer.bytes($0) } }
+                    writer.objectPath(path)
+                }
+            default:
+                throw .notSupported("the session algorithm \(algorithm) is not supported; use \(SessionCrypto.algorithm) or plain")
             }
         case "CreateCollection":
             _ = try arguments.skip()
@@ -115,7 +127,7 @@ extension SecretServiceBus {
         case "GetSecrets":
             let paths = try arguments.objectPaths()
             let session = try requireSession(try arguments.objectPath(), call.caller)
-            var secrets: [(String, SecureBytes, String)] = []
+            var secrets: [(String, SecureBytes, String)] = []  // (session: the caller's, checked above)
             for path in paths {
                 guard let uuid = SecretPaths.uuid(ofItem: path), store.mayRead(uuid, caller: call.caller),
                       let (value, type) = try? store.secret(uuid, caller: call.caller) else { continue }
@@ -164,33 +176,53 @@ extension SecretServiceBus {
         return !store.isLocked && store.mayRead(uuid, caller: caller)
     }
 
-    func requireSession(_ path: String, _ caller: BusCaller) throws(BusError) -> String {
-        guard sessions[path] == caller.connection else { throw .noSession("no session \(path) of this connection") }
-        return path
+    /// The caller's own session at `path`.
+    func requireSession(_ path: String, _ caller: BusCaller) throws(BusError) -> (path: String, session: Session) {
+        guard let session = sessions[path], session.owner == caller.connection else {
+            throw .noSession("no session \(path) of this connection")
+        }
+        return (path, session)
     }
 
-    static func writeSecret(_ writer: inout MessageWriter, session: String, value: SecureBytes, contentType: String) {
+    /// A secret `(oayays)` for `session`: in clear (plain), or encrypted under its key with
+    /// a fresh IV as the parameters.
+    static func writeSecret(_ writer: inout MessageWriter, session: (path: String, session: Session), value: SecureBytes,
+                            contentType: String) {
         writer.open("r", "oayays")
-        writer.objectPath(session)
-        [UInt8]().withUnsafeBytes { writer.bytes($0) }
-        value.withUnsafeBytes { writer.bytes($0) }
+        writer.objectPath(session.path)
+        if let key = session.session.key {
+            let (iv, ciphertext) = SessionCrypto.encrypt(value, key: key) ?? ([], [])
+            iv.withUnsafeBytes { writer.bytes($0) }
+            ciphertext.withUnsafeBytes { writer.bytes($0) }
+        } else {
+            [UInt8]().withUnsafeBytes { writer.bytes($0) }
+            value.withUnsafeBytes { writer.bytes($0) }
+        }
         writer.string(contentType)
         writer.close()
     }
 
-    /// A secret argument `(oayays)` of a plain session of the caller's.
+    /// A secret argument `(oayays)` of a session of the caller's, decrypted when it is an
+    /// encrypted one (a wrong IV, length or padding: InvalidArgs).
     func readSecret(_ arguments: MessageReader, _ caller: BusCaller) throws(BusError) -> (SecureBytes, String) {
         guard try arguments.enter("r", "oayays") else { throw .invalidArgs("expected a secret (oayays)") }
-        _ = try requireSession(try arguments.objectPath(), caller)
+        let (_, session) = try requireSession(try arguments.objectPath(), caller)
         let parameters = try arguments.bytes()
         let value = try arguments.secureBytes()
         let type = try arguments.string()
         try arguments.exit()
-        guard parameters.isEmpty else {
-            value.wipe()
-            throw .invalidArgs("a plain session's secret has no parameters")
+        guard let key = session.key else {
+            guard parameters.isEmpty else {
+                value.wipe()
+                throw .invalidArgs("a plain session's secret has no parameters")
+            }
+            return (value, type.isEmpty ? "text/plain" : type)
         }
-        return (value, type.isEmpty ? "text/plain" : type)
+        defer { value.wipe() }
+        guard let plain = value.withUnsafeBytes({ SessionCrypto.decrypt($0, iv: parameters, key: key) }) else {
+            throw .invalidArgs("the secret does not decrypt in this session (its IV, length or padding is wrong)")
+        }
+        return (plain, type.isEmpty ? "text/plain" : type)
     }
 
     // MARK: Collection

@@ -26,8 +26,8 @@ public final class SecretServiceBus: @unchecked Sendable {
     private let running = Locked(true)
     private var thread: pthread_t?
 
-    /// Open sessions: path → the connection that owns it.
-    var sessions: [String: String] = [:]
+    /// Open sessions by path.
+    var sessions: [String: Session] = [:]
     private var nextSession = 0
     /// The pid behind each connection seen (asked of the bus once).
     private var pids: [String: pid_t] = [:]
@@ -214,11 +214,23 @@ public final class SecretServiceBus: @unchecked Sendable {
 
     // MARK: Sessions
 
-    func openSession(for connection: String) -> String {
+    /// A session of a connection: plain, or with the AES key of its DH exchange.
+    ///
+    /// Thread-safety: on the bus thread only.
+    struct Session {
+        let owner: String
+        let key: SecureBytes?
+    }
+
+    func openSession(for connection: String, key: SecureBytes?) -> String {
         nextSession += 1
         let path = SecretPaths.session(nextSession)
-        sessions[path] = connection
+        sessions[path] = Session(owner: connection, key: key)
         return path
+    }
+
+    func closeSession(_ path: String) {
+        sessions.removeValue(forKey: path)?.key?.wipe()
     }
 
     /// A connection that left: its sessions go.
@@ -227,7 +239,7 @@ public final class SecretServiceBus: @unchecked Sendable {
         guard let name = try? reader.string(), let _ = try? reader.string(), let newOwner = try? reader.string(),
               newOwner.isEmpty, name.hasPrefix(":") else { return }
         pids[name] = nil
-        sessions = sessions.filter { $0.value != name }
+        for (path, session) in sessions where session.owner == name { closeSession(path) }
     }
 }
 
