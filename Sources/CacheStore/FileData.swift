@@ -241,6 +241,7 @@ extension CacheStore {
     public func write(_ ino: Int64, offset: Int64, data: UnsafeRawBufferPointer, append: Bool,
                       droppingSetID: Bool) throws(Errno) -> (written: Int, modeChanged: Bool) {
         guard !data.isEmpty else { return (0, false) }
+        makeRoomInLog()
         return try withLock { () throws(Errno) -> (written: Int, modeChanged: Bool) in
             // A change opens a transaction, and the first after short fsyncs drains the
             // journal, which stores every buffer, this file's too. So a write that commits

@@ -184,7 +184,25 @@ extension CacheStore {
     /// - a quiet store whose log file is larger than `keptLogSize` gets the same, and one
     ///   commit that changes a row and back, which starts the log over and so cuts the file
     ///   back to `keptLogSize`; a smaller one keeps it, to be written over.
-    public func checkpointIfDue() {
+    /// - a writer faster than the checkpoints (a slow or busy disk) waits for one: once the
+    ///   log holds `writerWaitThreshold` bytes, a write first runs `checkpointIfDue` itself,
+    ///   after the one under way (`makeRoomInLog`), so the log never holds much more than
+    ///   that threshold and one group, whatever the disk's speed.
+    public func checkpointIfDue() { checkpoint(pressed: false) }
+
+    /// From `writerWaitThreshold` bytes in the log, a writer checkpoints before it writes
+    /// (without the store's lock; see `checkpointIfDue`).
+    static let writerWaitThreshold: Int64 = 32 << 20
+
+    func logBytes(frames: Int) -> Int64 { Int64(frames) * Int64(pageSize + 24) }
+
+    /// For a write (store's lock not held): waits for a checkpoint if the log is large.
+    func makeRoomInLog() {
+        guard logBytes(frames: lock.withLock { database.logFrames }) >= Self.writerWaitThreshold else { return }
+        checkpoint(pressed: true)
+    }
+
+    func checkpoint(pressed: Bool) {
         let (pending, quiet, frames) = lock.withLock {
             (uncheckpointed, lastCommit.secondsElapsed >= Self.checkpointQuiet && batchStart == nil, database.logFrames)
         }
@@ -194,9 +212,11 @@ extension CacheStore {
         // The file's size still counts past `logBound` × 3/4: the bound holds even if the
         // count were wrong.
         let fileBytes = Self.fileSize(path + "-wal")
-        let logBytes = max(Int64(frames) * Int64(pageSize + 24), fileBytes >= Self.logBound / 4 * 3 ? fileBytes : 0)
-        guard quiet || logBytes >= Self.checkpointThreshold else { return }
+        let held = max(logBytes(frames: frames), fileBytes >= Self.logBound / 4 * 3 ? fileBytes : 0)
+        guard quiet || held >= Self.checkpointThreshold else { return }
         checkpointLock.withLock {
+            // A writer that waited for the checkpoint under way may find nothing left to do.
+            if pressed, logBytes(frames: lock.withLock { database.logFrames }) < Self.writerWaitThreshold { return }
             do {
                 let connection: SQLiteDatabase
                 if let checkpointer {
@@ -210,7 +230,7 @@ extension CacheStore {
                 }
                 let started = lock.withLock { lastCommit }
                 let result = try connection.checkpoint(mode: SQLITE_CHECKPOINT_PASSIVE)
-                Log.debug("cache: checkpoint copied \(result.copied) of \(result.log) log frames (\(logBytes) bytes)")
+                Log.debug("cache: checkpoint copied \(result.copied) of \(result.log) log frames (\(held) bytes)")
                 // Everything copied, and nothing committed meanwhile: nothing is pending.
                 if result.copied >= result.log {
                     lock.withLock { if lastCommit == started { uncheckpointed = false } }
@@ -225,6 +245,7 @@ extension CacheStore {
                         do {
                             try commitBatch()
                             try database.checkpoint(mode: SQLITE_CHECKPOINT_RESTART, waitingAtMost: 0.05)
+                            database.noteLogCopied()
                             if lastCommit == started { uncheckpointed = false }
                             if large {
                                 // A commit that leaves a row as it was starts the log over, and

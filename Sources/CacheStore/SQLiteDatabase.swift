@@ -41,6 +41,10 @@ public final class SQLiteDatabase {
     /// Kept once `countLogFrames` was called.
     public private(set) var logFrames = 0
 
+    /// After a RESTART or TRUNCATE checkpoint that succeeded, the next commit starts the
+    /// log over: nothing is left to copy until then.
+    public func noteLogCopied() { logFrames = 0 }
+
     /// Keeps `logFrames` after every commit (the log's file keeps its size when SQLite
     /// starts the log over: the file says nothing of what is still to copy). This replaces
     /// SQLite's automatic checkpoint (its hook), as `PRAGMA wal_autocheckpoint` would

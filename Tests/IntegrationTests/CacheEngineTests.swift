@@ -55,7 +55,9 @@ import Glibc
         #expect(try store.status()["cache_check"] == "full", "an unclean shutdown is checked in full")
     }
 
-    /// A writer that never pauses keeps the write-ahead log under its bound (64 MiB).
+    /// A writer that never pauses keeps the write-ahead log under its bound (64 MiB), also
+    /// while another program keeps the disk busy with synced writes, so that checkpoints
+    /// are slow (the log reached 143 MiB so when writers did not wait for them).
     @Test func theLogStaysBoundedUnderASteadyWriter() throws {
         let store = try MountedStore()
         defer { store.close() }
@@ -66,7 +68,14 @@ import Glibc
             while running.value { largest.value = max(largest.value, self.size(log)); usleep(10_000) }
         }
         sampler.start()
-        let write = Run.shell("dd if=/dev/zero of=\(store.path("cache/steady")) bs=1M count=320 2>&1", timeout: 300)
+        // The other program: large writes synced once, started just before (its dirty
+        // pages flood the disk while the store writes).
+        let junk = store.scratch.sub("busy-disk")
+        let write = Run.shell("""
+            dd if=/dev/zero of=\(junk) bs=1M count=600 conv=fdatasync status=none & busy=$!
+            dd if=/dev/zero of=\(store.path("cache/steady")) bs=1M count=320 2>&1; status=$?
+            kill $busy; wait; rm -f \(junk); exit $status
+            """, timeout: 300)
         running.value = false
         usleep(50_000)
         #expect(write.status == 0, "\(write)")
