@@ -163,3 +163,32 @@ struct AccountIndex {
         }
     }
 }
+
+/// The index of the accounts kept past a lock, for the Secret Service (SPEC §2c: a locked
+/// collection's items come back in the locked list of a search): the index's digests, keyed
+/// with its own random key, which stays in secure memory with it. No value is kept: a
+/// search's values are digested and looked up. Taken from the vault just before it locks
+/// (`Vault.takeIndexForLockedSearch`); wiped at the next unlock. Accounts another machine
+/// adds while locked are not in it.
+///
+/// Thread-safety: none of its own; its owner serializes access.
+public final class LockedSearchIndex: @unchecked Sendable {
+    private var index: AccountIndex
+    /// Every account indexed, in file order.
+    public let accounts: [[UInt8]]
+
+    init(_ index: AccountIndex, accounts: [[UInt8]]) {
+        self.index = index
+        self.accounts = accounts
+    }
+
+    deinit { index.wipe() }
+
+    public func accounts(with attribute: IndexedAttribute, equalTo value: UnsafeRawBufferPointer) -> [[UInt8]] {
+        index.accounts(in: .attribute(attribute, index.digest(value)))
+    }
+
+    public func accounts(namedField name: String, equalTo value: UnsafeRawBufferPointer) -> [[UInt8]] {
+        index.accounts(in: .named(index.digest(name: name, value: value)))
+    }
+}

@@ -456,6 +456,14 @@ public final class Vault: @unchecked Sendable {
         return key
     }
 
+    /// The index, for searches while locked (see `LockedSearchIndex`); the vault forgets
+    /// it (called just before `lock`).
+    public func takeIndexForLockedSearch() -> LockedSearchIndex? {
+        guard let index else { return nil }
+        self.index = nil
+        return LockedSearchIndex(index, accounts: accounts.map(\.uuid))
+    }
+
     /// Zeroes and frees the master key and every decrypted field.
     public func lock() {
         writeUntaken()

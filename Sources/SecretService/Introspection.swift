@@ -8,7 +8,7 @@ extension SecretServiceBus {
         switch object {
         case .service:
             interfaces.append(Self.serviceXML)
-            children = ["collection", "aliases", "session"]
+            children = ["collection", "aliases", "session"] + (prompts.isEmpty ? [] : ["prompt"])
         case .collection:
             interfaces.append(Self.collectionXML)
             children = store.allItems().map { String(SecretPaths.item($0).split(separator: "/").last!) }
@@ -16,11 +16,16 @@ extension SecretServiceBus {
             interfaces.append(Self.itemXML)
         case .session:
             interfaces.append(Self.sessionXML)
+        case .prompt:
+            interfaces.append(Self.promptXML)
         case .node:
             if path == SecretPaths.root + "/collection" { children = ["login"] }
             if path == SecretPaths.aliases { children = SecretPaths.aliasNames }
             if path == SecretPaths.root + "/session" {
                 children = sessions.keys.sorted().map { String($0.split(separator: "/").last!) }
+            }
+            if path == SecretPaths.root + "/prompt" {
+                children = prompts.keys.sorted().map { String($0.split(separator: "/").last!) }
             }
         }
         return """
@@ -98,6 +103,14 @@ extension SecretServiceBus {
     static let sessionXML = """
           <interface name="org.freedesktop.Secret.Session">
             <method name="Close"/>
+          </interface>
+        """
+
+    static let promptXML = """
+          <interface name="org.freedesktop.Secret.Prompt">
+            <method name="Prompt"><arg name="window-id" type="s" direction="in"/></method>
+            <method name="Dismiss"/>
+            <signal name="Completed"><arg name="dismissed" type="b"/><arg name="result" type="v"/></signal>
           </interface>
         """
 }

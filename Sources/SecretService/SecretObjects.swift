@@ -8,6 +8,7 @@ extension SecretServiceBus {
         case collection
         case item([UInt8])
         case session(String)
+        case prompt(String)
         /// A path that is a directory of others (for introspection only).
         case node
     }
@@ -16,6 +17,7 @@ extension SecretServiceBus {
     static let collectionInterface = "org.freedesktop.Secret.Collection"
     static let itemInterface = "org.freedesktop.Secret.Item"
     static let sessionInterface = "org.freedesktop.Secret.Session"
+    static let promptInterface = "org.freedesktop.Secret.Prompt"
     static let propertiesInterface = "org.freedesktop.DBus.Properties"
     static let labelProperty = "org.freedesktop.Secret.Item.Label"
     static let attributesProperty = "org.freedesktop.Secret.Item.Attributes"
@@ -28,7 +30,9 @@ extension SecretServiceBus {
             return .item(uuid)
         }
         if sessions[path] != nil { return .session(path) }
-        if [SecretPaths.root + "/collection", SecretPaths.aliases, SecretPaths.root + "/session"].contains(path) { return .node }
+        if prompts[path] != nil { return .prompt(path) }
+        if [SecretPaths.root + "/collection", SecretPaths.aliases, SecretPaths.root + "/session",
+            SecretPaths.root + "/prompt"].contains(path) { return .node }
         throw BusError(name: "org.freedesktop.DBus.Error.UnknownObject", message: "no object at \(path)")
     }
 
@@ -60,6 +64,8 @@ extension SecretServiceBus {
                 closeSession(path)
                 return .empty
             }
+        case .prompt(let path) where interface == nil || interface == Self.promptInterface:
+            if let reply = try promptMethod(call, path) { return reply }
         default:
             break
         }
@@ -111,11 +117,26 @@ extension SecretServiceBus {
                 writer.objectPaths(locked)
             }
         case "Unlock":
+            // What the caller may use now comes back at once; the rest (the vault while
+            // locked, items guarding keeps from it) needs a prompt: a person answers.
             let paths = try arguments.objectPaths()
-            let unlocked = paths.filter { isUnlocked($0, for: call.caller) }
+            var unlocked: [String] = [], asked: [[UInt8]] = []
+            var needsVault = false
+            for path in paths {
+                if isUnlocked(path, for: call.caller) {
+                    unlocked.append(path)
+                } else if SecretPaths.isCollection(path) {
+                    needsVault = true
+                } else if let uuid = SecretPaths.uuid(ofItem: path), store.item(uuid) != nil {
+                    asked.append(uuid)
+                }
+            }
+            let prompt = needsVault || !asked.isEmpty
+                ? makePrompt(for: call.caller, .unlock(items: asked, collections: paths.filter(SecretPaths.isCollection)))
+                : SecretPaths.noPrompt
             return Reply { writer in
                 writer.objectPaths(unlocked)
-                writer.objectPath(SecretPaths.noPrompt)
+                writer.objectPath(prompt)
             }
         case "Lock":
             let paths = try arguments.objectPaths()
@@ -223,6 +244,75 @@ extension SecretServiceBus {
             throw .invalidArgs("the secret does not decrypt in this session (its IV, length or padding is wrong)")
         }
         return (plain, type.isEmpty ? "text/plain" : type)
+    }
+
+    // MARK: Prompts
+
+    /// A prompt the caller asked for, to be shown when it calls Prompt.
+    ///
+    /// Thread-safety: on the bus thread only.
+    struct PendingPrompt {
+        enum Work { case unlock(items: [[UInt8]], collections: [String]) }
+        let owner: BusCaller
+        let work: Work
+        /// Set once shown: dismisses it.
+        var dismiss: (@Sendable () -> Void)?
+    }
+
+    func makePrompt(for caller: BusCaller, _ work: PendingPrompt.Work) -> String {
+        nextPrompt += 1
+        let path = SecretPaths.prompt(nextPrompt)
+        prompts[path] = PendingPrompt(owner: caller, work: work)
+        return path
+    }
+
+    private func promptMethod(_ call: BusCall, _ path: String) throws(BusError) -> Reply? {
+        guard var prompt = prompts[path] else { return nil }
+        guard prompt.owner.connection == call.caller.connection else {
+            throw .accessDenied("the prompt \(path) belongs to another connection")
+        }
+        switch call.member {
+        case "Prompt":
+            _ = try call.arguments.string()  // (the window to put a dialog over: the pinentry has its own)
+            guard prompt.dismiss == nil else { throw .failed("the prompt \(path) is already shown") }
+            switch prompt.work {
+            case .unlock(let items, let collections):
+                prompt.dismiss = store.unlock(items: items, caller: call.caller) { [weak self] outcome in
+                    self?.post { $0.completePrompt(path, outcome, collections: collections) }
+                }
+            }
+            if prompts[path] != nil { prompts[path] = prompt }
+            return .empty
+        case "Dismiss":
+            dismissPrompt(path)
+            return .empty
+        default:
+            return nil
+        }
+    }
+
+    /// A prompt's end: `Completed(dismissed, result)`, with the objects it unlocked (`ao`).
+    func completePrompt(_ path: String, _ outcome: UnlockOutcome, collections: [String]) {
+        guard prompts.removeValue(forKey: path) != nil else { return }
+        var objects: [String] = []
+        if case .unlocked(_, let items) = outcome {
+            if !store.isLocked { objects += collections }
+            objects += items.map(SecretPaths.item)
+        }
+        emit(path, Self.promptInterface, "Completed") { writer in
+            writer.bool(outcome == .dismissed)
+            writer.variant("ao") { $0.objectPaths(objects) }
+        }
+    }
+
+    /// Dismissed by its caller, or its caller left: `Completed(true, [])`; a dialog up goes.
+    func dismissPrompt(_ path: String) {
+        guard let prompt = prompts[path] else { return }
+        if let dismiss = prompt.dismiss {
+            dismiss()  // (the store then completes it: dismissed)
+        } else {
+            completePrompt(path, .dismissed, collections: [])
+        }
     }
 
     // MARK: Collection

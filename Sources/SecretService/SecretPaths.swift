@@ -1,5 +1,5 @@
 /// The object paths of the service: one collection (the vault), reached also through its
-/// aliases; an item per account, named by its UUID in hex; sessions by number.
+/// aliases; an item per account, named by its UUID in hex; sessions and prompts by number.
 ///
 /// Thread-safety: stateless.
 enum SecretPaths {
@@ -10,6 +10,8 @@ enum SecretPaths {
     static let noPrompt = "/"
 
     static func session(_ number: Int) -> String { root + "/session/s\(number)" }
+
+    static func prompt(_ number: Int) -> String { root + "/prompt/p\(number)" }
 
     static func item(_ uuid: [UInt8]) -> String {
         collection + "/" + uuid.map { byte in

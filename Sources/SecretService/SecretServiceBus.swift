@@ -13,8 +13,8 @@ import Posix
 /// `/org/freedesktop/secrets` reaches one fallback handler, which answers the Secret
 /// Service's interfaces, `org.freedesktop.DBus.Properties` and introspection.
 ///
-/// Invariants: `sessions` and `pids` are touched on the bus thread only; a session belongs
-/// to the connection that opened it and ends with it.
+/// Invariants: `sessions`, `prompts` and `pids` are touched on the bus thread only; a
+/// session and a prompt belong to the connection that opened it and end with it.
 /// Thread-safety: `post` and `stop` from any thread; everything else on the bus thread.
 public final class SecretServiceBus: @unchecked Sendable {
     public static let name = "org.freedesktop.secrets"
@@ -29,6 +29,9 @@ public final class SecretServiceBus: @unchecked Sendable {
     /// Open sessions by path.
     var sessions: [String: Session] = [:]
     private var nextSession = 0
+    /// Prompts made (by Unlock) and not yet completed, by path.
+    var prompts: [String: PendingPrompt] = [:]
+    var nextPrompt = 0
     /// The pid behind each connection seen (asked of the bus once).
     private var pids: [String: pid_t] = [:]
     /// The items signalled so far (to tell a made one from a changed one).
@@ -240,6 +243,12 @@ public final class SecretServiceBus: @unchecked Sendable {
               newOwner.isEmpty, name.hasPrefix(":") else { return }
         pids[name] = nil
         for (path, session) in sessions where session.owner == name { closeSession(path) }
+        // Its prompts are taken down (a dialog up goes away), and what it was allowed once.
+        for (path, prompt) in prompts where prompt.owner.connection == name {
+            prompt.dismiss?()
+            prompts[path] = nil
+        }
+        store.connectionClosed(name)
     }
 }
 

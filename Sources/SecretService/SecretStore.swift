@@ -57,6 +57,17 @@ public enum SecretStoreChange: Sendable {
     case lockState
 }
 
+/// How an unlock prompt ended (the prompt's `Completed` signal).
+///
+/// Thread-safety: a value.
+public enum UnlockOutcome: Sendable, Equatable {
+    /// The vault is unlocked (`vault`: by this prompt), and these of the asked items the
+    /// caller may read now.
+    case unlocked(vault: Bool, items: [[UInt8]])
+    /// Cancelled, denied, or the caller went away.
+    case dismissed
+}
+
 /// The accounts as the Secret Service uses them. Every call may come from the bus's thread
 /// while requests of the mount run: the store locks what it needs.
 public protocol SecretStore: AnyObject, Sendable {
@@ -80,6 +91,13 @@ public protocol SecretStore: AnyObject, Sendable {
     func delete(_ uuid: [UInt8], caller: BusCaller) throws(SecretStoreError)
     /// Locks as `mtmfs lock` does.
     func lock()
+    /// Asks a person, for `caller`: the vault's passphrase when it is locked, then (with
+    /// guarding) whether `caller` may have those of `items` it may not read now. `done` is
+    /// called once, on any thread; the closure returned dismisses the prompt (the client
+    /// asked to, or left the bus).
+    func unlock(items: [[UInt8]], caller: BusCaller, done: @escaping @Sendable (UnlockOutcome) -> Void) -> @Sendable () -> Void
+    /// A client left the bus: what it was allowed once goes with it.
+    func connectionClosed(_ connection: String)
     /// `handler` is called (on any thread, never under the store's lock) after each change.
     func observe(_ handler: @escaping @Sendable (SecretStoreChange) -> Void)
 }

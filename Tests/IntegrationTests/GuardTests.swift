@@ -31,11 +31,16 @@ final class GuardedMount {
     private(set) var daemon: pid_t = 0
     let pinentry: String
     let display: Bool
+    /// With `secretService`: a session bus of the test's own, run as nobody, which the daemon
+    /// serves the Secret Service on.
+    private(set) var busAddress: String?
+    private var busPid: pid_t = 0
 
     /// `pinentry`: nil for the test's own; `display`: whether the daemon has a DISPLAY
     /// (the requesters here have no terminal, so without one nothing can be asked).
     /// `writablePinentry`: the test's pinentry copied where the mount's user can change it.
-    init(pinentry: String? = nil, display: Bool = true, guarded: Bool = true, writablePinentry: Bool = false) throws {
+    init(pinentry: String? = nil, display: Bool = true, guarded: Bool = true, writablePinentry: Bool = false,
+         secretService: Bool = false) throws {
         self.pinentry = writablePinentry ? scratch.sub("w") + "/pinentry" : pinentry ?? scratch.sub("pinentry")
         self.display = display
         for directory in [data, mountPoint, writable] {
@@ -58,6 +63,14 @@ final class GuardedMount {
                                "--kdf", "interactive", "--data-dir", data, "--passphrase-file", scratch.sub("pass")]
                                + (guarded ? ["--guard"] : []))
         try #require(made.status == 0, "init: \(made)")
+        if secretService {
+            let bus = Run.program("setpriv", Array(Self.asNobody.dropFirst()) + [
+                "dbus-daemon", "--session", "--fork", "--nopidfile", "--print-address=1", "--print-pid=1",
+                "--address=unix:path=\(writable)/bus"])
+            let lines = bus.stdout.split(separator: "\n").map(String.init)
+            try #require(bus.status == 0 && lines.count >= 2, "dbus-daemon: \(bus)")
+            (busAddress, busPid) = (lines[0], pid_t(lines[1]) ?? 0)
+        }
         try mount()
         try #require(mtmfs("unlock", "--passphrase-file", scratch.sub("pass"), mountPoint).status == 0)
     }
@@ -66,12 +79,14 @@ final class GuardedMount {
     func mount() throws {
         let device = scratch.sub("fuse")
         let environment = "HOME=\(scratch.path)" + (display ? " DISPLAY=:mtmfs-test" : "")
+            + (busAddress.map { " DBUS_SESSION_BUS_ADDRESS=\($0)" } ?? "")
+        let service = busAddress == nil ? "" : "--secret-service"
         let script = """
             \(GuardedMount.dropOtherFuseMounts)
             [ -e \(device) ] || { mknod \(device) c 10 229 && chmod 0666 \(device); } &&
             mount --bind \(device) /dev/fuse &&
             exec \(Self.asNobody.joined(separator: " ")) env -u DISPLAY -u WAYLAND_DISPLAY \(environment) \
-            \(Run.mtmfs) mount -f --data-dir \(data) --pinentry \(pinentry) \(mountPoint)
+            \(Run.mtmfs) mount -f \(service) --data-dir \(data) --pinentry \(pinentry) \(mountPoint)
             """
         daemon = Run.start("unshare", ["-m", "--propagation", "private", "/bin/sh", "-c", script], stderr: log)
         try #require(daemon > 0)
@@ -90,6 +105,10 @@ final class GuardedMount {
 
     func close() {
         unmount()
+        if busPid > 0 {
+            kill(busPid, SIGTERM)
+            _ = Poll.until(seconds: 5) { !ProcessState.isRunning(self.busPid) }
+        }
         scratch.remove()
     }
 
@@ -97,8 +116,10 @@ final class GuardedMount {
     @discardableResult
     func run(_ program: String, _ arguments: [String], environment: [String] = [], timeout: Double = 120) -> CommandResult {
         Run.program("nsenter", ["-t", "\(daemon)", "-m"] + Self.asNobody + ["env", "-u", "DISPLAY", "HOME=\(scratch.path)"]
-                    + environment + [program] + arguments, timeout: timeout)
+                    + busEnvironment + environment + [program] + arguments, timeout: timeout)
     }
+
+    var busEnvironment: [String] { busAddress.map { ["DBUS_SESSION_BUS_ADDRESS=\($0)"] } ?? [] }
 
     @discardableResult
     func shell(_ line: String) -> CommandResult { run("/bin/sh", ["-c", line]) }
@@ -106,7 +127,7 @@ final class GuardedMount {
     /// Starts a program as nobody inside the namespace, in the background; its pid (that of
     /// the program itself: nsenter, setpriv and env each exec the next).
     func start(_ program: String, _ arguments: [String]) -> pid_t {
-        Run.start("nsenter", ["-t", "\(daemon)", "-m"] + Self.asNobody + ["env", "-u", "DISPLAY", program] + arguments)
+        Run.start("nsenter", ["-t", "\(daemon)", "-m"] + Self.asNobody + ["env", "-u", "DISPLAY"] + busEnvironment + [program] + arguments)
     }
 
     @discardableResult
@@ -115,8 +136,9 @@ final class GuardedMount {
     func path(_ relative: String) -> String { mountPoint + "/" + relative }
     var password: String { path("accounts/\(Self.uuid)/password") }
 
-    /// What the test's pinentry answers next: ok (Allow once), notok (Always allow), cancel
-    /// (Deny), hang (never).
+    /// What the test's pinentry answers next: ok (Allow once), notok (Always allow, then the
+    /// passphrase), cancel (Deny), hang (never), passphrase (the passphrase when asked only
+    /// for it), anything else a wrong passphrase.
     func answer(_ word: String) {
         try? (word + "\n").write(toFile: answerFile, atomically: true, encoding: .utf8)
         chmod(answerFile, 0o644)
@@ -169,7 +191,9 @@ final class GuardedMount {
               esac ;;
             GETPIN*)
               case "$answer" in
-                notok) echo "D \(Run.passphrase)"; echo OK ;;
+                notok|passphrase) echo "D \(Run.passphrase)"; echo OK ;;
+                cancel) echo "ERR 83886179 Operation cancelled <Pinentry>" ;;
+                hang) exec sleep 1000 ;;
                 *) echo "D not the passphrase"; echo OK ;;
               esac ;;
             BYE*) echo OK; exit 0 ;;

@@ -40,12 +40,20 @@ final class ServedStore {
     var mountPoint: String { scratch.sub("mnt") }
     private(set) var mountOutput = ""
 
-    init(unlock: Bool = true, extraMount: [String] = []) throws {
+    /// `pinentry`: prompts go to the test's pinentry (`answer`, `asked`).
+    init(unlock: Bool = true, extraMount: [String] = [], pinentry: Bool = false) throws {
         bus = try PrivateBus()
         #expect(Run.initStore(data).status == 0)
         mkdir(mountPoint, 0o755)
         try (Run.passphrase + "\n").write(toFile: scratch.sub("pass"), atomically: true, encoding: .utf8)
-        let mounted = run(Run.mtmfs, ["mount", "--secret-service", "--data-dir", data] + extraMount
+        var prompts: [String] = []
+        if pinentry {
+            try GuardedMount.pinentryScript(answers: scratch.sub("answer"), record: scratch.sub("asked"))
+                .write(toFile: scratch.sub("pinentry"), atomically: true, encoding: .utf8)
+            chmod(scratch.sub("pinentry"), 0o755)
+            prompts = ["--pinentry", scratch.sub("pinentry")]
+        }
+        let mounted = run(Run.mtmfs, ["mount", "--secret-service", "--data-dir", data] + extraMount + prompts
                           + (unlock ? ["--unlock", "--passphrase-file", scratch.sub("pass")] : []) + [mountPoint])
         mountOutput = mounted.stderr
         try #require(mounted.status == 0, "mount: \(mounted)")
@@ -60,6 +68,10 @@ final class ServedStore {
     func python(_ script: String) -> CommandResult { run("/usr/bin/python3", ["-c", script]) }
 
     func path(_ relative: String) -> String { mountPoint + "/" + relative }
+
+    /// What the test's pinentry answers next (see `GuardedMount.answer`), and all it was told.
+    func answer(_ word: String) { try? (word + "\n").write(toFile: scratch.sub("answer"), atomically: true, encoding: .utf8) }
+    var asked: String { (try? String(contentsOfFile: scratch.sub("asked"), encoding: .utf8)) ?? "" }
 
     /// The accounts' directories (UUIDs).
     var accounts: [String] {
@@ -189,7 +201,7 @@ struct SecretServiceMountTests {
     }
 
     @Test func lockedAndUnlockedOnTheBus() throws {
-        let store = try ServedStore()
+        let store = try ServedStore(pinentry: true)
         defer { store.close() }
         #expect(store.run("secret-tool", ["store", "--label=L", "service", "s"], input: "v").status == 0)
         #expect(store.run(Run.mtmfs, ["lock", store.mountPoint]).status == 0)
@@ -206,7 +218,22 @@ struct SecretServiceMountTests {
                 print("refused")
             """)
         #expect(locked.stdout == "refused\n", "\(locked)")
+        // Locked, a search finds the item in its locked list, and Unlock's prompt asks for
+        // the passphrase: cancelled, or wrong three times, it stays locked.
+        store.answer("cancel")
         #expect(store.run("secret-tool", ["lookup", "service", "s"]).status != 0)
+        #expect(store.asked.components(separatedBy: "GETPIN").count - 1 == 1, "\(store.asked)")
+        store.answer("wrong")
+        #expect(store.run("secret-tool", ["lookup", "service", "s"]).status != 0)
+        #expect(store.asked.components(separatedBy: "GETPIN").count - 1 == 4, "three tries: \(store.asked)")
+        #expect(store.asked.contains("SETERROR Wrong passphrase"), "\(store.asked)")
+        #expect(Run.shell("grep -x state=locked \(store.path(".mtmfs/status"))").status == 0)
+        #expect(store.asked.contains("SETDESC") && store.asked.contains("secret-tool"), "the prompt names the caller")
+        // The passphrase: unlocked, and the lookup that asked gets its secret.
+        store.answer("passphrase")
+        #expect(store.run("secret-tool", ["lookup", "service", "s"]).stdout == "v")
+        #expect(Run.shell("grep -x state=unlocked \(store.path(".mtmfs/status"))").status == 0)
+        #expect(store.run(Run.mtmfs, ["lock", store.mountPoint]).status == 0)
         #expect(store.run(Run.mtmfs, ["unlock", "--passphrase-file", store.scratch.sub("pass"), store.mountPoint]).status == 0)
         #expect(store.run("secret-tool", ["lookup", "service", "s"]).stdout == "v")
         // Lock on the bus locks the mount.

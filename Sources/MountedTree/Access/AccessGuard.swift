@@ -72,6 +72,19 @@ public struct PromptSettings: Sendable {
     }
 }
 
+/// A request waiting for a person's answer (`AccountsTree.ask`): an OPEN postponed, or a
+/// Secret Service prompt. Told once: allowed (decided again after the answer), or refused
+/// with an errno (EACCES, EINTR for an interrupt).
+///
+/// Thread-safety: its closures are called from prompt threads.
+struct PromptWaiter: Sendable {
+    let isInterrupted: @Sendable () -> Bool
+    /// Runs the handler when the request is interrupted (at once if it was).
+    let onInterrupt: @Sendable (@escaping @Sendable () -> Void) -> Void
+    let allowed: @Sendable () -> Void
+    let refused: @Sendable (Errno) -> Void
+}
+
 /// Who may read a password (SPEC §3a), apart from the vault: who asks (`inspector`), the
 /// runs of programs allowed once, the prompts up, and the record of every decision.
 ///
@@ -82,6 +95,9 @@ final class AccessGuard: Sendable {
     private let decisions = Locked<[String]>([])
     /// (run of a program, account UUID): allowed once, for as long as that run lasts.
     private let grants = Locked<Set<Grant>>([])
+    /// (bus connection, account UUID): allowed once on the Secret Service, until that
+    /// connection closes (`connectionClosed`).
+    private let connectionGrants = Locked<Set<ConnectionGrant>>([])
     /// The prompts up, by (program, account), each with the requests waiting for its end
     /// (each called with the prompt's answer).
     private let prompts = Locked<[PromptKey: [@Sendable (PromptEnd) -> Void]]>([:])
@@ -92,7 +108,17 @@ final class AccessGuard: Sendable {
     /// "Allow once" for one run of a program and one account (what was asked is kept for
     /// the record: an editor allowed to read saves in the same run).
     struct Grant: Hashable { let run: ProcessRun; let account: [UInt8]; let writing: Bool }
+    struct ConnectionGrant: Hashable { let connection: String; let account: [UInt8] }
     struct PromptKey: Hashable { let sha256: [UInt8]; let account: [UInt8] }
+
+    /// What an "Allow once" covers: the run of a program (an open), or a bus connection
+    /// (a Secret Service client: SPEC §2c).
+    ///
+    /// Thread-safety: a value.
+    enum Scope: Sendable, Hashable {
+        case run
+        case connection(String)
+    }
 
     init(settings: PromptSettings) { self.settings = settings }
 
@@ -109,6 +135,8 @@ final class AccessGuard: Sendable {
         let writing: Bool
         /// For the prompt only (it is what finds an account, readable to all).
         let label: String
+        /// What asks: an open (a run of a program), or a call on the Secret Service.
+        var scope: Scope = .run
     }
 
     enum Verdict: Equatable { case allowed(String), denied(String), ask }
@@ -119,6 +147,10 @@ final class AccessGuard: Sendable {
         if let refusal = requester.refusal { return .denied(refusal) }
         guard let program = requester.program else { return .denied("its program is unknown") }
         if trusted.contains(where: { $0.sha256 == program.sha256 }) { return .allowed("trusted") }
+        if case .connection(let connection) = access.scope {
+            let grant = ConnectionGrant(connection: connection, account: access.account)
+            return connectionGrants.withLock { $0.contains(grant) } ? .allowed("allowed once for this connection") : .ask
+        }
         // (Either grant: an editor allowed to read the password saves it in the same run,
         // through files it creates and renames, which do not ask.)
         let asked = [Grant(run: requester.run, account: access.account, writing: true),
@@ -129,13 +161,23 @@ final class AccessGuard: Sendable {
         return .ask
     }
 
-    /// "Allow once": this run of the program may use the account until it ends.
+    /// "Allow once": this run of the program (or this connection) may use the account
+    /// until it ends.
     func allowOnce(_ requester: Requester, _ access: Access) {
+        if case .connection(let connection) = access.scope {
+            connectionGrants.withLock { _ = $0.insert(ConnectionGrant(connection: connection, account: access.account)) }
+            return
+        }
         grants.withLock { grants in
             // Runs that ended go (a pid may come back as another run).
             if grants.count > 64 { grants = grants.filter { $0.run.isRunning } }
             grants.insert(Grant(run: requester.run, account: access.account, writing: access.writing))
         }
+    }
+
+    /// A bus connection closed: what it was allowed once goes with it.
+    func connectionClosed(_ connection: String) {
+        connectionGrants.withLock { $0 = $0.filter { $0.connection != connection } }
     }
 
     /// Whether a prompt could be shown to this requester at all.
@@ -195,6 +237,7 @@ final class AccessGuard: Sendable {
         let program = requester.program.map { "\(requester.path) (SHA-256 \(String($0.hexDigest.prefix(16)))…)" } ?? requester.path
         var lines = ["\(program), pid \(requester.process),"]
         if let via = requester.via { lines.append("through \(via),") }
+        if case .connection(let connection) = access.scope { lines.append("on the Secret Service (bus connection \(connection)),") }
         lines += [
                      "wants to \(access.writing ? "change" : "read") the \(access.what) of the account",
                      access.label.isEmpty ? access.accountName : "\(access.label) (\(access.accountName))."]
@@ -205,7 +248,8 @@ final class AccessGuard: Sendable {
             lines.append("\(requester.path) prints what it reads: trusting it lets any program that runs it read the password.")
         }
         lines.append("")
-        lines.append("Allow once: this run only. Always allow: add it to the account's trusted programs (asks for the passphrase).")
+        let once = access.scope == .run ? "this run only" : "until this program closes its bus connection"
+        lines.append("Allow once: \(once). Always allow: add it to the account's trusted programs (asks for the passphrase).")
         // Assuan lines are at most 1,000 bytes: a long chain or path is cut, never the question.
         var description = lines.joined(separator: "\n")
         while description.utf8.count > 700, lines.count > 4 {
@@ -226,6 +270,7 @@ final class AccessGuard: Sendable {
         line += " pid=\(requester.process) program=\(requester.path)"
         if let program = requester.program { line += " sha256=\(program.hexDigest)" }
         if let via = requester.via { line += " via=\(via)" }
+        if case .connection(let connection) = access.scope { line += " bus=\(connection)" }
         let chain = requester.chain
         if !chain.isEmpty { line += " by=" + chain.joined(separator: " ← ") }
         decisions.withLock { lines in

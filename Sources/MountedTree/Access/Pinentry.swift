@@ -50,6 +50,29 @@ final class PinentryDialog: Sendable {
     /// Shows the dialog and waits for the answer, at most `timeout` seconds.
     func ask(program: String, terminal: String?, environment: [String], title: String, description: String,
              timeout: Double, alwaysAllowText: String, unavailable: String? = nil) -> PinentryAnswer {
+        converse(program: program, terminal: terminal, environment: environment, timeout: timeout, unavailable: unavailable) { c in
+            let answer = c.run(title: title, description: description, timeout: timeout)
+            if case .alwaysAllow = answer { return c.passphrase(alwaysAllowText) }
+            return answer
+        }
+    }
+
+    /// Asks for the vault's passphrase only (an unlock on the Secret Service): `.alwaysAllow`
+    /// with what was typed (in secure memory), `.deny` for a cancel. `error` is shown above
+    /// the question (a wrong passphrase before).
+    func askPassphrase(program: String, terminal: String?, environment: [String], title: String, description: String,
+                       error: String?, timeout: Double, unavailable: String? = nil) -> PinentryAnswer {
+        converse(program: program, terminal: terminal, environment: environment, timeout: timeout, unavailable: unavailable) { c in
+            if case .failure(let failure) = c.greet(title: title, timeout: timeout) { return failure.answer }
+            if let error, case .failure(let failure) = c.exchange("SETERROR " + Conversation.escape(error)) { return failure.answer }
+            return c.passphrase(description, ok: "_Unlock", cancel: "_Cancel")
+        }
+    }
+
+    /// Runs the pinentry, talks to it (`talk`), and ends it: asked to go when answered,
+    /// its process group killed otherwise.
+    private func converse(program: String, terminal: String?, environment: [String], timeout: Double, unavailable: String?,
+                          _ talk: (inout Conversation) -> PinentryAnswer) -> PinentryAnswer {
         guard !program.isEmpty else { return .failed(unavailable ?? "no pinentry program") }
         let deadline = ContinuousClock.now.advanced(by: .milliseconds(Int64(timeout * 1000)))
         let input: (read: Int32, write: Int32), output: (read: Int32, write: Int32)
@@ -82,10 +105,7 @@ final class PinentryDialog: Sendable {
         // A pinentry that stops reading must not block a write: the pipe is non-blocking.
         _ = fcntl(input.write, F_SETFL, fcntl(input.write, F_GETFL) | O_NONBLOCK)
         var conversation = Conversation(input: input.write, output: output.read, deadline: deadline, dialog: self)
-        var answer = conversation.run(title: title, description: description, timeout: timeout)
-        if case .alwaysAllow = answer {
-            answer = conversation.passphrase(alwaysAllowText)
-        }
+        let answer = talk(&conversation)
         let answered: Bool
         switch answer {
         case .allowOnce, .alwaysAllow, .deny: answered = true
@@ -108,7 +128,7 @@ final class PinentryDialog: Sendable {
     /// The exchange of lines with one pinentry.
     ///
     /// Thread-safety: local to `ask`.
-    private struct Conversation {
+    fileprivate struct Conversation {
         let input: Int32
         let output: Int32
         let deadline: ContinuousClock.Instant
@@ -122,13 +142,20 @@ final class PinentryDialog: Sendable {
             self.dialog = dialog
         }
 
+        /// The greeting, then the time allowed and the title (each answered OK).
+        mutating func greet(title: String, timeout: Double) -> Result<Void, Failure> {
+            guard case .line(let greeting) = readLine() else { return .failure(Failure(failure(readLine: nil))) }
+            guard greeting.hasPrefix("OK") else { return .failure(Failure(.failed("the pinentry greeted with: \(greeting)"))) }
+            for command in ["SETTIMEOUT \(Int(timeout))", "SETTITLE " + Self.escape(title)] {
+                if case .failure(let failure) = exchange(command) { return .failure(failure) }
+            }
+            return .success(())
+        }
+
         mutating func run(title: String, description: String, timeout: Double) -> PinentryAnswer {
             // The greeting, then the settings (each answered OK), then the question.
-            guard case .line(let greeting) = readLine() else { return failure(readLine: nil) }
-            guard greeting.hasPrefix("OK") else { return .failed("the pinentry greeted with: \(greeting)") }
+            if case .failure(let failure) = greet(title: title, timeout: timeout) { return failure.answer }
             let settings = [
-                "SETTIMEOUT \(Int(timeout))",
-                "SETTITLE " + Self.escape(title),
                 "SETDESC " + Self.escape(description),
                 "SETOK " + Self.escape("Allow _once"),
                 "SETNOTOK " + Self.escape("_Always allow"),
@@ -155,9 +182,9 @@ final class PinentryDialog: Sendable {
 
         /// After NOT OK: the vault's passphrase, typed into the pinentry. Its `D` lines are
         /// read into secure memory and decoded there; a cancel is a no.
-        mutating func passphrase(_ description: String) -> PinentryAnswer {
+        mutating func passphrase(_ description: String, ok: String = "_Always allow", cancel: String = "_Deny") -> PinentryAnswer {
             for command in ["SETDESC " + Self.escape(description), "SETPROMPT " + Self.escape("Passphrase:"),
-                            "SETOK " + Self.escape("_Always allow"), "SETCANCEL " + Self.escape("_Deny")] {
+                            "SETOK " + Self.escape(ok), "SETCANCEL " + Self.escape(cancel)] {
                 if case .failure(let failure) = exchange(command) { return failure.answer }
             }
             guard pending.isEmpty, send("GETPIN") else { return .failed("the pinentry stopped reading") }

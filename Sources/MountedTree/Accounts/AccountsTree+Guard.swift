@@ -104,39 +104,53 @@ extension AccountsTree {
         }
     }
 
-    /// Asks a person on a thread of its own (one prompt per program and account at a time;
-    /// a second request of the same pair waits for the first one's end: a no holds for it
-    /// too, anything else and it is decided again), then answers the postponed OPEN. A
-    /// Ctrl-C of the requester ends its wait at once, waiting or asked.
+    /// An OPEN postponed for a person's answer: opened and answered once allowed.
     func ask(_ requester: Requester, _ access: AccessGuard.Access, pending: PendingOpen,
              inode: InodeNumber, flags: Int32) {
+        ask(requester, access, waiter: PromptWaiter(
+            isInterrupted: { pending.isInterrupted },
+            onInterrupt: { pending.onInterrupt($0) },
+            allowed: { [weak self] in
+                guard let self else { return pending.fail(.ioError) }
+                self.answer(pending, inode: inode, flags: flags)
+            },
+            refused: { pending.fail($0) }))
+    }
+
+    /// The one prompt broker (SPEC §3a, §2c), for an OPEN and a Secret Service call alike:
+    /// asks a person on a thread of its own (one prompt per program and account at a time;
+    /// a second request of the same pair waits for the first one's end: a no holds for it
+    /// too, anything else and it is decided again), then tells `waiter`. An interrupt of
+    /// the waiter (a Ctrl-C of the requester, a client gone from the bus) ends its wait at
+    /// once, waiting or asked.
+    func ask(_ requester: Requester, _ access: AccessGuard.Access, waiter: PromptWaiter) {
         let guardian = self.access
         let key = AccessGuard.PromptKey(sha256: requester.program?.sha256 ?? [], account: access.account)
         let retry: @Sendable (AccessGuard.PromptEnd) -> Void = { [weak self] end in
-            guard let self, !pending.isInterrupted else { return pending.fail(.interrupted) }
+            guard let self, !waiter.isInterrupted() else { return waiter.refused(.interrupted) }
             if case .denied(let why) = end {
                 guardian.record(allowed: false, why + " (the prompt it waited for)", requester, access)
-                return pending.fail(.permissionDenied)
+                return waiter.refused(.permissionDenied)
             }
             // Decided again: the prompt that ended may have trusted this program.
             let trusted = (try? self.locked { (s) throws(Errno) in try s.trustedPrograms(access.account) }) ?? []
             switch guardian.verdict(requester, access, trusted: trusted) {
             case .allowed(let why):
                 guardian.record(allowed: true, why, requester, access)
-                self.answer(pending, inode: inode, flags: flags)
+                waiter.allowed()
             case .denied(let why):
                 guardian.record(allowed: false, why, requester, access)
-                pending.fail(.permissionDenied)
+                waiter.refused(.permissionDenied)
             case .ask:
-                self.ask(requester, access, pending: pending, inode: inode, flags: flags)
+                self.ask(requester, access, waiter: waiter)
             }
         }
         let waits = !guardian.startPrompt(key, orWait: { end in
             // On a thread of its own (a new prompt may follow); without one, a no.
-            if !Threads.detach({ retry(end) }) { pending.fail(.permissionDenied) }
+            if !Threads.detach({ retry(end) }) { waiter.refused(.permissionDenied) }
         })
         if waits {
-            pending.onInterrupt { pending.fail(.interrupted) }
+            waiter.onInterrupt { waiter.refused(.interrupted) }
             return
         }
         let started = Threads.detach { [weak self] in
@@ -147,19 +161,19 @@ extension AccountsTree {
                 guardian.dialogEnded(dialog)
                 guardian.endPrompt(key, end)
             }
-            pending.onInterrupt { dialog.cancel() }
+            waiter.onInterrupt { dialog.cancel() }
             let text = guardian.promptText(requester, access)
             let answer = dialog.ask(program: guardian.settings.program, terminal: requester.terminal,
                                     environment: guardian.settings.environment, title: text.title,
                                     description: text.description, timeout: guardian.settings.timeout,
                                     alwaysAllowText: guardian.alwaysAllowText(requester, access),
                                     unavailable: guardian.settings.problem)
-            guard let self else { return pending.fail(.ioError) }
+            guard let self else { return waiter.refused(.ioError) }
             switch answer {
             case .allowOnce:
                 guardian.allowOnce(requester, access)
                 guardian.record(allowed: true, "allowed once at the prompt", requester, access)
-                self.answer(pending, inode: inode, flags: flags)
+                waiter.allowed()
             case .alwaysAllow(let passphrase):
                 defer { passphrase.wipe() }
                 do throws(Errno) {
@@ -167,33 +181,33 @@ extension AccountsTree {
                     try self.checkPassphrase(passphrase)
                     try self.trust(program, account: access.account)
                     guardian.record(allowed: true, "always allowed at the prompt, with the passphrase: now trusted", requester, access)
-                    self.answer(pending, inode: inode, flags: flags)
+                    waiter.allowed()
                 } catch {
                     let why = error == .permissionDenied ? "a wrong passphrase" : "\(error)"
                     guardian.record(allowed: false, "always allowed at the prompt, refused: \(why)", requester, access)
                     end = .denied("always allowed at the prompt, refused: \(why)")
-                    pending.fail(.permissionDenied)
+                    waiter.refused(.permissionDenied)
                 }
             case .deny:
                 guardian.record(allowed: false, "denied at the prompt", requester, access)
                 end = .denied("denied at the prompt")
-                pending.fail(.permissionDenied)
+                waiter.refused(.permissionDenied)
             case .timedOut:
                 guardian.record(allowed: false, "no answer within \(Int(guardian.settings.timeout)) s", requester, access)
                 end = .denied("no answer within \(Int(guardian.settings.timeout)) s")
-                pending.fail(.permissionDenied)
+                waiter.refused(.permissionDenied)
             case .interrupted:
                 guardian.record(allowed: false, "the requester was interrupted while asked", requester, access)
-                pending.fail(.interrupted)
+                waiter.refused(.interrupted)
             case .failed(let why):
                 guardian.record(allowed: false, "could not ask: \(why)", requester, access)
-                pending.fail(.permissionDenied)
+                waiter.refused(.permissionDenied)
             }
         }
         if !started {
             guardian.endPrompt(key, .other)
             guardian.record(allowed: false, "could not ask: no thread for the prompt", requester, access)
-            pending.fail(.permissionDenied)
+            waiter.refused(.permissionDenied)
         }
     }
 

@@ -150,6 +150,7 @@ extension AccountsTree {
             }
             s.fields.session.touched()
             s.fields.session.revealing = true
+            s.lockedSearch = nil  // (its key wiped: the vault's own index serves again)
             noteGuarding(s)
             return Array(s.engine.files.keys)
         }
@@ -232,6 +233,9 @@ extension AccountsTree {
             s.settle()
             // Names in the views are made of fields: the kernel forgets those it was given.
             let viewNames = s.viewNamesToForget()
+            if wasUnlocked && servesSecretService.load(ordering: .relaxed) {
+                s.lockedSearch = s.fields.vault?.takeIndexForLockedSearch()
+            }
             s.fields.session.lock()
             noteGuarding(s)
             trustedLists.withLock { $0.removeAll() }

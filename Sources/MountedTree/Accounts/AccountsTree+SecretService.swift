@@ -48,43 +48,164 @@ extension AccountsTree: SecretStore {
         }
     }
 
+    /// Unlocked, through the vault's index; locked, through the index the lock kept (the
+    /// items then come back locked: SPEC §2c).
     public func search(_ attributes: [String: String]) -> [[UInt8]] {
         state.withLock { s -> [[UInt8]] in
-            guard s.fields.session.isOpen, let vault = s.fields.vault else { return [] }
-            var result: [[UInt8]]?
-            for (name, value) in attributes.sorted(by: { $0.key < $1.key }) {
-                var found = Array(value.utf8).withUnsafeBytes { bytes in
-                    (try? vault.accounts(namedField: Self.attributePrefix + name, equalTo: bytes)) ?? []
-                }
-                if let mapped = Self.mappedAttributes.first(where: { $0.attribute == name }) {
-                    let inField = Array(value.utf8).withUnsafeBytes { (try? vault.accounts(with: mapped.indexed, equalTo: $0)) ?? [] }
-                    found = value.isEmpty ? found : inField + found
-                }
-                let matching = Set(found)
-                result = result.map { $0.filter { matching.contains($0) } } ?? found
-                if result?.isEmpty == true { return [] }
+            guard let vault = s.fields.vault else { return [] }
+            if s.fields.session.isOpen {
+                return Self.search(attributes, all: vault.accounts.map(\.uuid),
+                                   named: { (try? vault.accounts(namedField: $0, equalTo: $1)) ?? [] },
+                                   field: { (try? vault.accounts(with: $0, equalTo: $1)) ?? [] })
             }
-            return result ?? vault.accounts.map(\.uuid)
+            guard let index = s.lockedSearch else { return [] }
+            return Self.search(attributes, all: index.accounts,
+                               named: { index.accounts(namedField: $0, equalTo: $1) },
+                               field: { index.accounts(with: $0, equalTo: $1) })
+            .filter { vault.hasAccount(uuid: $0) }
         }
+    }
+
+    /// The accounts with every one of `attributes`: each looked up (a named field, and a
+    /// field for the mapped ones), the results intersected.
+    private static func search(_ attributes: [String: String], all: @autoclosure () -> [[UInt8]],
+                               named: (String, UnsafeRawBufferPointer) -> [[UInt8]],
+                               field: (IndexedAttribute, UnsafeRawBufferPointer) -> [[UInt8]]) -> [[UInt8]] {
+        var result: [[UInt8]]?
+        for (name, value) in attributes.sorted(by: { $0.key < $1.key }) {
+            var found = Array(value.utf8).withUnsafeBytes { named(attributePrefix + name, $0) }
+            if let mapped = mappedAttributes.first(where: { $0.attribute == name }), !value.isEmpty {
+                found = Array(value.utf8).withUnsafeBytes { field(mapped.indexed, $0) } + found
+            }
+            let matching = Set(found)
+            result = result.map { $0.filter { matching.contains($0) } } ?? found
+            if result?.isEmpty == true { return [] }
+        }
+        return result ?? all()
     }
 
     // MARK: Guarding
 
-    /// Guarding's verdict for a bus caller on an account (nil: guarding does not cover it).
-    private func busVerdict(_ uuid: [UInt8], caller: BusCaller, what: String, writing: Bool) -> AccessGuard.Verdict? {
-        guard let (access, trusted) = state.withLock({ s -> (AccessGuard.Access, [TrustedProgram])? in
+    /// What guarding needs to decide for a bus caller on an account (nil: guarding does not
+    /// cover it): the access, the trusted programs, and who calls.
+    private func busAccess(_ uuid: [UInt8], caller: BusCaller, what: String,
+                           writing: Bool) -> (access: AccessGuard.Access, trusted: [TrustedProgram], requester: Requester?)? {
+        guard var (access, trusted) = state.withLock({ s -> (AccessGuard.Access, [TrustedProgram])? in
             guard s.fields.session.isOpen, let vault = s.fields.vault, (try? vault.isGuarded()) == true else { return nil }
             return (s.accessDescription(uuid, what: what, writing: writing), (try? vault.trustedPrograms(of: uuid)) ?? [])
         }) else { return nil }
-        guard caller.pid > 0 else { return .denied("the bus did not say which process called") }
-        let requester = self.access.inspector.inspect(thread: caller.pid)
+        access.scope = .connection(caller.connection)
+        // (Who calls is read outside the lock: /proc, and a program's hash the first time.)
+        return (access, trusted, caller.pid > 0 ? self.access.inspector.inspect(thread: caller.pid) : nil)
+    }
+
+    /// Guarding's verdict for a bus caller on an account (nil: guarding does not cover it),
+    /// recorded in `.mtmfs/access` as an open's is.
+    private func busVerdict(_ uuid: [UInt8], caller: BusCaller, what: String, writing: Bool) -> AccessGuard.Verdict? {
+        guard let (access, trusted, requester) = busAccess(uuid, caller: caller, what: what, writing: writing) else { return nil }
+        guard let requester else { return .denied("the bus did not say which process called") }
         let verdict = self.access.verdict(requester, access, trusted: trusted)
         switch verdict {
-        case .allowed(let why): self.access.record(allowed: true, why + " (Secret Service)", requester, access)
-        case .denied(let why): self.access.record(allowed: false, why + " (Secret Service)", requester, access)
-        case .ask: self.access.record(allowed: false, "not trusted (Secret Service: the item reads as locked)", requester, access)
+        case .allowed(let why): self.access.record(allowed: true, why, requester, access)
+        case .denied(let why): self.access.record(allowed: false, why, requester, access)
+        case .ask: self.access.record(allowed: false, "not trusted (the item reads as locked until Unlock asks)", requester, access)
         }
         return verdict
+    }
+
+    // MARK: Unlock prompts
+
+    public func unlock(items: [[UInt8]], caller: BusCaller, done: @escaping @Sendable (UnlockOutcome) -> Void) -> @Sendable () -> Void {
+        let prompt = BusPrompt()
+        let once = Locked(false)
+        let finish: @Sendable (UnlockOutcome) -> Void = { outcome in
+            if once.withLock({ told in defer { told = true }; return !told }) { done(outcome) }
+        }
+        let started = Threads.detach { [weak self] in
+            guard let self else { return finish(.dismissed) }
+            finish(self.runUnlockPrompt(items: items, caller: caller, prompt: prompt))
+        }
+        if !started { finish(.dismissed) }
+        return { prompt.cancel() }
+    }
+
+    public func connectionClosed(_ connection: String) { access.connectionClosed(connection) }
+
+    /// On a prompt's own thread: the passphrase if the vault is locked (three tries), then
+    /// each item the caller may not read, through the prompt broker (one at a time).
+    private func runUnlockPrompt(items: [[UInt8]], caller: BusCaller, prompt: BusPrompt) -> UnlockOutcome {
+        var unlockedVault = false
+        if isLocked {
+            guard askPassphraseAndUnlock(caller: caller, prompt: prompt) else { return .dismissed }
+            unlockedVault = true
+        }
+        var readable: [[UInt8]] = []
+        var refused = false
+        for uuid in items {
+            if prompt.isCancelled { return .dismissed }
+            if mayRead(uuid, caller: caller) {
+                readable.append(uuid)
+                continue
+            }
+            guard let (access, _, requester) = busAccess(uuid, caller: caller, what: "password", writing: false),
+                  let requester, requester.refusal == nil else {
+                refused = true
+                continue
+            }
+            if let why = self.access.cannotAsk(requester) {
+                self.access.record(allowed: false, why, requester, access)
+                refused = true
+                continue
+            }
+            let answered = Semaphore()
+            let allowed = Locked(false)
+            ask(requester, access, waiter: PromptWaiter(
+                isInterrupted: { prompt.isCancelled },
+                onInterrupt: { prompt.onCancel($0) },
+                allowed: { allowed.withLock { $0 = true }; answered.post() },
+                refused: { _ in answered.post() }))
+            answered.wait()
+            if allowed.withLock({ $0 }) { readable.append(uuid) } else { refused = true }
+        }
+        if prompt.isCancelled || (refused && readable.isEmpty && !unlockedVault) { return .dismissed }
+        return .unlocked(vault: unlockedVault, items: readable)
+    }
+
+    /// The vault's passphrase asked through the pinentry, and the vault unlocked with it.
+    private func askPassphraseAndUnlock(caller: BusCaller, prompt: BusPrompt) -> Bool {
+        let requester = caller.pid > 0 ? access.inspector.inspect(thread: caller.pid) : nil
+        let program = requester.map { "\($0.path) (pid \($0.process))" } ?? "A program (pid unknown)"
+        let description = "\(program) asks on the Secret Service to unlock the accounts of \(access.settings.mountPoint).\n\n"
+            + "Enter the vault's passphrase to unlock them (for every program, as mtmfs unlock does)."
+        var problem: String?
+        for _ in 0..<3 {
+            let dialog = PinentryDialog()
+            access.dialogStarted(dialog)
+            prompt.onCancel { dialog.cancel() }
+            let answer = dialog.askPassphrase(program: access.settings.program, terminal: requester?.terminal,
+                                              environment: access.settings.environment, title: "mtmfs: unlock the accounts",
+                                              description: description, error: problem, timeout: access.settings.timeout,
+                                              unavailable: access.settings.problem)
+            access.dialogEnded(dialog)
+            guard case .alwaysAllow(let passphrase) = answer else {
+                if case .failed(let why) = answer { Log.warning("Secret Service: the unlock could not ask: \(why)") }
+                return !isLocked
+            }
+            defer { passphrase.wipe() }
+            do throws(Errno) {
+                try unlock(passphrase: passphrase)
+                Log.info("unlocked on the Secret Service (the passphrase given at the prompt)")
+                return true
+            } catch {
+                if !isLocked { return true }  // (unlocked another way meanwhile)
+                guard error == .permissionDenied else {
+                    Log.warning("Secret Service: the unlock failed: \(error)")
+                    return false
+                }
+                problem = "Wrong passphrase: try again."
+            }
+        }
+        return false
     }
 
     public func mayRead(_ uuid: [UInt8], caller: BusCaller) -> Bool {
@@ -172,6 +293,7 @@ extension AccountsTree: SecretStore {
     public func lock() { lock(reason: "locked on the Secret Service") }
 
     public func observe(_ handler: @escaping @Sendable (SecretStoreChange) -> Void) {
+        servesSecretService.store(true, ordering: .relaxed)
         secretObservers.add(handler)
     }
 
@@ -262,5 +384,34 @@ final class SecretObservers: Sendable {
 
     func notify(_ change: SecretStoreChange) {
         for handler in handlers.withLock({ $0 }) { handler(change) }
+    }
+}
+
+/// A Secret Service prompt being answered: dismissed once, from any thread.
+///
+/// Thread-safety: behind its own lock; handlers run outside it.
+final class BusPrompt: Sendable {
+    private let state = Locked<(cancelled: Bool, handlers: [@Sendable () -> Void])>((false, []))
+
+    var isCancelled: Bool { state.withLock { $0.cancelled } }
+
+    /// `handler` runs at the dismissal (at once if it came).
+    func onCancel(_ handler: @escaping @Sendable () -> Void) {
+        let now = state.withLock { s -> Bool in
+            if s.cancelled { return true }
+            s.handlers.append(handler)
+            return false
+        }
+        if now { handler() }
+    }
+
+    func cancel() {
+        let handlers = state.withLock { s -> [@Sendable () -> Void] in
+            guard !s.cancelled else { return [] }
+            s.cancelled = true
+            defer { s.handlers.removeAll() }
+            return s.handlers
+        }
+        for handler in handlers { handler() }
     }
 }

@@ -68,6 +68,8 @@ public final class AccountsTree: EditingTree {
     let fieldReads = Atomic<UInt64>(0)
     /// Told of every change of the accounts (the Secret Service's signals).
     let secretObservers: SecretObservers
+    /// The Secret Service is served: a lock keeps the index for its searches (`State.lockedSearch`).
+    let servesSecretService = Atomic<Bool>(false)
 
     static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     /// Field attributes (sizes) may be cached while unlocked: every commit and every lock

@@ -19,6 +19,9 @@ extension AccountsTree {
         var views = ServerDirectories()
         /// Told which accounts changed (for the Secret Service), as the engine is.
         let secretObservers: SecretObservers
+        /// While locked, with the Secret Service served: the index as the lock found it, so
+        /// that a search finds the items it will unlock (SPEC §2c). Gone at unlock.
+        var lockedSearch: LockedSearchIndex?
 
         /// Every request but a release needs a vault (EIO while none can be read).
         func admit() throws(Errno) {
