@@ -27,9 +27,10 @@ public final class VaultFolder: @unchecked Sendable {
     /// The valid files' changes, by path relative to the folder (changed only through
     /// `put`, `drop` and `dropAll`, which keep `filesByAccount`).
     public private(set) var files: [String: [AccountChange]] = [:]
-    /// For each account, the files that hold a change of it: one account's changes without
-    /// a walk through every file (a save at 10,000 accounts).
-    private var filesByAccount: [[UInt8]: Set<String>] = [:]
+    /// For each account, the files that hold a change of it and where in each: one
+    /// account's changes without a walk through every file (a save at 10,000 accounts) or
+    /// through every change of a file that holds many accounts (a fold, an import).
+    private var filesByAccount: [[UInt8]: [String: [Int]]] = [:]
     /// Files passed over, with why (relative path → reason).
     public private(set) var skipped: [String: String] = [:]
     private var parsed: [String: ChangeFile.Parsed] = [:]
@@ -46,7 +47,7 @@ public final class VaultFolder: @unchecked Sendable {
     private func put(_ relative: String, _ changes: [AccountChange]) {
         if let old = files[relative] { forget(relative, old) }
         files[relative] = changes
-        for uuid in Set(changes.map(\.uuid)) { filesByAccount[uuid, default: []].insert(relative) }
+        for (position, change) in changes.enumerated() { filesByAccount[change.uuid, default: [:]][relative, default: []].append(position) }
     }
 
     @discardableResult
@@ -63,14 +64,18 @@ public final class VaultFolder: @unchecked Sendable {
 
     private func forget(_ relative: String, _ changes: [AccountChange]) {
         for uuid in Set(changes.map(\.uuid)) {
-            filesByAccount[uuid]?.remove(relative)
+            filesByAccount[uuid]?[relative] = nil
             if filesByAccount[uuid]?.isEmpty == true { filesByAccount[uuid] = nil }
         }
     }
 
     /// One account's valid changes, in the order of their files' paths (as `changes`).
     public func changes(of uuid: [UInt8]) -> [AccountChange] {
-        (filesByAccount[uuid] ?? []).sorted().flatMap { relative in (files[relative] ?? []).filter { $0.uuid == uuid } }
+        guard let byFile = filesByAccount[uuid] else { return [] }
+        return byFile.keys.sorted().flatMap { relative -> [AccountChange] in
+            guard let all = files[relative] else { return [] }
+            return byFile[relative]!.map { all[$0] }
+        }
     }
 
     /// Every valid change, in the order of their files' paths (one order on every machine).

@@ -36,11 +36,22 @@ enum Benchmark {
         /// Only the daemon workloads (W18 idle wakeups, W19 status cost).
         var daemonOnly = false
         var guardOnly = false
+        /// Only W26, the Secret Service beside gnome-keyring.
+        var secretServiceOnly = false
     }
 
     nonisolated(unsafe) static var mounts: [String] = []
     /// Daemons mounted inside mount namespaces of their own (W20): ended by SIGTERM.
     nonisolated(unsafe) static var namespaceDaemons: [pid_t] = []
+    /// Other processes the bench started (session buses, gnome-keyring): ended by SIGTERM
+    /// once the mounts are gone.
+    nonisolated(unsafe) static var helpers: [pid_t] = []
+
+    static func stopHelpers() {
+        for pid in helpers { kill(pid, SIGTERM) }
+        for pid in helpers { _ = Spawn.wait(pid, timeout: 5) }
+        helpers.removeAll()
+    }
     nonisolated(unsafe) static var interrupted: sig_atomic_t = 0
 
     static func main(_ arguments: [String]) -> Int32 {
@@ -55,9 +66,11 @@ enum Benchmark {
             case "--vault": options.vaultOnly = true
             case "--daemon": options.daemonOnly = true
             case "--guard": options.guardOnly = true
+            case "--secret-service": options.secretServiceOnly = true
             case "-h", "--help":
                 print("""
                 Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE] [--engine] [--vault] [--daemon] [--guard]
+                                   [--secret-service]
 
                 Measures mtmfs against a native directory and its peers — a bindfs passthrough, a
                 gocryptfs mount and a `pass` store (installed by `mount-helpers/install-deps --bench`;
@@ -77,6 +90,9 @@ enum Benchmark {
                 files) and the cost of .mtmfs/status with 10 to 1,000,000 cache files. --guard:
                 only W20, `cat` of a password by a trusted program with guarding on beside the
                 same with guarding off (both mounted and run as user nobody; needs root).
+                --secret-service: only W26, the Secret Service beside gnome-keyring, each on a bus of
+                its own: `secret-tool lookup` as a whole process, SearchItems round trips among 10
+                and 10,000 accounts, idle wakeups with the bus served.
                 """)
                 return 0
             default:
@@ -96,6 +112,7 @@ enum Benchmark {
             FileHandle.standardError.write(Data("mtmfs-bench: \(error)\n".utf8))
             Bench.stopNamespaceDaemons()
             for mount in mounts { _ = Spawn.run("fusermount3", ["-uz", mount]) }
+            stopHelpers()
             return 1
         }
     }

@@ -21,28 +21,7 @@ extension Bench {
             guard Spawn.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
                 throw BenchError("mtmfs init (W16) failed")
             }
-            do {
-                let vault = try Vault(path: data + "/vault")
-                try vault.unlock(passphrase: Array(Bench.passphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) })
-                // In batches of 1,000: every value is its own `sodium_malloc` region here (a few
-                // memory maps each), and 80,000 at once would pass vm.max_map_count.
-                for batch in stride(from: 0, to: count, by: 1_000) {
-                let accounts = (batch..<min(count, batch + 1_000)).map { index -> (uuid: [UInt8], name: String, fields: [AccountField: SecureBytes]) in
-                    let name = String(format: "%08x-0000-4000-8000-%012x", index, index)
-                    let values: [AccountField: String] = [
-                        .label: "Account \(index)", .protocol: "https", .server: "host\(index).example.com", .port: "443",
-                        .path: "/login", .comment: "bench account number \(index)", .username: "user\(index)@example.com",
-                        .password: "pw-\(index)-correct-horse-battery-staple",
-                    ]
-                    return (AccountName.uuidBytes(name)!, name,
-                            values.mapValues { text in Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } })
-                }
-                try vault.addAccounts(accounts)
-                }
-                vault.lock()
-            } catch {
-                throw BenchError("W16 vault: \(error)")
-            }
+            try fillVault(data, count: count, workload: "W16")
             mkdir(mount, 0o755)
             guard Spawn.run(mtmfs, ["mount", "--auto-lock", "0", "--unlock", "--passphrase-file", root + "/w3-pass",
                                     "--data-dir", data, mount]) == 0 else { throw BenchError("mtmfs mount (W16) failed") }
@@ -151,6 +130,33 @@ extension Bench {
             passTotal += seconds { Spawn.run("pass", ["git", "push", "-q", "origin", "HEAD"]) }
         }
         record("W25 carry one change to a local bare remote (ms)", "pass", passTotal / Double(runs) * 1000)
+    }
+
+    /// `count` fully filled accounts (all eight fields; account N has server
+    /// hostN.example.com and username userN@example.com), added to an initialized store in one save.
+    func fillVault(_ data: String, count: Int, workload: String) throws {
+        do {
+            let vault = try Vault(path: data + "/vault")
+            try vault.unlock(passphrase: Array(Bench.passphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) })
+            // In batches of 1,000: every value is its own `sodium_malloc` region here (a few
+            // memory maps each), and 80,000 at once would pass vm.max_map_count.
+            for batch in stride(from: 0, to: count, by: 1_000) {
+                let accounts = (batch..<min(count, batch + 1_000)).map { index -> (uuid: [UInt8], name: String, fields: [AccountField: SecureBytes]) in
+                    let name = String(format: "%08x-0000-4000-8000-%012x", index, index)
+                    let values: [AccountField: String] = [
+                        .label: "Account \(index)", .protocol: "https", .server: "host\(index).example.com", .port: "443",
+                        .path: "/login", .comment: "bench account number \(index)", .username: "user\(index)@example.com",
+                        .password: "pw-\(index)-correct-horse-battery-staple",
+                    ]
+                    return (AccountName.uuidBytes(name)!, name,
+                            values.mapValues { text in Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } })
+                }
+                try vault.addAccounts(accounts)
+            }
+            vault.lock()
+        } catch {
+            throw BenchError("\(workload) vault: \(error)")
+        }
     }
 
     /// One round: ms per field change at each vault size (and `pass insert -f`).
