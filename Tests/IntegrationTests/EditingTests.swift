@@ -125,7 +125,7 @@ import Glibc
         // Nothing left behind once the tools gave up (their temporaries, the refused files).
         #expect(Poll.until(seconds: 3) { Run.shell("ls -A \(settings)").stdout == "ActiveServiceAccountUUID\nIsFirstRun\nN\nS\n" },
                 "\(Run.shell("ls -A \(settings)").stdout)")
-        #expect(Poll.until(seconds: 3) { Run.shell("ls -A \(account)").stdout.split(separator: "\n").count == 10 },
+        #expect(Poll.until(seconds: 3) { Run.shell("ls -A \(account)").stdout.split(separator: "\n").count == 11 },
                 "\(Run.shell("ls -A \(account)").stdout)")
     }
 

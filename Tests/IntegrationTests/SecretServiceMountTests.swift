@@ -296,6 +296,62 @@ struct SecretServiceMountTests {
         #expect(answers(ours).count == 15, "\(ours.stdout)")
     }
 
+    /// Attributes other than the mapped ones are files of `accounts/<UUID>/attributes/`,
+    /// edited like fields (echo, sed -i, rm, mv), and a change on either side shows on the other.
+    @Test func attributesAreFilesEditedLikeFields() throws {
+        let store = try ServedStore()
+        defer { store.close() }
+        func bus(_ body: String) -> String {
+            let result = store.python("""
+                import secretstorage
+                connection = secretstorage.dbus_init()
+                collection = secretstorage.get_default_collection(connection)
+                items = list(collection.get_all_items())
+                \(body)
+                """)
+            return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) + (result.status == 0 ? "" : " [\(result.stderr)]")
+        }
+        #expect(bus("collection.create_item('Mail', {'service': 'mail', 'xdg:schema': 'org.example.Mail', 'a/b': 'slash', "
+                    + "'user': 'alice'}, b's3cret'); print('made')") == "made")
+        let account = try #require(store.accounts.first)
+        let attributes = store.path("accounts/\(account)/attributes")
+        let listed = (try? FileManager.default.contentsOfDirectory(atPath: attributes))?.sorted() ?? []
+        #expect(listed == ["a%2Fb", "service", "xdg:schema"], "the mapped user is the username field: \(listed)")
+        #expect(store.field(account, "attributes/service") == "mail\n")
+        #expect(store.field(account, "attributes/a%2Fb") == "slash\n")
+        #expect(store.field(account, "username") == "alice\n")
+        func attributesOnTheBus() -> String { bus("print(sorted(items[0].get_attributes().items()))") }
+
+        #expect(Run.shell("echo imap > \(attributes)/service && sed -i s/Mail/Post/ '\(attributes)/xdg:schema'").status == 0)
+        #expect(Run.shell("echo new > \(attributes)/extra && mv \(attributes)/a%2Fb \(attributes)/moved").status == 0)
+        #expect(attributesOnTheBus() == "[('extra', 'new'), ('moved', 'slash'), ('service', 'imap'), ('user', 'alice'), "
+                + "('xdg:schema', 'org.example.Post')]")
+        #expect(bus("print(len(list(collection.search_items({'extra': 'new'}))))") == "1", "found by the new attribute")
+        // vim's save (a backup renamed away, a new file written, the backup removed).
+        let edited = Run.program("vim", ["-es", "-u", "NONE", "-c", "%s/new/newer/", "-c", "wq", attributes + "/extra"])
+        #expect(edited.status == 0, "\(edited)")
+        #expect(bus("print(items[0].get_attributes()['extra'])") == "newer")
+        #expect((try? FileManager.default.contentsOfDirectory(atPath: attributes))?.sorted() == ["extra", "moved", "service", "xdg:schema"])
+        #expect(Run.shell("rm \(attributes)/extra").status == 0)
+        #expect(attributesOnTheBus() == "[('moved', 'slash'), ('service', 'imap'), ('user', 'alice'), ('xdg:schema', 'org.example.Post')]")
+        // Changed on the bus: the files follow at once.
+        #expect(bus("items[0].set_attributes({'service': 'smtp', 'user': 'alice', '..': 'dots'}); print('set')") == "set")
+        #expect(store.field(account, "attributes/service") == "smtp\n")
+        #expect(store.field(account, "attributes/%2E%2E") == "dots\n")
+        #expect(!FileManager.default.fileExists(atPath: attributes + "/moved"))
+        // What an attribute cannot hold, and what the directory cannot have.
+        let twoLines = Run.program("/usr/bin/python3", ["-c", "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC); "
+                                                        + "os.write(fd, b'a\\nb\\n')", attributes + "/service"])
+        #expect(twoLines.status != 0 && twoLines.stderr.contains("Invalid argument"), "\(twoLines)")
+        #expect(store.field(account, "attributes/service") == "smtp\n")
+        #expect(Run.shell("mkdir \(attributes)/d").stderr.contains("Permission denied"))
+        #expect(Run.shell("mv \(attributes)/service \(store.path("accounts/\(account)"))/label").status != 0, "not a field's")
+        // `rm -r` of the account takes its attributes with it.
+        let removed = Run.shell("rm -r \(store.path("accounts/\(account)"))")
+        #expect(removed.status == 0, "\(removed)")
+        #expect(store.accounts.isEmpty && bus("print(len(items))") == "0")
+    }
+
     @Test func lockedAndUnlockedOnTheBus() throws {
         let store = try ServedStore(pinentry: true)
         defer { store.close() }

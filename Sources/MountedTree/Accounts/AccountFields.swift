@@ -14,7 +14,87 @@ struct FieldKey: Hashable, Sendable {
     var isURL: Bool { index == AccountFields.urlIndex }
     /// `totp`: the current one-time code of `otp` (read only; there while `otp` is set).
     var isTOTP: Bool { index == AccountFields.totpIndex }
-    var field: AccountField? { isURL || isTOTP ? nil : AccountField.allCases[index] }
+    /// A file of `attributes/`: an attribute the Secret Service keeps (`AccountFields.attributes`).
+    var isAttribute: Bool { index >= AccountFields.names.count }
+    var field: AccountField? { isURL || isTOTP || isAttribute ? nil : AccountField.allCases[index] }
+}
+
+/// The attribute names seen while the mount runs, each given a key index once
+/// (`AccountFields.names.count` + its position): an attribute's file is a key like a field's.
+///
+/// Thread-safety: none of its own; it lives in `AccountFields`, behind the tree's lock.
+final class AttributeNames: @unchecked Sendable {
+    private var names: [String] = []
+    private var positions: [String: Int] = [:]
+
+    func index(of name: String) -> Int {
+        if let position = positions[name] { return AccountFields.names.count + position }
+        positions[name] = names.count
+        names.append(name)
+        return AccountFields.names.count + names.count - 1
+    }
+
+    func name(at index: Int) -> String? {
+        let position = index - AccountFields.names.count
+        return names.indices.contains(position) ? names[position] : nil
+    }
+
+    /// Every index given so far.
+    var indices: [Int] { names.indices.map { AccountFields.names.count + $0 } }
+}
+
+/// How an attribute's name is shown as a file name in `attributes/` (SPEC §2c): as it is,
+/// but `%` is `%25` and `/` is `%2F`; a name `.` or `..` is `%2E` or `%2E%2E`, and the empty
+/// name is `%`. A name longer than 255 bytes once shown has no file (it stays on the bus).
+///
+/// Thread-safety: pure functions.
+enum AttributeFileName {
+    static func fileName(of attribute: String) -> String? {
+        let shown: String
+        switch attribute {
+        case "": shown = "%"
+        case ".": shown = "%2E"
+        case "..": shown = "%2E%2E"
+        default: shown = attribute.replacingAll("%", with: "%25").replacingAll("/", with: "%2F")
+        }
+        return shown.utf8.count <= 255 ? shown : nil
+    }
+
+    /// The attribute a file name shows (nil: not one this rule makes).
+    static func attribute(of fileName: String) -> String? {
+        switch fileName {
+        case "%": return ""
+        case "%2E": return "."
+        case "%2E%2E": return ".."
+        default:
+            var out: [UInt8] = []
+            let bytes = Array(fileName.utf8)
+            var index = 0
+            while index < bytes.count {
+                if bytes[index] == UInt8(ascii: "%") {
+                    guard index + 2 < bytes.count else { return nil }
+                    let code = String(decoding: bytes[(index + 1)...(index + 2)], as: UTF8.self)
+                    switch code {
+                    case "25": out.append(UInt8(ascii: "%"))
+                    case "2F": out.append(UInt8(ascii: "/"))
+                    default: return nil
+                    }
+                    index += 3
+                } else {
+                    out.append(bytes[index])
+                    index += 1
+                }
+            }
+            let name = String(decoding: out, as: UTF8.self)
+            return Self.fileName(of: name) == fileName ? name : nil
+        }
+    }
+}
+
+extension String {
+    fileprivate func replacingAll(_ target: String, with replacement: String) -> String {
+        split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
+    }
 }
 
 /// The fields of the vault's accounts as the editing engine sees them (its `EditedStore`):
@@ -48,6 +128,14 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     var changedKeys: [FieldKey] = []
     /// Where a field's text is composed for getattr and read (see `withText`).
     let readBuffer = SecureBytes(count: 0)
+    /// The attributes' key indices (see `AttributeNames`).
+    let attributeNames = AttributeNames()
+    /// `accounts/<UUID>/attributes/`, the Secret Service's other attributes of the account
+    /// (SPEC §2c), a file each, edited like a field. Kept as named fields `attribute:NAME`.
+    static let attributesName = "attributes"
+    static let attributePrefix = "attribute:"
+    /// Its directory's serial: `attributesSerialBase` + the account's serial (none of an account's).
+    static let attributesSerialBase: UInt64 = 1 << 46
 
     init(session: VaultSession) { self.session = session }
 
@@ -77,6 +165,47 @@ struct AccountFields: EditedStore, @unchecked Sendable {
 
     func account(named name: String) -> (uuid: [UInt8], name: String)? { vault?.account(named: name) }
 
+    /// The `attributes/` directory of an account.
+    static func attributesDirectory(of account: AccountID) -> LocalInode {
+        .directory(attributesSerialBase + account.serial)
+    }
+
+    /// The account whose `attributes/` is `directory`, if it is one.
+    func attributesOwner(_ directory: LocalInode) -> AccountID? {
+        guard let serial = directory.directorySerial, serial >= Self.attributesSerialBase else { return nil }
+        let id = AccountID(serial: serial - Self.attributesSerialBase)
+        return uuids[id] != nil ? id : nil
+    }
+
+    /// The account a directory belongs to: its own, or the one whose `attributes/` it is.
+    func owner(of directory: LocalInode) -> AccountID? { account(at: directory) ?? attributesOwner(directory) }
+
+    /// The key of an account's attribute.
+    func attributeKey(_ account: AccountID, _ name: String) -> FieldKey {
+        FieldKey(account: account, index: attributeNames.index(of: name))
+    }
+
+    /// The attributes an account has now (their names, not their values), while unlocked.
+    func attributes(of account: AccountID) -> [String] {
+        guard session.isOpen, let vault, let uuid = uuids[account], let named = try? vault.namedFields(of: uuid) else { return [] }
+        return named.compactMap { name, value in
+            name.hasPrefix(Self.attributePrefix) && value.count > 0 ? String(name.dropFirst(Self.attributePrefix.count)) : nil
+        }.sorted()
+    }
+
+    /// An attribute's value, while unlocked.
+    func attributeValue(_ key: FieldKey) -> SecureBytes? {
+        guard session.isOpen, let vault, let uuid = uuids[key.account], let name = attributeNames.name(at: key.index),
+              let value = (try? vault.namedFields(of: uuid))?[Self.attributePrefix + name], value.count > 0 else { return nil }
+        return value
+    }
+
+    /// What a key's file is called (a field's name, an attribute's file name).
+    func name(of key: FieldKey) -> String {
+        guard key.isAttribute else { return Self.names[key.index] }
+        return attributeNames.name(at: key.index).flatMap(AttributeFileName.fileName) ?? "?"
+    }
+
     /// An account left the vault: its id goes.
     mutating func forgetAccount(_ id: AccountID) {
         if let uuid = uuids.removeValue(forKey: id) { ids[uuid] = nil }
@@ -90,7 +219,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
         var gone: [String] = []
         for (id, uuid) in uuids {
             if vault?.hasAccount(uuid: uuid) == true {
-                changedKeys += Self.names.indices.map { FieldKey(account: id, index: $0) }
+                changedKeys += (Array(Self.names.indices) + attributeNames.indices).map { FieldKey(account: id, index: $0) }
             } else {
                 forgetAccount(id)
                 gone.append(AccountName.string(uuid))
@@ -102,6 +231,13 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     // MARK: EditedStore
 
     func key(named name: String, in directory: LocalInode, isHidden: (FieldKey) -> Bool) -> FieldKey? {
+        if let account = attributesOwner(directory) {
+            // Any name the rule makes is an attribute, but an editor's file while it has no
+            // value (as a plist's keys: `.x.swp` is an editor's until it is an attribute).
+            guard let attribute = AttributeFileName.attribute(of: name) else { return nil }
+            let key = attributeKey(account, attribute)
+            return attributeValue(key) != nil || isHidden(key) || !EditorNames.isEditorFile(name) ? key : nil
+        }
         guard let account = account(at: directory), let index = Self.names.firstIndex(of: name) else { return nil }
         if index == Self.totpIndex && !hasOTP(account) { return nil }
         return FieldKey(account: account, index: index)
@@ -121,9 +257,15 @@ struct AccountFields: EditedStore, @unchecked Sendable {
         return UInt64(max(0, time.tv_sec))
     }
 
-    func directory(of key: FieldKey) -> LocalInode? { key.account.directory }
+    func directory(of key: FieldKey) -> LocalInode? {
+        key.isAttribute ? Self.attributesDirectory(of: key.account) : key.account.directory
+    }
 
-    func hasValue(_ key: FieldKey) -> Bool { uuids[key.account] != nil }
+    /// Every field has a value while its account is there; an attribute while it is set.
+    func hasValue(_ key: FieldKey) -> Bool {
+        guard uuids[key.account] != nil else { return false }
+        return !key.isAttribute || attributeValue(key) != nil
+    }
 
     func withText<T>(of key: FieldKey, _ body: (UnsafeRawBufferPointer) -> T) throws(Errno) -> T {
         guard session.isOpen, let vault, let uuid = uuids[key.account] else {
@@ -136,7 +278,9 @@ struct AccountFields: EditedStore, @unchecked Sendable {
             func bytes(_ value: SecureBytes?, _ use: (UnsafeRawBufferPointer) -> Void) {
                 if let value { value.withUnsafeBytes(use) } else { use(UnsafeRawBufferPointer(start: nil, count: 0)) }
             }
-            if key.isTOTP {
+            if key.isAttribute {
+                bytes(attributeValue(key)) { out.write($0, at: 0) }
+            } else if key.isTOTP {
                 // The code of this moment: `totp` is read by direct I/O, never from a cache.
                 if let otp = try vault.storedField(.otp, of: uuid), let (secret, parameters) = otp.withUnsafeBytes({ OneTimeCode.parse($0) }) {
                     let code = OneTimeCode.code(secret: secret, parameters: parameters, at: Self.now())
@@ -167,11 +311,18 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     func accepts(_ text: UnsafeRawBufferPointer, for key: FieldKey, note: Never?) -> Bool {
         if key.isTOTP { return false }
         let value = Self.withoutNewline(text)
+        if key.isAttribute { return Self.isAttributeValue(value) }
         guard let field = key.field else { return AccountFieldSyntax.parseURL(value) != nil }
         return AccountFieldSyntax.isValid(value, for: field)
     }
 
     static func withoutNewline(_ raw: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer { OneNewline.value(raw) }
+
+    /// An attribute's value is a D-Bus string: UTF-8, no NUL, one line.
+    static func isAttributeValue(_ value: UnsafeRawBufferPointer) -> Bool {
+        guard value.count <= AccountFieldSyntax.maximumSize, !value.contains(0), !value.contains(0x0A) else { return false }
+        return String(validating: value, as: UTF8.self) != nil
+    }
 
     /// Validates and seals one field's text (`url`: its four parts at once).
     mutating func commit(_ text: SecureBytes, to key: FieldKey, note: Never?) throws(Errno) -> Committed<FieldKey, SecureBytes> {
@@ -179,6 +330,19 @@ struct AccountFields: EditedStore, @unchecked Sendable {
         guard let vault, let uuid = uuids[key.account] else { throw .noSuchFileOrDirectory }
         if key.isTOTP { throw .permissionDenied }  // (made from `otp`: written there)
         guard text.count <= AccountFieldSyntax.maximumSize + 2 else { throw .fileTooLarge }
+        if key.isAttribute {
+            guard let name = attributeNames.name(at: key.index) else { throw .noSuchFileOrDirectory }
+            let value = text.withUnsafeBytes { raw -> SecureBytes? in
+                let value = Self.withoutNewline(raw)
+                return Self.isAttributeValue(value) ? SecureBytes(copying: value) : nil
+            }
+            guard let value else { throw text.count > AccountFieldSyntax.maximumSize ? .fileTooLarge : .invalidArgument }
+            defer { value.wipe() }
+            do { try vault.setFields([:], named: [Self.attributePrefix + name: value], of: uuid) } catch { throw error.errno }
+            session.touched()
+            Log.debug("vault saved: an attribute of one account changed (values not logged)")
+            return Committed(shown: nil, alsoChanged: [])
+        }
         var changes: [AccountField: SecureBytes] = [:]
         defer { for (_, value) in changes { value.wipe() } }
         let ok: Bool = text.withUnsafeBytes { raw in
@@ -205,6 +369,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
 
     /// The fields whose text changes with `key`'s: a URL and its parts.
     static func related(to key: FieldKey) -> [FieldKey] {
+        if key.isAttribute { return [] }
         if key.field == .otp { return [FieldKey(account: key.account, index: totpIndex)] }
         let parts = [AccountField.protocol, .server, .port, .path].map { AccountField.allCases.firstIndex(of: $0)! }
         guard key.isURL || parts.contains(key.index) else { return [] }
@@ -219,8 +384,24 @@ struct AccountFields: EditedStore, @unchecked Sendable {
         changedKeys += [key] + saved.alsoChanged
     }
 
-    /// Fields have fixed names: one is never renamed onto another.
-    mutating func move(_ key: FieldKey, onto target: FieldKey) throws(Errno) { throw .notPermitted }
+    /// Fields have fixed names: one is never renamed onto another. An attribute may be,
+    /// onto another of the same account: the target takes the value, the source goes.
+    mutating func move(_ key: FieldKey, onto target: FieldKey) throws(Errno) {
+        guard key.isAttribute, target.isAttribute, key.account == target.account else { throw .notPermitted }
+        try session.requireOpen()
+        guard let vault, let uuid = uuids[key.account], let from = attributeNames.name(at: key.index),
+              let to = attributeNames.name(at: target.index) else { throw .noSuchFileOrDirectory }
+        guard let value = attributeValue(key)?.copy() else { throw .noSuchFileOrDirectory }
+        defer { value.wipe() }
+        let empty = SecureBytes()
+        do {
+            try vault.setFields([:], named: [Self.attributePrefix + to: value, Self.attributePrefix + from: empty], of: uuid)
+        } catch {
+            throw error.errno
+        }
+        session.touched()
+        changedKeys += [key, target]
+    }
 
     func admitsScratch(in directory: LocalInode, count: Int, moved: Bool) throws(Errno) {
         guard count < Self.maximumScratchFiles else { throw .noSpace }  // secure memory is precious
@@ -228,5 +409,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
 
     func mayRenameAway(_ key: FieldKey, to directory: LocalInode) throws(Errno) {}
 
-    func removesAtOnce(_ key: FieldKey) -> Bool { false }
+    /// An attribute unlinked goes at once (the bus shows it gone); a field is cleared after
+    /// the engine's delay (an editor that unlinks and writes again keeps its file).
+    func removesAtOnce(_ key: FieldKey) -> Bool { key.isAttribute }
 }

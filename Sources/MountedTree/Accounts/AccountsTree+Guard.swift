@@ -248,7 +248,7 @@ extension AccountsTree {
     func requireTrust(_ s: inout State, directory: LocalInode, _ looked: Requester?, context: RequestContext,
                       what: String) throws(Errno) {
         guard s.fields.session.isOpen, let vault = s.fields.vault,
-              (try? vault.isGuarded()) == true, let id = s.fields.account(at: directory),
+              (try? vault.isGuarded()) == true, let id = s.fields.owner(of: directory),
               let uuid = s.fields.uuid(of: id) else { return }
         // Guarded only since the request was looked at (an unlock, `guard on`): looked at now.
         let requester = looked ?? access.inspector.inspect(thread: context.pid)
@@ -450,7 +450,7 @@ extension AccountsTree.State {
         let directory: LocalInode?
         if let key = file.key {
             guard writing || key.field == .password || key.field == .otp || key.isTOTP else { return .uncovered }
-            what = AccountFields.names[key.index]
+            what = key.isAttribute ? "attribute " + fields.name(of: key) : AccountFields.names[key.index]
             directory = key.account.directory
         } else {
             // An editor's file: a backup may hold an old password, a swap file a new one.
@@ -461,7 +461,7 @@ extension AccountsTree.State {
                 directory = (file.intendedKey ?? file.detachedFrom)?.account.directory
             }
         }
-        guard let directory, let id = fields.account(at: directory), let uuid = fields.uuid(of: id),
+        guard let directory, let id = fields.owner(of: directory), let uuid = fields.uuid(of: id),
               let trusted = try? trustedPrograms(uuid) else { return .refused }
         return .covered(accessDescription(uuid, what: what, writing: writing), trusted)
     }

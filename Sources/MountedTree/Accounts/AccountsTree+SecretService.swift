@@ -340,6 +340,7 @@ extension AccountsTree: SecretStore {
     /// after the lock), then shown to the kernel and the bus.
     private func change(_ uuid: [UInt8], created: Bool = false, removed: Bool = false,
                         _ body: (inout State, Vault) throws(VaultError) -> Void) throws(SecretStoreError) {
+        var attributesDirectory: LocalInode?
         let outcome: Result<String?, Errno> = Result { () throws(Errno) -> String? in
             try locked { (s) throws(Errno) -> String? in
                 try s.fields.session.requireOpen()
@@ -352,7 +353,10 @@ extension AccountsTree: SecretStore {
                     if removed {
                         s.fields.forgetAccount(id)
                     } else {
-                        s.fields.changedKeys += AccountFields.names.indices.map { FieldKey(account: id, index: $0) }
+                        // (Every field and attribute file: the kernel drops what it kept of them.)
+                        let indices = Array(AccountFields.names.indices) + s.fields.attributeNames.indices
+                        s.fields.changedKeys += indices.map { FieldKey(account: id, index: $0) }
+                        attributesDirectory = AccountFields.attributesDirectory(of: id)
                     }
                 }
                 return name
@@ -360,7 +364,8 @@ extension AccountsTree: SecretStore {
         }
         switch outcome {
         case .success(let name):
-            send([.inode(.top)] + (removed ? name.map { [.entry(parent: .top, name: $0)] } ?? [] : []))
+            send([.inode(.top)] + (removed ? name.map { [.entry(parent: .top, name: $0)] } ?? [] : [])
+                 + (attributesDirectory.map { [.inode($0)] } ?? []))
             secretObservers.notify(.items([uuid]))
         case .failure(let errno):
             switch errno {

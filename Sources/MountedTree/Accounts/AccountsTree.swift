@@ -226,6 +226,20 @@ public final class AccountsTree: EditingTree {
             }
             return
         }
+        if parentLocal != .top && name == AccountFields.attributesName {
+            // `rm -r` of an account, once it unlinked every attribute: nothing to remove (the
+            // directory is always there); with attributes left, ENOTEMPTY.
+            try locked { (s) throws(Errno) in
+                try s.fields.session.requireOpen()
+                guard let account = s.fields.account(at: parentLocal) else { throw .noSuchFileOrDirectory }
+                let directory = AccountFields.attributesDirectory(of: account)
+                if s.engine.hasScratchFiles(in: directory)
+                    || s.fields.attributes(of: account).contains(where: { !s.engine.isLeaving(s.fields.attributeKey(account, $0)) }) {
+                    throw .directoryNotEmpty
+                }
+            }
+            return
+        }
         guard parentLocal == .top else { throw .notDirectory }
         let requester = self.requester(context)
         try locked { (s) throws(Errno) in

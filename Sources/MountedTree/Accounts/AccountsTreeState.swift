@@ -32,7 +32,17 @@ extension AccountsTree {
         mutating func settle() {
             let changed = fields.changedKeys
             fields.changedKeys.removeAll()
-            for key in changed { engine.keyChanged(key) }
+            // (An attribute changed elsewhere may be gone: its file goes with it.)
+            for key in changed {
+                if key.isAttribute && !fields.hasValue(key) {
+                    if engine.boundKeys.contains(key) {
+                        engine.entryInvalidations.append((AccountFields.attributesDirectory(of: key.account), fields.name(of: key)))
+                    }
+                    engine.keyGone(key, fields)
+                } else {
+                    engine.keyChanged(key)
+                }
+            }
             let accounts = Set(changed.map(\.account)).compactMap { fields.uuid(of: $0) }
             if !accounts.isEmpty { secretObservers.notify(.items(accounts)) }
         }
@@ -75,7 +85,7 @@ extension AccountsTree {
                 if engine.files[local]?.key?.isTOTP == true { attributes.mode = (attributes.mode & ~0o777) | 0o400 }
                 return attributes
             }
-            guard local == .top || fields.account(at: local) != nil else { throw .noSuchFileOrDirectory }
+            guard local == .top || fields.owner(of: local) != nil else { throw .noSuchFileOrDirectory }
             return ownership.directory(space.inode(local), mode: 0o700)
         }
 
@@ -93,6 +103,13 @@ extension AccountsTree {
             return account
         }
 
+        /// The same for a directory whose files are keys: an account's, or its `attributes/`.
+        func owner(at directory: LocalInode) throws(Errno) -> AccountID {
+            if directory.isFile { throw .notDirectory }
+            guard let account = fields.owner(of: directory) else { throw .noSuchFileOrDirectory }
+            return account
+        }
+
         // MARK: Names
 
         mutating func lookup(_ parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
@@ -100,11 +117,16 @@ extension AccountsTree {
             if let node = ConflictNode(parent) { return try conflictLookup(node, name) }
             if parent == .top, let view = ViewNode.names[name] { return view.local }
             guard parent == .top else {
-                let account = try account(at: parent)
+                let account = try owner(at: parent)
+                if fields.attributesOwner(parent) != nil { return try engine.lookup(name, in: parent, fields) }
                 if name == TrustedListNode.name { return TrustedListNode(account: account).local }
                 if name == ConflictNode.name {
                     guard !conflictFiles(of: account).isEmpty else { throw .noSuchFileOrDirectory }
                     return ConflictNode.directory(account).local
+                }
+                if name == AccountFields.attributesName, fields.account(at: parent) != nil {
+                    try fields.session.requireOpen()
+                    return AccountFields.attributesDirectory(of: account)
                 }
                 return try engine.lookup(name, in: parent, fields)
             }
@@ -125,6 +147,13 @@ extension AccountsTree {
                 for account in fields.vault?.accounts ?? [] {
                     entries.append((account.name, fields.id(of: account.uuid).directory))
                 }
+            } else if let account = fields.attributesOwner(local) {
+                for attribute in fields.attributes(of: account) {
+                    guard let name = AttributeFileName.fileName(of: attribute) else { continue }
+                    let key = fields.attributeKey(account, attribute)
+                    guard !engine.isHidden(key), engine.scratch(named: name, in: local) == nil else { continue }
+                    entries.append((name, engine.file(for: key, fields)))
+                }
             } else {
                 let account = try account(at: local)
                 for (index, name) in AccountFields.names.enumerated() {
@@ -138,6 +167,7 @@ extension AccountsTree {
                     entries.append((TrustedListNode.name, TrustedListNode(account: account).local))
                 }
                 if !conflictFiles(of: account).isEmpty { entries.append((ConflictNode.name, ConflictNode.directory(account).local)) }
+                if fields.session.isOpen { entries.append((AccountFields.attributesName, AccountFields.attributesDirectory(of: account))) }
             }
             entries += engine.scratchFiles(in: local).map { ($0.name, $0.inode) }
             return entries
@@ -177,13 +207,19 @@ extension AccountsTree {
                 do { value = try vault.field(field, of: account.uuid) } catch { throw error.errno }
                 if value.count > 0 { throw .directoryNotEmpty }
             }
+            if engine.hasScratchFiles(in: AccountFields.attributesDirectory(of: id))
+                || fields.attributes(of: id).contains(where: { !engine.isLeaving(fields.attributeKey(id, $0)) }) {
+                throw .directoryNotEmpty
+            }
             do {
                 try vault.removeAccount(uuid: account.uuid)
             } catch {
                 throw error.errno
             }
             Log.debug("vault saved: account \(name) removed (\(vault.accountCount) accounts)")
-            for index in AccountFields.names.indices { engine.keyGone(FieldKey(account: id, index: index), fields) }
+            for index in AccountFields.names.indices + fields.attributeNames.indices {
+                engine.keyGone(FieldKey(account: id, index: index), fields)
+            }
             fields.forgetAccount(id)
         }
 
@@ -193,7 +229,7 @@ extension AccountsTree {
             if parent == .top && ViewNode.names[name] != nil { throw .fileExists }
             try fields.session.requireOpen()
             guard parent != .top else { throw .permissionDenied }
-            _ = try account(at: parent)
+            _ = try owner(at: parent)
             guard name.utf8.count <= 255 else { throw .nameTooLong }
             return try engine.create(name, in: parent, mode: mode, exclusive: flags & O_EXCL != 0,
                                      truncate: flags & O_TRUNC != 0, handle: handle, fields)
@@ -206,7 +242,7 @@ extension AccountsTree {
                 if fields.account(named: name) != nil { throw .fileExists }
             } else {
                 try fields.session.requireOpen()
-                _ = try account(at: parent)
+                _ = try owner(at: parent)
             }
             return try engine.makeSymbolicLink(target, named: name, in: parent, fields)
         }
@@ -220,7 +256,8 @@ extension AccountsTree {
                 throw .noSuchFileOrDirectory
             }
             try fields.session.requireOpen()
-            _ = try account(at: parent)
+            _ = try owner(at: parent)
+            if name == AccountFields.attributesName && fields.account(at: parent) != nil { throw .isDirectory }
             try engine.unlink(name, in: parent, &fields)
         }
 
@@ -232,7 +269,13 @@ extension AccountsTree {
             }
             try fields.session.requireOpen()
             guard from != .top, to != .top else { throw .notPermitted }
-            guard try account(at: from) == account(at: to) else { throw .crossDevice }
+            guard try owner(at: from) == owner(at: to) else { throw .crossDevice }
+            // A field and an attribute are not one another's (the engine's keys of two
+            // directories: a move between them is refused by the store).
+            for (directory, fileName) in [(from, name), (to, newName)]
+            where fileName == AccountFields.attributesName && fields.account(at: directory) != nil {
+                throw .permissionDenied
+            }
             try engine.rename(name, in: from, to: newName, in: to, flags: flags, &fields)
         }
     }
