@@ -13,7 +13,7 @@ import Posix
 /// `/org/freedesktop/secrets` reaches one fallback handler, which answers the Secret
 /// Service's interfaces, `org.freedesktop.DBus.Properties` and introspection.
 ///
-/// Invariants: `sessions`, `prompts` and `pids` are touched on the bus thread only; a
+/// Invariants: `sessions`, `prompts` and `callers` are touched on the bus thread only; a
 /// session and a prompt belong to the connection that opened it and end with it.
 /// Thread-safety: `post` and `stop` from any thread; everything else on the bus thread.
 public final class SecretServiceBus: @unchecked Sendable {
@@ -32,8 +32,8 @@ public final class SecretServiceBus: @unchecked Sendable {
     /// Prompts made (by Unlock) and not yet completed, by path.
     var prompts: [String: PendingPrompt] = [:]
     var nextPrompt = 0
-    /// The pid behind each connection seen (asked of the bus once).
-    private var pids: [String: pid_t] = [:]
+    /// The process behind each connection seen (asked of the bus once, pinned).
+    private var callers: [String: BusCaller] = [:]
     /// The items signalled so far (to tell a made one from a changed one).
     var known: Set<[UInt8]> = []
 
@@ -147,19 +147,24 @@ public final class SecretServiceBus: @unchecked Sendable {
 
     // MARK: Messages
 
-    /// The unique name and pid of a message's sender (the pid asked of the bus once per
-    /// connection).
+    /// The unique name and process of a message's sender: the pid is asked of the bus at
+    /// the connection's first call and pinned (pidfd) for as long as the connection lives.
+    /// Once that process has exited, the connection has no known caller (pid 0), though
+    /// a child may still hold it and the pid may name another process by then.
     func caller(of message: OpaquePointer) -> BusCaller {
         let sender = sd_bus_message_get_sender(message).map { String(cString: $0) } ?? ""
-        if let pid = pids[sender] { return BusCaller(connection: sender, pid: pid) }
+        if let known = callers[sender] {
+            return known.isGone ? BusCaller(connection: sender, pid: 0, pin: nil) : known
+        }
         var creds: OpaquePointer?
         var pid: pid_t = 0
         if sd_bus_query_sender_creds(message, UInt64(SD_BUS_CREDS_PID), &creds) >= 0, let creds {
             _ = sd_bus_creds_get_pid(creds, &pid)
             sd_bus_creds_unref(creds)
         }
-        if pid > 0 { pids[sender] = pid }
-        return BusCaller(connection: sender, pid: pid)
+        let caller = BusCaller(connection: sender, pid: pid)
+        if caller.pid > 0 { callers[sender] = caller }
+        return caller
     }
 
     private func handle(_ message: OpaquePointer) -> Int32 {
@@ -241,7 +246,7 @@ public final class SecretServiceBus: @unchecked Sendable {
         let reader = MessageReader(message: message)
         guard let name = try? reader.string(), let _ = try? reader.string(), let newOwner = try? reader.string(),
               newOwner.isEmpty, name.hasPrefix(":") else { return }
-        pids[name] = nil
+        callers[name] = nil
         for (path, session) in sessions where session.owner == name { closeSession(path) }
         // Its prompts are taken down (a dialog up goes away), and what it was allowed once.
         for (path, prompt) in prompts where prompt.owner.connection == name {

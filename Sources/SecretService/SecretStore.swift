@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import Posix
 
 /// One item as the bus shows it: an account (SPEC §2c).
 ///
@@ -22,15 +23,52 @@ public struct SecretItem: Sendable, Equatable {
     }
 }
 
-/// The process behind a bus connection.
+/// The process behind a bus connection, pinned by a pidfd from the connection's first
+/// call, so that a decision about `pid` is about that process and no later one of the
+/// same number.
 ///
-/// Thread-safety: a value.
+/// Thread-safety: a value (the pin is shared and closed with its last reference).
 public struct BusCaller: Sendable, Hashable {
     /// The connection's unique name (`:1.42`).
     public let connection: String
+    /// 0 when the bus did not say, or the process behind the connection is gone.
     public let pid: pid_t
+    let pin: ProcessPin?
 
-    public init(connection: String, pid: pid_t) { (self.connection, self.pid) = (connection, pid) }
+    public init(connection: String, pid: pid_t) {
+        self.init(connection: connection, pid: pid, pin: pid > 0 ? ProcessPin(pid) : nil)
+    }
+
+    init(connection: String, pid: pid_t, pin: ProcessPin?) {
+        (self.connection, self.pin) = (connection, pin)
+        self.pid = pin == nil ? 0 : pid
+    }
+
+    /// Whether the process the pid named when it was pinned has exited since (its pid
+    /// may now name another): asked after a decision, before the answer goes out.
+    public var isGone: Bool { pin.map { !$0.isRunning } ?? true }
+
+    public static func == (a: BusCaller, b: BusCaller) -> Bool { a.connection == b.connection && a.pid == b.pid }
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(connection)
+        hasher.combine(pid)
+    }
+}
+
+/// A pidfd held while a connection lives.
+///
+/// Thread-safety: immutable; the descriptor is closed when the last reference goes.
+final class ProcessPin: Sendable {
+    private let fd: Int32
+
+    init?(_ pid: pid_t) {
+        guard let fd = try? ProcessInspection.pin(pid) else { return nil }
+        self.fd = fd
+    }
+
+    deinit { Syscall.close(fd) }
+
+    var isRunning: Bool { ProcessInspection.isRunning(pinned: fd) }
 }
 
 /// Why the store did not do what the bus asked.

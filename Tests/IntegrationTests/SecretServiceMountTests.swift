@@ -216,6 +216,9 @@ struct SecretServiceMountTests {
         let renamed = accounts.first { store.field($0, "label") == "Py 2\n" }
         #expect(renamed.map { store.field($0, "username") } == "carol\n")
         #expect(renamed.map { store.field($0, "password") } == "pw1\n")
+        // A secret that is not text: its bytes, and the one newline of every field.
+        let binary = accounts.first { store.field($0, "label") == "Bin\n" }
+        #expect(binary.map { Run.shell("od -An -tx1 \(store.path("accounts/\($0)/password"))").stdout } == " 00 01 ff 0a\n")
     }
 
     @Test func pythonKeyringUsesIt() throws {

@@ -90,10 +90,11 @@ extension AccountsTree: SecretStore {
     /// cover it): the access, the trusted programs, and who calls.
     private func busAccess(_ uuid: [UInt8], caller: BusCaller, what: String,
                            writing: Bool) -> (access: AccessGuard.Access, trusted: [TrustedProgram], requester: Requester?)? {
-        guard var (access, trusted) = state.withLock({ s -> (AccessGuard.Access, [TrustedProgram])? in
+        guard let (described, trusted) = state.withLock({ s -> (AccessGuard.Access, [TrustedProgram])? in
             guard s.fields.session.isOpen, let vault = s.fields.vault, (try? vault.isGuarded()) == true else { return nil }
             return (s.accessDescription(uuid, what: what, writing: writing), (try? vault.trustedPrograms(of: uuid)) ?? [])
         }) else { return nil }
+        var access = described
         access.scope = .connection(caller.connection)
         // (Who calls is read outside the lock: /proc, and a program's hash the first time.)
         return (access, trusted, caller.pid > 0 ? self.access.inspector.inspect(thread: caller.pid) : nil)
@@ -104,7 +105,9 @@ extension AccountsTree: SecretStore {
     private func busVerdict(_ uuid: [UInt8], caller: BusCaller, what: String, writing: Bool) -> AccessGuard.Verdict? {
         guard let (access, trusted, requester) = busAccess(uuid, caller: caller, what: what, writing: writing) else { return nil }
         guard let requester else { return .denied("the bus did not say which process called") }
-        let verdict = self.access.verdict(requester, access, trusted: trusted)
+        var verdict = self.access.verdict(requester, access, trusted: trusted)
+        // Checked again after the decision: still the process it was made about.
+        if case .allowed = verdict, caller.isGone { verdict = .denied("the calling process is gone") }
         switch verdict {
         case .allowed(let why): self.access.record(allowed: true, why, requester, access)
         case .denied(let why): self.access.record(allowed: false, why, requester, access)
@@ -165,7 +168,7 @@ extension AccountsTree: SecretStore {
                 allowed: { allowed.withLock { $0 = true }; answered.post() },
                 refused: { _ in answered.post() }))
             answered.wait()
-            if allowed.withLock({ $0 }) { readable.append(uuid) } else { refused = true }
+            if allowed.withLock({ $0 }) && !caller.isGone { readable.append(uuid) } else { refused = true }
         }
         if prompt.isCancelled || (refused && readable.isEmpty && !unlockedVault) { return .dismissed }
         return .unlocked(vault: unlockedVault, items: readable)
