@@ -1,3 +1,4 @@
+import CSDBus
 import CredentialVault
 
 /// The objects of the service and their methods and properties, as the Secret Service
@@ -111,11 +112,10 @@ extension SecretServiceBus {
                 writer.objectPath(SecretPaths.noPrompt)
             }
         case "SearchItems":
-            let (unlocked, locked) = search(try arguments.stringDictionary(), for: call.caller)
-            return Reply { writer in
-                writer.objectPaths(unlocked)
-                writer.objectPaths(locked)
-            }
+            let attributes = try arguments.stringDictionary()
+            guard store.canSearch else { return waitToSearch(call, attributes, fromService: true) }
+            let (unlocked, locked) = search(attributes, for: call.caller)
+            return Self.searchReply(unlocked, locked, fromService: true)
         case "Unlock":
             // What the caller may use now comes back at once; the rest (the vault while
             // locked, items guarding keeps from it) needs a prompt: a person answers.
@@ -189,6 +189,78 @@ extension SecretServiceBus {
             if store.mayRead(uuid, caller: caller) { unlocked.append(SecretPaths.item(uuid)) } else { locked.append(SecretPaths.item(uuid)) }
         }
         return (unlocked, locked)
+    }
+
+    /// Service.SearchItems answers `(ao ao)`, Collection.SearchItems `ao`.
+    static func searchReply(_ unlocked: [String], _ locked: [String], fromService: Bool) -> Reply {
+        Reply { writer in
+            if fromService {
+                writer.objectPaths(unlocked)
+                writer.objectPaths(locked)
+            } else {
+                writer.objectPaths(unlocked + locked)
+            }
+        }
+    }
+
+    // MARK: Searches before the first unlock
+
+    /// A search that came before the mount's first unlock, kept until it can be answered.
+    ///
+    /// Thread-safety: on the bus thread only.
+    struct WaitingSearch {
+        /// The call (referenced until answered).
+        let message: OpaquePointer
+        let attributes: [String: String]
+        let caller: BusCaller
+        let fromService: Bool
+    }
+
+    /// Before the mount's first unlock the attributes are sealed and nothing can be found:
+    /// an empty answer would have a browser write a new key over its old one. So the
+    /// search waits, and the vault's passphrase is asked for (one prompt for every search
+    /// waiting), as Unlock would; given, each search is answered; refused, each gets
+    /// IsLocked. (A client whose call times out first finds the vault unlocked on its retry.)
+    func waitToSearch(_ call: BusCall, _ attributes: [String: String], fromService: Bool) -> Reply {
+        sd_bus_message_ref(call.message)
+        waitingSearches.append(WaitingSearch(message: call.message, attributes: attributes,
+                                             caller: call.caller, fromService: fromService))
+        if searchPrompt == nil {
+            searchPrompt = store.unlock(items: [], caller: call.caller) { [weak self] _ in
+                self?.post { $0.answerWaitingSearches() }
+            }
+        }
+        return .later
+    }
+
+    /// Answers the searches waiting: found (unlocked now, or by another way meanwhile), or
+    /// IsLocked (the passphrase was not given).
+    func answerWaitingSearches() {
+        let waiting = waitingSearches
+        waitingSearches.removeAll()
+        let prompt = searchPrompt
+        searchPrompt = nil
+        if store.canSearch { prompt?() }  // (unlocked another way: the dialog goes)
+        for search in waiting {
+            if store.canSearch {
+                let (unlocked, locked) = self.search(search.attributes, for: search.caller)
+                send(Self.searchReply(unlocked, locked, fromService: search.fromService), to: search.message)
+            } else {
+                sendError(.isLocked("the collection is locked: its passphrase was not given"), to: search.message)
+            }
+            sd_bus_message_unref(search.message)
+        }
+    }
+
+    /// A client left the bus: its waiting searches go unanswered; the prompt goes with the last.
+    func dropWaitingSearches(of connection: String) {
+        guard waitingSearches.contains(where: { $0.caller.connection == connection }) else { return }
+        for search in waitingSearches where search.caller.connection == connection { sd_bus_message_unref(search.message) }
+        waitingSearches.removeAll { $0.caller.connection == connection }
+        if waitingSearches.isEmpty, let prompt = searchPrompt {
+            searchPrompt = nil
+            prompt()
+        }
     }
 
     func isUnlocked(_ path: String, for caller: BusCaller) -> Bool {
@@ -321,8 +393,10 @@ extension SecretServiceBus {
         let arguments = call.arguments
         switch call.member {
         case "SearchItems":
-            let (unlocked, locked) = search(try arguments.stringDictionary(), for: call.caller)
-            return Reply { $0.objectPaths(unlocked + locked) }
+            let attributes = try arguments.stringDictionary()
+            guard store.canSearch else { return waitToSearch(call, attributes, fromService: false) }
+            let (unlocked, locked) = search(attributes, for: call.caller)
+            return Self.searchReply(unlocked, locked, fromService: false)
         case "CreateItem":
             var label = "", attributes: [String: String] = [:]
             guard try arguments.enter("a", "{sv}") else { throw .invalidArgs("expected properties a{sv}") }
@@ -504,6 +578,7 @@ extension SecretServiceBus {
             if itemsChanged { propertiesChanged(SecretPaths.collection, Self.collectionInterface, invalidated: ["Items"]) }
         case .lockState:
             if store.isLocked == false { known = Set(store.allItems()) }
+            if !waitingSearches.isEmpty && store.canSearch { answerWaitingSearches() }
             propertiesChanged(SecretPaths.collection, Self.collectionInterface, invalidated: ["Locked", "Items"])
             emit(SecretPaths.root, Self.serviceInterface, "CollectionChanged") { $0.objectPath(SecretPaths.collection) }
         }

@@ -36,6 +36,10 @@ public final class SecretServiceBus: @unchecked Sendable {
     private var callers: [String: BusCaller] = [:]
     /// The items signalled so far (to tell a made one from a changed one).
     var known: Set<[UInt8]> = []
+    /// Searches made before the mount's first unlock, answered once the passphrase is given
+    /// (or refused); the prompt that asks for it, while it is up.
+    var waitingSearches: [WaitingSearch] = []
+    var searchPrompt: (@Sendable () -> Void)?
 
     private init(store: any SecretStore, bus: OpaquePointer) {
         self.store = store
@@ -141,6 +145,9 @@ public final class SecretServiceBus: @unchecked Sendable {
                           pollfd(fd: wakeup.fd, events: Int16(POLLIN), revents: 0)]
             if poll(&polled, 2, timeout) > 0 && polled[1].revents != 0 { wakeup.wait(until: .now) }
         }
+        searchPrompt?()
+        for search in waitingSearches { sd_bus_message_unref(search.message) }
+        waitingSearches.removeAll()
         _ = sd_bus_release_name(bus, Self.name)
         _ = sd_bus_flush(bus)
     }
@@ -183,13 +190,14 @@ public final class SecretServiceBus: @unchecked Sendable {
             answer = .failure(error)
         }
         switch answer {
+        case .success(let reply) where reply.deferred: break
         case .success(let reply): send(reply, to: message)
         case .failure(let error): sendError(error, to: message)
         }
         return 1
     }
 
-    private func send(_ reply: Reply, to call: OpaquePointer) {
+    func send(_ reply: Reply, to call: OpaquePointer) {
         var made: OpaquePointer?
         guard sd_bus_message_new_method_return(call, &made) >= 0, let made else { return }
         defer { sd_bus_message_unref(made) }
@@ -203,7 +211,7 @@ public final class SecretServiceBus: @unchecked Sendable {
         _ = sd_bus_send(bus, made, nil)
     }
 
-    private func sendError(_ error: BusError, to call: OpaquePointer) {
+    func sendError(_ error: BusError, to call: OpaquePointer) {
         var made = sd_bus_error()
         _ = sd_bus_error_set(&made, error.name, error.message)
         defer { sd_bus_error_free(&made) }
@@ -253,6 +261,7 @@ public final class SecretServiceBus: @unchecked Sendable {
             prompt.dismiss?()
             prompts[path] = nil
         }
+        dropWaitingSearches(of: name)
         store.connectionClosed(name)
     }
 }
@@ -291,4 +300,12 @@ struct Reply {
     }
 
     static var empty: Reply { Reply { _ in } }
+
+    /// No reply now: the call was kept (referenced) and is answered later.
+    static var later: Reply {
+        var reply = Reply { _ in }
+        reply.deferred = true
+        return reply
+    }
+    private(set) var deferred = false
 }

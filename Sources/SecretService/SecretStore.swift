@@ -110,6 +110,9 @@ public enum UnlockOutcome: Sendable, Equatable {
 /// while requests of the mount run: the store locks what it needs.
 public protocol SecretStore: AnyObject, Sendable {
     var isLocked: Bool { get }
+    /// Whether a search can find items now: unlocked, or locked with the index an earlier
+    /// lock kept. (Not before the first unlock of a mount: the attributes are sealed.)
+    var canSearch: Bool { get }
     /// Every item (the collection's `Items`), in the vault's order. Empty while locked.
     func allItems() -> [[UInt8]]
     func item(_ uuid: [UInt8]) -> SecretItem?

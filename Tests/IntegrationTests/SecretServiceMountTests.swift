@@ -53,10 +53,22 @@ final class ServedStore {
             chmod(scratch.sub("pinentry"), 0o755)
             prompts = ["--pinentry", scratch.sub("pinentry")]
         }
-        let mounted = run(Run.mtmfs, ["mount", "--secret-service", "--data-dir", data] + extraMount + prompts
-                          + (unlock ? ["--unlock", "--passphrase-file", scratch.sub("pass")] : []) + [mountPoint])
+        mountArguments = ["mount", "--secret-service", "--data-dir", data] + extraMount + prompts
+        try mount(unlock: unlock)
+    }
+
+    private var mountArguments: [String] = []
+
+    private func mount(unlock: Bool) throws {
+        let mounted = run(Run.mtmfs, mountArguments + (unlock ? ["--unlock", "--passphrase-file", scratch.sub("pass")] : []) + [mountPoint])
         mountOutput = mounted.stderr
         try #require(mounted.status == 0, "mount: \(mounted)")
+    }
+
+    /// Unmounted and mounted again, with the same options (`unlock`: unlocked at once).
+    func remount(unlock: Bool) throws {
+        try #require(run(Run.mtmfs, ["unmount", mountPoint]).status == 0)
+        try mount(unlock: unlock)
     }
 
     @discardableResult
@@ -399,6 +411,54 @@ struct SecretServiceMountTests {
     }
 
     /// What no client sends gets the specification's errors, and changes nothing.
+    /// Before a mount's first unlock nothing can be found (the attributes are sealed): a
+    /// search waits and asks for the passphrase, never answering "nothing" (a browser would
+    /// write a new key over its old one).
+    @Test func aSearchBeforeTheFirstUnlockAsksForThePassphrase() throws {
+        let store = try ServedStore(pinentry: true)
+        defer { store.close() }
+        #expect(store.run("secret-tool", ["store", "--label=Chrome Safe Storage", "application", "chrome"], input: "key1").status == 0)
+        try store.remount(unlock: false)
+        #expect(Run.shell("grep -x state=locked \(store.path(".mtmfs/status"))").status == 0)
+        // Cancelled: IsLocked, not an empty list.
+        store.answer("cancel")
+        let search = store.busctl(["call", "org.freedesktop.secrets", "/org/freedesktop/secrets", "org.freedesktop.Secret.Service",
+                                   "SearchItems", "a{ss}", "1", "application", "chrome"])
+        #expect(search.status != 0 && search.stderr.contains("locked"), "\(search)")
+        #expect(store.asked.components(separatedBy: "GETPIN").count - 1 == 1, "\(store.asked)")
+        let collection = store.busctl(["call", "org.freedesktop.secrets", "/org/freedesktop/secrets/collection/login",
+                                       "org.freedesktop.Secret.Collection", "SearchItems", "a{ss}", "1", "application", "chrome"])
+        #expect(collection.status != 0 && collection.stderr.contains("locked"), "\(collection)")
+        #expect(Run.shell("grep -x state=locked \(store.path(".mtmfs/status"))").status == 0)
+        // Given: the search that asked is answered, with the item.
+        store.answer("passphrase")
+        #expect(store.run("secret-tool", ["lookup", "application", "chrome"]).stdout == "key1")
+        #expect(Run.shell("grep -x state=unlocked \(store.path(".mtmfs/status"))").status == 0)
+        // Locked again, the index the lock kept answers at once, without asking.
+        #expect(store.run(Run.mtmfs, ["lock", store.mountPoint]).status == 0)
+        let before = store.asked.components(separatedBy: "GETPIN").count
+        let locked = store.busctl(["call", "org.freedesktop.secrets", "/org/freedesktop/secrets", "org.freedesktop.Secret.Service",
+                                   "SearchItems", "a{ss}", "1", "application", "chrome"])
+        #expect(locked.status == 0 && locked.stdout.hasPrefix("aoao 0 1 "), "\(locked)")
+        #expect(store.asked.components(separatedBy: "GETPIN").count == before)
+        // A search waiting while the mount is unlocked another way is answered then, and
+        // its dialog goes.
+        try store.remount(unlock: false)
+        store.answer("hang")
+        let output = store.scratch.sub("waiting.out")
+        let waiting = Run.start("/usr/bin/env", ["DBUS_SESSION_BUS_ADDRESS=" + store.bus.address, "busctl", "--user", "--no-pager",
+                                                 "call", "org.freedesktop.secrets", "/org/freedesktop/secrets",
+                                                 "org.freedesktop.Secret.Service", "SearchItems", "a{ss}", "1", "application", "chrome"],
+                                stdout: output, stderr: output)
+        #expect(waiting > 0)
+        #expect(Poll.until(seconds: 10) { store.asked.components(separatedBy: "GETPIN").count > before }, "\(store.asked)")
+        #expect(store.run(Run.mtmfs, ["unlock", "--passphrase-file", store.scratch.sub("pass"), store.mountPoint]).status == 0)
+        #expect(Run.wait(waiting, timeout: 10) == 0)
+        let answered = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+        #expect(answered.hasPrefix("aoao 1 "), "\(answered)")
+        #expect(Poll.until(seconds: 5) { Run.shell("pgrep -f '^/bin/sh \(store.scratch.sub("pinentry"))'").stdout.isEmpty }, "the dialog went")
+    }
+
     @Test func badInputGetsTheSpecificationsErrors() throws {
         let store = try ServedStore()
         defer { store.close() }

@@ -42,7 +42,7 @@ import Glibc
             let opened = try tree.open(inode, flags: O_RDONLY, context: context)
             var text = ""
             var answered = false
-            nonisolated(unsafe) let shared = tree
+            let shared = tree
             try tree.read(inode, handle: opened.handle, offset: 0, size: 4096, context: context) { bytes in
                 text = String(decoding: bytes, as: UTF8.self)
                 answered = Self.answersMeanwhile { _ = try? shared.attributes(of: inode, context: context) }

@@ -26,6 +26,8 @@ extension AccountsTree: SecretStore {
 
     public var isLocked: Bool { state.withLock { !$0.fields.session.isOpen } }
 
+    public var canSearch: Bool { state.withLock { $0.fields.session.isOpen || $0.lockedSearch != nil } }
+
     public func allItems() -> [[UInt8]] {
         state.withLock { s in s.fields.session.isOpen ? (s.fields.vault?.accounts.map(\.uuid) ?? []) : [] }
     }
