@@ -156,7 +156,7 @@ final class GuardedMount {
         try #require(run("/usr/bin/mkdir", [path("accounts/\(name)")]).status == 0)
         answer("ok")
         let written = shell("printf '%s\\n' '\(value)' | dd of=\(path("accounts/\(name)/password")) status=none")
-        try #require(written.status == 0, "\(written)")
+        try #require(written.status == 0, "\(written)\nasked: \(record)\ndecisions: \(decisions)\nlog: \(daemonLog)")
         try #require(shell("echo 'mail for \(name)' > \(path("accounts/\(name)/label"))").status == 0)
         answer("cancel")
     }

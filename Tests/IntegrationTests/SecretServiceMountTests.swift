@@ -396,6 +396,9 @@ struct SecretServiceMountTests {
         #expect(store.asked.contains("SETERROR Wrong passphrase"), "\(store.asked)")
         #expect(Run.shell("grep -x state=locked \(store.path(".mtmfs/status"))").status == 0)
         #expect(store.asked.contains("SETDESC") && store.asked.contains("secret-tool"), "the prompt names the caller")
+        // A pinentry that asked the Secret Service for a cached passphrase would ask this
+        // very service: its external cache is never offered.
+        #expect(!store.asked.contains("allow-external-password-cache") && !store.asked.contains("SETKEYINFO"), "\(store.asked)")
         // The passphrase: unlocked, and the lookup that asked gets its secret.
         store.answer("passphrase")
         #expect(store.run("secret-tool", ["lookup", "service", "s"]).stdout == "v")
