@@ -135,6 +135,9 @@ public final class CacheStore: @unchecked Sendable {
     /// short way needs it equal to the count now).
     var journal: SyncJournal
     var syncedChanges: Int64 = -1
+    /// Set while `recoverJournal` stores fsynced writes again: the free space reserve does
+    /// not apply to them.
+    var replaying = false
     /// Whether fsync may go the short way (tests of the long way turn it off).
     var shortFsyncs = true
     /// Drains of the journal: fsyncs that went the long way, the journal folded into the
@@ -212,6 +215,7 @@ public final class CacheStore: @unchecked Sendable {
     public static let reservedBytes: UInt64 = 8 << 20
 
     func requireHeadroom(adding bytes: Int = 0) throws(Errno) {
+        guard !replaying else { return }  // (fsynced writes stored again at open: they had their room)
         guard let free = freeBytesNow ?? freeDiskBytes() else { return }
         let needed = Self.reservedBytes + UInt64(bytes)
         if free >= needed { return }
@@ -357,7 +361,8 @@ public final class CacheStore: @unchecked Sendable {
             // Records of the fsync journal not yet stored: normal while mounted (the next
             // transaction stores them), and after a crash (the next mount does).
             let mark = version < schemaVersion ? 0 : try SyncJournal.storedMark(in: database)
-            let waiting = try SyncJournal.read(path: path + "-fsync", after: mark).entries
+            let seed = version < schemaVersion ? 0 : try SyncJournal.storedIdentity(in: database) ?? 0
+            let waiting = try SyncJournal.read(path: path + "-fsync", after: mark, seed: seed).entries
             return waiting.isEmpty ? nil
                 : "\(waiting.count) fsynced writes wait in \(path)-fsync, to be stored by the mount (or the next one)"
         } catch let error as CacheStoreError {

@@ -18,8 +18,15 @@ import Posix
 /// open, those after the stored mark (`state` row `synced`) are written again, in order,
 /// and drained (`CacheStore.recoverJournal`). Records are numbered without end across
 /// generations: after a drain the file is written over from its start, and the first
-/// record that is not whole (its checksum), not numbered after the previous one, or not
-/// after the mark ends the journal.
+/// record that is not whole (its checksum), or not numbered one after the previous one (the
+/// first: one after the mark), ends the journal.
+///
+/// Bound to its database: the checksum is seeded with the database's identity (`state` row
+/// `journal_id`, random, made at its first open by this version; databases made before
+/// it read a journal left by the version before with seed 0, then get one), so records
+/// beside another database fail their checksum; and a database restored from a backup,
+/// whose mark is older than the journal's records, finds a first record that is not one
+/// after its mark. Either way nothing is replayed into the wrong inodes.
 ///
 /// Format (`docs/cache-schema.md`): records one after another from offset 0, each a
 /// 56-byte header — magic `MMSJ`, data length (UInt32), sequence number, inode, offset,
@@ -48,6 +55,8 @@ struct SyncJournal {
     static let magic: UInt32 = 0x4A53_4D4D  // "MMSJ" in the file
 
     let path: String
+    /// The database's identity (see above): every record's checksum starts from it.
+    var seed: UInt64 = 0
     /// Open once the journal was first used.
     var descriptor: Int32?
     /// Bytes of records since the journal was last drained (0: empty).
@@ -99,7 +108,7 @@ struct SyncJournal {
             var sequence = lastSequence
             for entry in entries {
                 sequence += 1
-                Self.encode(entry, sequence: sequence, into: &records)
+                Self.encode(entry, sequence: sequence, seed: seed, into: &records)
             }
             try Syscall.writeAll(fd, records, at: end)
             end += records.count
@@ -113,14 +122,21 @@ struct SyncJournal {
     }
 
     /// The file, made `capacity` bytes of zeros the first time (later syncs write over
-    /// blocks it has: no size change for the file system to journal).
+    /// blocks it has: no size change for the file system to journal). A file made here is
+    /// synced with its directory before its first record: an fdatasync of a record would
+    /// not make the new file's name durable.
     mutating func openFile() throws(Errno) -> Int32 {
         if let descriptor { return descriptor }
+        let existed = (try? Syscall.lstat(path)) != nil
         let fd = try Syscall.open(path, O_RDWR | O_CREAT | O_CLOEXEC, mode: 0o600)
         var st = Glibc.stat()
-        if fstat(fd, &st) != 0 || st.st_size < Self.capacity {
+        if fstat(fd, &st) != 0 || st.st_size < Self.capacity || !existed {
             do throws(Errno) {
                 try Syscall.writeAll(fd, [UInt8](repeating: 0, count: Self.capacity), at: 0)
+                try Syscall.fsync(fd)
+                if let slash = path.lastIndex(of: "/") {
+                    try AtomicFile.syncDirectory(String(path[..<slash]).isEmpty ? "/" : String(path[..<slash]))
+                }
             } catch {
                 Syscall.close(fd)
                 throw error
@@ -139,7 +155,7 @@ struct SyncJournal {
 
     // MARK: Records
 
-    static func encode(_ entry: Entry, sequence: Int64, into records: inout [UInt8]) {
+    static func encode(_ entry: Entry, sequence: Int64, seed: UInt64, into records: inout [UInt8]) {
         let start = records.count
         records.append(contentsOf: repeatElement(0, count: headerSize))
         records.append(contentsOf: entry.bytes)
@@ -151,15 +167,16 @@ struct SyncJournal {
                 header.storeBytes(of: value.littleEndian, toByteOffset: 8 + 8 * index, as: Int64.self)
             }
             let data = UnsafeRawBufferPointer(rebasing: all[(start + headerSize)..<(start + headerSize + entry.bytes.count)])
-            let sum = checksum(UnsafeRawBufferPointer(rebasing: header[0..<48]), data)
+            let sum = checksum(UnsafeRawBufferPointer(rebasing: header[0..<48]), data, seed: seed)
             header.storeBytes(of: sum.littleEndian, toByteOffset: 48, as: UInt64.self)
         }
     }
 
-    /// The records of the journal's last generation: from offset 0, those numbered after
-    /// `mark`, in order, up to the first that is not whole or not numbered after the one
-    /// before; and where they end.
-    static func decode(_ file: UnsafeRawBufferPointer, after mark: Int64) -> (entries: [(sequence: Int64, entry: Entry)], end: Int) {
+    /// The records of the journal's last generation: from offset 0, numbered from one
+    /// after `mark` on, in order, up to the first that is not whole (under `seed`) or not
+    /// numbered one after the one before; and where they end.
+    static func decode(_ file: UnsafeRawBufferPointer, after mark: Int64,
+                       seed: UInt64) -> (entries: [(sequence: Int64, entry: Entry)], end: Int) {
         var entries: [(sequence: Int64, entry: Entry)] = []
         var offset = 0
         var previous = mark
@@ -171,9 +188,9 @@ struct SyncJournal {
             let field = { (index: Int) in Int64(littleEndian: header.loadUnaligned(fromByteOffset: 8 + 8 * index, as: Int64.self)) }
             let data = UnsafeRawBufferPointer(rebasing: file[(offset + headerSize)..<(offset + headerSize + length)])
             let sum = UInt64(littleEndian: header.loadUnaligned(fromByteOffset: 48, as: UInt64.self))
-            guard sum == checksum(UnsafeRawBufferPointer(rebasing: header[0..<48]), data) else { break }
+            guard sum == checksum(UnsafeRawBufferPointer(rebasing: header[0..<48]), data, seed: seed) else { break }
             let sequence = field(0)
-            guard sequence > previous else { break }
+            guard sequence == previous &+ 1 else { break }
             let entry = Entry(ino: field(1), offset: field(2), bytes: Array(data), size: field(3), modified: field(4))
             guard entry.offset >= 0, entry.size >= entry.offset + Int64(length) else { break }
             entries.append((sequence, entry))
@@ -188,8 +205,13 @@ struct SyncJournal {
         try database.scalarText("SELECT value FROM state WHERE name = 'synced'").flatMap { Int64($0) } ?? 0
     }
 
+    /// The database's identity (`state.journal_id`), nil for a database without one yet.
+    static func storedIdentity(in database: SQLiteDatabase) throws(SQLiteError) -> UInt64? {
+        try database.scalarText("SELECT value FROM state WHERE name = 'journal_id'").flatMap { Int64($0) }.map { UInt64(bitPattern: $0) }
+    }
+
     /// Reads the journal at `path` (nothing if there is none) and decodes it (`decode`).
-    static func read(path: String, after mark: Int64) throws(Errno) -> (entries: [(sequence: Int64, entry: Entry)], end: Int) {
+    static func read(path: String, after mark: Int64, seed: UInt64) throws(Errno) -> (entries: [(sequence: Int64, entry: Entry)], end: Int) {
         let fd: Int32
         do throws(Errno) {
             fd = try Syscall.open(path, O_RDONLY | O_CLOEXEC)
@@ -199,18 +221,19 @@ struct SyncJournal {
         }
         defer { Syscall.close(fd) }
         let bytes = try Syscall.readAll(fd)
-        return bytes.withUnsafeBytes { decode($0, after: mark) }
+        return bytes.withUnsafeBytes { decode($0, after: mark, seed: seed) }
     }
 
-    /// A checksum that finds a record not wholly written (not an adversary's change): four
-    /// lanes of multiply–rotate over 64-bit words, about a byte a cycle.
-    static func checksum(_ first: UnsafeRawBufferPointer, _ second: UnsafeRawBufferPointer) -> UInt64 {
+    /// A checksum that finds a record not wholly written, or written for another database
+    /// (`seed`; not an adversary's change): four lanes of multiply–rotate over 64-bit
+    /// words, about a byte a cycle.
+    static func checksum(_ first: UnsafeRawBufferPointer, _ second: UnsafeRawBufferPointer, seed: UInt64) -> UInt64 {
         var lanes: (UInt64, UInt64, UInt64, UInt64) = (0x9E37_79B9_7F4A_7C15, 0xC2B2_AE3D_27D4_EB4F, 0x1656_67B1_9E37_79F9, 0x27D4_EB2F_1656_67C5)
         @inline(__always) func mix(_ lane: UInt64, _ word: UInt64) -> UInt64 {
             let m = lane ^ (word &* 0x87C3_7B91_1142_53D5)
             return ((m << 31) | (m >> 33)) &* 0x4CF5_AD43_2745_937F
         }
-        var total: UInt64 = 0
+        var total: UInt64 = seed
         for part in [first, second] {
             let count = part.count
             var i = 0
@@ -268,16 +291,22 @@ extension CacheStore {
 
     /// At open: the writes of fsyncs whose records were not yet stored when the daemon
     /// stopped (a crash, a power cut) are written again, in order, and drained.
+    /// They are stored whatever the free space (they were fsynced: the room was there),
+    /// and the database gets its identity here if it has none (`SyncJournal`).
     func recoverJournal(progress: (String) -> Void) throws(Errno) {
-        let mark: Int64
+        let mark: Int64, identity: UInt64?
         do throws(SQLiteError) {
             mark = try SyncJournal.storedMark(in: database)
+            identity = try SyncJournal.storedIdentity(in: database)
         } catch {
             throw Self.errno(error)
         }
-        let (entries, end) = try SyncJournal.read(path: journal.path, after: mark)
+        journal.seed = identity ?? 0
+        let (entries, end) = try SyncJournal.read(path: journal.path, after: mark, seed: journal.seed)
         journal.lastSequence = max(mark, entries.last?.sequence ?? mark)
-        guard !entries.isEmpty else { return }
+        guard !entries.isEmpty else { return bindJournal(identity) }
+        replaying = true
+        defer { replaying = false }
         for (_, entry) in entries {
             let result: Result<Void, Errno> = entry.bytes.withUnsafeBytes { bytes in
                 do throws(Errno) {
@@ -304,5 +333,29 @@ extension CacheStore {
             try drainJournal()
         }
         progress("stored \(entries.count) fsynced writes that were only in \(journal.path) when the daemon ended")
+        bindJournal(identity)
+    }
+
+    /// Gives the database its identity if it has none (`SyncJournal`), once everything of
+    /// the journal before it is stored: from now on its records are this database's.
+    private func bindJournal(_ identity: UInt64?) {
+        if let identity {
+            journal.seed = identity
+            return
+        }
+        do throws(Errno) {
+            try lock.withLock { () throws(Errno) in
+                try commitBatch()
+                try run("INSERT OR REPLACE INTO state(name, value) VALUES('journal_id', random())")
+            }
+            do throws(SQLiteError) {
+                journal.seed = try SyncJournal.storedIdentity(in: database) ?? 0
+            } catch {
+                journal.seed = 0
+            }
+        } catch {
+            journal.seed = 0
+            Log.warning("cache: the fsync journal's database identity could not be stored (\(error)): its records stay unbound")
+        }
     }
 }

@@ -197,18 +197,70 @@ func read(_ store: CacheStore, _ ino: Int64, _ offset: Int64, _ count: Int) thro
         #expect(!f.store.lock.withLock { f.store.shortFsyncs })
     }
 
-    /// Decoding: records numbered in order after the mark, each whole; anything else ends it.
+    /// Decoding: records numbered one after another from one after the mark, each whole
+    /// under the database's seed; anything else ends it.
     @Test func decodingStopsAtTheFirstRecordThatDoesNotFollow() {
         let entry = { (ino: Int64) in SyncJournal.Entry(ino: ino, offset: 0, bytes: [1, 2, 3], size: 3, modified: 5) }
         var records: [UInt8] = []
-        SyncJournal.encode(entry(1), sequence: 5, into: &records)
-        SyncJournal.encode(entry(2), sequence: 6, into: &records)
-        SyncJournal.encode(entry(3), sequence: 4, into: &records)  // an older generation's
-        let decoded = records.withUnsafeBytes { SyncJournal.decode($0, after: 4) }
+        SyncJournal.encode(entry(1), sequence: 5, seed: 77, into: &records)
+        SyncJournal.encode(entry(2), sequence: 6, seed: 77, into: &records)
+        SyncJournal.encode(entry(3), sequence: 4, seed: 77, into: &records)  // an older generation's
+        let decoded = records.withUnsafeBytes { SyncJournal.decode($0, after: 4, seed: 77) }
         #expect(decoded.entries.map(\.sequence) == [5, 6])
         #expect(decoded.entries.map(\.entry) == [entry(1), entry(2)])
         #expect(decoded.end == 2 * (SyncJournal.headerSize + 3))
-        #expect(records.withUnsafeBytes { SyncJournal.decode($0, after: 5) }.entries.isEmpty, "marked: the generation is stored")
-        #expect([UInt8](repeating: 0, count: 4096).withUnsafeBytes { SyncJournal.decode($0, after: 0) }.end == 0)
+        #expect(records.withUnsafeBytes { SyncJournal.decode($0, after: 5, seed: 77) }.entries.isEmpty, "marked: the generation is stored")
+        #expect(records.withUnsafeBytes { SyncJournal.decode($0, after: 3, seed: 77) }.entries.isEmpty,
+                "a mark older than the journal (a database restored from a backup)")
+        #expect(records.withUnsafeBytes { SyncJournal.decode($0, after: 4, seed: 78) }.entries.isEmpty, "another database's records")
+        var gap: [UInt8] = []
+        SyncJournal.encode(entry(1), sequence: 1, seed: 77, into: &gap)
+        SyncJournal.encode(entry(2), sequence: 3, seed: 77, into: &gap)
+        #expect(gap.withUnsafeBytes { SyncJournal.decode($0, after: 0, seed: 77) }.entries.map(\.sequence) == [1])
+        #expect([UInt8](repeating: 0, count: 4096).withUnsafeBytes { SyncJournal.decode($0, after: 0, seed: 77) }.end == 0)
+    }
+
+    /// The journal is bound to its database: beside a copy of it from before (a backup put
+    /// back) or beside another database, its records are not written into their inodes.
+    @Test func aJournalBesideAnOlderOrAnotherDatabaseIsNotReplayed() throws {
+        let f = try StoreFixture()
+        let ino = try f.fileAfterTheFirstFsync("inner.db")
+        try f.write(ino, [UInt8](repeating: 1, count: 4096), at: 0)
+        try f.store.synchronize()
+        #expect(!f.journalIsEmpty)
+        _ = try f.read(ino, 0, 4096)  // stored and marked: the next fsyncs start a new generation
+        try f.store.synchronize()
+        let backup = try f.crashCopy(journal: false)
+        for round in 0..<3 {
+            try f.write(ino, [UInt8](repeating: 2, count: 4096), at: Int64(4096 * (round + 1)))
+            try f.store.synchronize()
+            if round < 2 { _ = try f.read(ino, 0, 1) }
+        }
+        #expect(!f.journalIsEmpty, "the last generation waits in the journal")
+        // The backup put back beside the journal: its mark is older than the journal's records.
+        let restored = URL(fileURLWithPath: backup).deletingLastPathComponent().path
+        try FileManager.default.copyItem(atPath: f.path + "-fsync", toPath: restored + "/cache.sqlite-fsync")
+        #expect(try CacheStore.check(path: backup, progress: { _ in }) == nil, "no records wait for this database")
+        let older = try CacheStore(path: backup, owner: (0, 0))
+        #expect(older.lock.withLock { older.journalDrains } == 0)
+        #expect(try older.inode(ino).size == 4096)
+        #expect(try read(older, ino, 0, 4096) == [UInt8](repeating: 1, count: 4096))
+        try older.close()
+        // Another database with the same inode numbers, its first generation beside the
+        // journal of this one's first.
+        let g = try StoreFixture()
+        let other = try g.fileAfterTheFirstFsync("inner.db")
+        #expect(other == ino)
+        let first = try StoreFixture()
+        let theirs = try first.fileAfterTheFirstFsync("inner.db")
+        try first.write(theirs, [UInt8](repeating: 9, count: 100), at: 0)
+        try first.store.synchronize()
+        #expect(!first.journalIsEmpty)
+        try g.store.close()
+        let copy = try g.crashCopy(journal: false)
+        try FileManager.default.copyItem(atPath: first.path + "-fsync", toPath: copy + "-fsync")
+        let reopened = try CacheStore(path: copy, owner: (0, 0))
+        #expect(reopened.lock.withLock { reopened.journalDrains } == 0)
+        #expect(try reopened.inode(other).size == 0)
     }
 }
