@@ -758,8 +758,8 @@ public final class CacheStore: @unchecked Sendable {
     /// the times — the log is mostly overwritten in place, and an fsync there paid a
     /// journal commit for its mtime each time (a second flush of the disk). That sync runs
     /// after the store's lock is let go: requests of other files do not wait for the disk,
-    /// and whatever was committed before it is covered. (A drain of the fsync journal that
-    /// comes first, when short fsyncs left records, syncs the log under the lock.)
+    /// and whatever was committed before it is covered (a drain of the fsync journal that
+    /// comes first, when short fsyncs left records, too).
     ///
     /// With everything committed already durable and the writes buffered since then few
     /// enough, those writes go the short way instead: appended to the journal, which alone

@@ -261,11 +261,16 @@ struct SyncJournal {
 }
 
 extension CacheStore {
-    /// Stores every buffer, marks the journal's records as stored and syncs the log, so
-    /// that a transaction may follow (lock held). A failure changes nothing: the buffers
-    /// stay, the journal too, and the caller's change fails. A group is open here only while
-    /// records are written again at open (a chunk they made whole was stored): it is
-    /// committed first.
+    /// Stores every buffer and marks the journal's records as stored, so that a
+    /// transaction may follow (lock held). No sync here, under the lock: the journal keeps
+    /// the records until they are overwritten, and they are overwritten only by a short
+    /// fsync, which waits for everything committed to be synced (`everythingSynced`: this
+    /// commit makes the next fsync go the long way, whose sync of the log runs with the lock
+    /// let go and covers this commit). A crash before then loses this commit and finds the
+    /// records whole, after the old mark: they are written again at open. A failure changes
+    /// nothing: the buffers stay, the journal too, and the caller's change fails. A group is
+    /// open here only while records are written again at open (a chunk they made whole was
+    /// stored): it is committed first.
     func drainJournal() throws(Errno) {
         guard !journal.isEmpty else { return }
         try commitBatch()
@@ -282,10 +287,8 @@ extension CacheStore {
         }
         uncheckpointed = true
         lastCommit = .now
-        if let fd = logFile() { try Syscall.fdatasync(fd) }
         journal.end = 0
         journal.startOver()
-        syncedChanges = database.totalChanges
         journalDrains += 1
     }
 
