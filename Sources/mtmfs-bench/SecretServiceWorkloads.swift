@@ -45,11 +45,7 @@ extension Bench {
         var services: [SecretService] = []
         for count in secretServiceSizes {
             let data = root + "/data-w26-\(count)", mount = root + "/mtmfs-w26-\(count)"
-            guard Spawn.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
-                throw BenchError("mtmfs init (W26) failed")
-            }
-            try fillVault(data, count: count, workload: "W26")
-            mkdir(mount, 0o755)
+            try makeFilledStore(data, mount: mount, count: count, workload: "W26")
             let address = try startBus()
             guard Spawn.run("/usr/bin/env", onBus(address, mtmfs, ["mount", "--secret-service", "--auto-lock", "0", "--unlock",
                                                                  "--passphrase-file", root + "/w3-pass", "--data-dir", data, mount])) == 0 else {

@@ -18,11 +18,7 @@ extension Bench {
         var stores: [(Int, String, pid_t)] = []
         for count in vaultSizes {
             let data = root + "/data-w16-\(count)", mount = root + "/mtmfs-w16-\(count)"
-            guard Spawn.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
-                throw BenchError("mtmfs init (W16) failed")
-            }
-            try fillVault(data, count: count, workload: "W16")
-            mkdir(mount, 0o755)
+            try makeFilledStore(data, mount: mount, count: count, workload: "W16")
             guard Spawn.run(mtmfs, ["mount", "--auto-lock", "0", "--unlock", "--passphrase-file", root + "/w3-pass",
                                     "--data-dir", data, mount]) == 0 else { throw BenchError("mtmfs mount (W16) failed") }
             Benchmark.mounts.append(mount)
@@ -130,6 +126,16 @@ extension Bench {
             passTotal += seconds { Spawn.run("pass", ["git", "push", "-q", "origin", "HEAD"]) }
         }
         record("W25 carry one change to a local bare remote (ms)", "pass", passTotal / Double(runs) * 1000)
+    }
+
+    /// A data directory made with `init` and `count` full accounts (`fillVault`), and an
+    /// empty directory to mount it on.
+    func makeFilledStore(_ data: String, mount: String, count: Int, workload: String) throws {
+        guard Spawn.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", data], input: Bench.passphrase + "\n") == 0 else {
+            throw BenchError("mtmfs init (\(workload)) failed")
+        }
+        try fillVault(data, count: count, workload: workload)
+        mkdir(mount, 0o755)
     }
 
     /// `count` fully filled accounts (all eight fields; account N has server

@@ -154,35 +154,38 @@ func errno(_ body: () throws -> Void) -> Errno? {
     /// A writer that never stops: the log stays under its bound when the committing thread
     /// does its work between writes, as the daemon's thread does.
     @Test func theLogStaysBounded() throws {
+        let (largest, _, _) = try largestLog(streaming: 160) { store in
+            store.commitWhenDue(waitingAtMost: 0)
+            store.checkpointIfDue()
+        }
+        #expect(largest > 0 && largest <= CacheStore.logBound, "largest log \(largest)")
+    }
+
+    /// The largest write-ahead log seen while `megabytes` MiB of 0x33 are written to one
+    /// file, a MiB a write, `between` run after each write; the store and the file.
+    func largestLog(streaming megabytes: Int,
+                    between: (CacheStore) -> Void = { _ in }) throws -> (largest: Int64, fixture: StoreFixture, ino: Int64) {
         let f = try StoreFixture()
         let ino = try f.file("stream")
         let megabyte = [UInt8](repeating: 0x33, count: 1 << 20)
         var largest: Int64 = 0
-        for index in 0..<160 {
+        for index in 0..<megabytes {
             try f.write(ino, megabyte, at: Int64(index) << 20)
-            f.store.commitWhenDue(waitingAtMost: 0)
-            f.store.checkpointIfDue()
+            between(f.store)
             largest = max(largest, CacheStore.fileSize(f.path + "-wal"))
         }
-        #expect(largest > 0 && largest <= CacheStore.logBound, "largest log \(largest)")
+        return (largest, f, ino)
     }
 
     /// A writer the checkpoints cannot keep up with (here: no committing thread at all)
     /// waits for one of its own from `writerWaitThreshold` on: the log stays bounded.
     @Test func aWriterAheadOfTheCheckpointsWaitsForOne() throws {
-        let f = try StoreFixture()
-        let ino = try f.file("stream")
-        let megabyte = [UInt8](repeating: 0x35, count: 1 << 20)
-        var largest: Int64 = 0
-        for index in 0..<160 {
-            try f.write(ino, megabyte, at: Int64(index) << 20)
-            largest = max(largest, CacheStore.fileSize(f.path + "-wal"))
-        }
+        let (largest, f, ino) = try largestLog(streaming: 160)
         #expect(largest > CacheStore.writerWaitThreshold / 2, "largest log \(largest)")
         #expect(largest <= CacheStore.writerWaitThreshold + Int64(CacheStore.groupBytes) + (2 << 20), "largest log \(largest)")
         try f.store.synchronize()
-        #expect(try f.read(ino, 159 << 20, 2) == [0x35, 0x35])
-        #expect(try f.read(ino, 0, 2) == [0x35, 0x35])
+        #expect(try f.read(ino, 159 << 20, 2) == [0x33, 0x33])
+        #expect(try f.read(ino, 0, 2) == [0x33, 0x33])
     }
 
     /// A big file's data goes in slices after its last name and reference, and the space
