@@ -205,6 +205,12 @@ final class DamagedStores {
             // The damaged store.
             var failed = false
             switch file.split(separator: "/").first.map(String.init) ?? file {
+            case "vault" where file == "vault/id" && Self.isVaultID(damaged):
+                // Still an id, another one (a flip of one hex digit into another): the vault
+                // of that id, whose slots and files open under none (vault-format-3.md §8:
+                // unlock says a wrong passphrase, nothing is read).
+                if unlocked { problems.append("unlock succeeded under another vault's id") }
+                if readFile(store.path("accounts/\(uuidA)/password")).bytes != nil { problems.append("a field reads under another vault's id") }
             case "vault":
                 let listed = listing(store.path("accounts"))
                 let read = readFile(store.path("accounts/\(uuidA)/password"))
@@ -241,6 +247,12 @@ final class DamagedStores {
             problems.append("\(error)")
         }
         return problems
+    }
+
+    /// Whether `bytes` is a vault id file: 32 hex digits, in either case, and one `\n` or none.
+    static func isVaultID(_ bytes: [UInt8]) -> Bool {
+        let digits = bytes.last == 0x0A ? bytes.dropLast() : bytes[...]
+        return digits.count == 32 && digits.allSatisfy { (0x30...0x39).contains($0) || (0x41...0x46).contains($0) || (0x61...0x66).contains($0) }
     }
 
     /// Through a mount: the folder's id damaged (nothing opens: EIO, the status says why)

@@ -137,7 +137,7 @@ final class Soak {
         let settingsNames = Set(listing(store.path("settings")) ?? [])
         let accountNames = Set(listing(store.path("accounts/\(Self.account)")) ?? [])
         let expectedSettings = Set(Self.keys.map { ($0 as NSString).lastPathComponent } + ["ActiveServiceAccountUUID", "IsFirstRun"])
-        let expectedFields = Set(["label", "protocol", "server", "port", "path", "comment", "username", "password", "otp", "url"])
+        let expectedFields = Set(["label", "protocol", "server", "port", "path", "comment", "username", "password", "otp", "url", "attributes"])
         if settingsNames != expectedSettings { failures.append("settings/ lists \(settingsNames.symmetricDifference(expectedSettings)) too") }
         if accountNames != expectedFields { failures.append("the account lists \(accountNames.symmetricDifference(expectedFields)) too") }
         values.record(tried: saves, failures: failures)
