@@ -73,6 +73,6 @@ let package = Package(
         .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault", "Posix", "TestSupport"]),
         .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "CCrypto", "CredentialVault"]),
         .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "CredentialVault"]),
-        .testTarget(name: "IntegrationTests", dependencies: ["Posix", "TestSupport"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["Posix", "TestSupport", "CredentialVault"]),
     ]
 )

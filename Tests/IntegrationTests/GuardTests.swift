@@ -1,3 +1,4 @@
+import CredentialVault
 import Foundation
 import Posix
 import TestSupport
@@ -461,6 +462,64 @@ struct GuardTests {
         let code = mount.run(reader, ["-c", "20", account + "/totp"]).stdout
         #expect(code.count == 7 && code.dropLast().allSatisfy(\.isNumber), "a trusted program reads the code: \(code)")
         #expect(mount.decisions.contains("field=totp"), "the refusal is recorded: \(mount.decisions)")
+    }
+
+    /// `conflicts/password` is guarded like `password` (SPEC §2b, §3a): another machine's
+    /// password, changed apart from this one's, goes only to a trusted program or a run
+    /// allowed once at the password's prompt; any other is refused without being asked.
+    @Test func aConflictingPasswordIsGuardedLikeThePassword() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        // Another machine: a copy of the folder with a device of its own, the password
+        // changed there (the vault library writes its change file, as that machine's mount would).
+        let other = mount.scratch.sub("other")
+        try FileManager.default.createDirectory(atPath: other, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: mount.data + "/vault", toPath: other + "/vault")
+        do {
+            let vault = try Vault(path: other + "/vault")
+            try Array(Run.passphrase.utf8).withUnsafeBytes { try vault.unlock(passphrase: SecureBytes(copying: $0)) }
+            let uuid = try #require(AccountName.uuidBytes(GuardedMount.uuid))
+            try Array("from the other machine".utf8).withUnsafeBytes { try vault.setFields([.password: SecureBytes(copying: $0)], of: uuid) }
+            vault.lock()
+        }
+        // Here, meanwhile, another password (allowed once at the prompt).
+        mount.answer("ok")
+        #expect(mount.shell("printf 'from here\\n' | dd of=\(mount.password) status=none").status == 0)
+        mount.answer("cancel")
+        // What a synchroniser brings: the other machine's new files, owned by the mount's user.
+        let here = Set(try FileManager.default.subpathsOfDirectory(atPath: mount.data + "/vault"))
+        for relative in try FileManager.default.subpathsOfDirectory(atPath: other + "/vault")
+        where relative.hasSuffix(".mtv") && !here.contains(relative) {
+            let destination = mount.data + "/vault/" + relative
+            let folder = (destination as NSString).deletingLastPathComponent
+            if !FileManager.default.fileExists(atPath: folder) {
+                mkdir(folder, 0o700)
+                chown(folder, 65534, 65534)
+            }
+            try FileManager.default.copyItem(atPath: other + "/vault/" + relative, toPath: destination)
+            chown(destination, 65534, 65534)
+        }
+        let conflict = mount.path("accounts/\(GuardedMount.uuid)/conflicts/password")
+        #expect(Poll.until(seconds: 10) { mount.run("/bin/ls", [mount.path("accounts/\(GuardedMount.uuid)/conflicts")]).stdout.contains("password") },
+                "the conflict shows: \(mount.daemonLog)")
+        // Untrusted: refused, without a prompt of its own (the decision says to open the
+        // password first).
+        let before = mount.prompts
+        let untrusted = mount.run("/bin/cat", [conflict])
+        #expect(untrusted.status != 0 && !untrusted.stdout.contains("machine"), "\(untrusted)")
+        #expect(mount.prompts == before, "\(mount.record)")
+        #expect(mount.decisions.contains("conflicts/password") && mount.decisions.contains("open the password first"), "\(mount.decisions)")
+        // A run allowed once at the password's prompt reads its conflicts too.
+        mount.answer("ok")
+        let once = mount.run("/usr/bin/head", ["-q", "-c", "200", mount.password, conflict])
+        #expect(once.stdout.hasPrefix("from here\nfrom the other machine\t"), "\(once)")
+        #expect(mount.prompts == before + 1)
+        mount.answer("cancel")
+        // A trusted program reads it.
+        let reader = mount.trustedReader()
+        let read = mount.run(reader, ["-c", "200", conflict])
+        #expect(read.stdout.hasPrefix("from the other machine\t"), "\(read)")
     }
 
     /// A prompt that never answers stalls nothing else, and a SIGINT of its requester ends
