@@ -76,6 +76,12 @@ final class Bench {
         guard Spawn.run(mtmfs, ["init", "--kdf", "interactive", "--data-dir", dataDirectory], input: Bench.passphrase + "\n") == 0 else {
             throw BenchError("mtmfs init failed (is \(mtmfs) built?)")
         }
+        // The package links the Swift runtime statically: a dynamic build starts slower and
+        // holds more of its libraries' pages when idle (W8, every whole-process row).
+        if Spawn.exists("ldd"), Spawn.output("ldd", [mtmfs]).output.contains("libswiftCore") {
+            notes.append("mtmfs links the Swift runtime dynamically, unlike the package: its starts and W8 read higher "
+                         + "(build with swift build -c release --static-swift-stdlib)")
+        }
         let mountTime = try seconds {
             guard Spawn.run(mtmfs, ["mount", "--auto-lock", "0", "--data-dir", dataDirectory, mountPoint]) == 0 else {
                 throw BenchError("mtmfs mount failed")
