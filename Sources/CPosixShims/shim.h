@@ -173,6 +173,11 @@ static inline int mtmfs_malloc_trim(void) {
     return malloc_trim(0);
 }
 
+/* At most `count` malloc arenas (glibc makes one per thread that contends, up to 8 per core). */
+static inline int mtmfs_limit_malloc_arenas(int count) {
+    return mallopt(M_ARENA_MAX, count);
+}
+
 #endif
 
 /* libFuzzer's driver, present only in binaries linked with -sanitize=fuzzer (mtmfs-fuzz

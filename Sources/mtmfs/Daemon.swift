@@ -91,6 +91,7 @@ enum Daemon {
             Log.use(.syslog)
         }
         chdir("/")
+        Syscall.limitHeapArenas(2)
         try? Syscall.forbidCoreDumps()
         KeyDerivationChild.use()
         let report: @Sendable (String) -> Void = { word in
