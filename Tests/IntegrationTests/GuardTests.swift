@@ -487,18 +487,24 @@ struct GuardTests {
         mount.answer("ok")
         #expect(mount.shell("printf 'from here\\n' | dd of=\(mount.password) status=none").status == 0)
         mount.answer("cancel")
-        // What a synchroniser brings: the other machine's new files, owned by the mount's user.
+        // What a synchroniser brings: the other machine's new files, owned by the mount's
+        // user from the start (each made under a temporary name, then renamed into place, as
+        // Syncthing does; a new device folder likewise).
         let here = Set(try FileManager.default.subpathsOfDirectory(atPath: mount.data + "/vault"))
         for relative in try FileManager.default.subpathsOfDirectory(atPath: other + "/vault")
         where relative.hasSuffix(".mtv") && !here.contains(relative) {
             let destination = mount.data + "/vault/" + relative
             let folder = (destination as NSString).deletingLastPathComponent
             if !FileManager.default.fileExists(atPath: folder) {
-                mkdir(folder, 0o700)
-                chown(folder, 65534, 65534)
+                let made = mount.data + "/vault/.syncthing.folder.tmp"
+                mkdir(made, 0o700)
+                chown(made, 65534, 65534)
+                try #require(rename(made, folder) == 0)
             }
-            try FileManager.default.copyItem(atPath: other + "/vault/" + relative, toPath: destination)
-            chown(destination, 65534, 65534)
+            let temporary = folder + "/.syncthing." + (relative as NSString).lastPathComponent + ".tmp"
+            try FileManager.default.copyItem(atPath: other + "/vault/" + relative, toPath: temporary)
+            chown(temporary, 65534, 65534)
+            try #require(rename(temporary, destination) == 0)
         }
         let conflict = mount.path("accounts/\(GuardedMount.uuid)/conflicts/password")
         #expect(Poll.until(seconds: 10) { mount.run("/bin/ls", [mount.path("accounts/\(GuardedMount.uuid)/conflicts")]).stdout.contains("password") },
