@@ -240,9 +240,10 @@ extension SecretServiceBus {
         waitingSearches.removeAll()
         let prompt = searchPrompt
         searchPrompt = nil
-        if store.canSearch { prompt?() }  // (unlocked another way: the dialog goes)
+        let found = store.canSearch
+        if found { prompt?() }  // (unlocked another way: the dialog goes)
         for search in waiting {
-            if store.canSearch {
+            if found {
                 let (unlocked, locked) = self.search(search.attributes, for: search.caller)
                 send(Self.searchReply(unlocked, locked, fromService: search.fromService), to: search.message)
             } else {

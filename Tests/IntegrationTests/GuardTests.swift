@@ -48,11 +48,9 @@ final class GuardedMount {
             mkdir(directory, 0o700)
             chown(directory, 65534, 65534)
         }
-        try Self.pinentryScript(answers: answerFile, record: asked).write(toFile: scratch.sub("pinentry"), atomically: true, encoding: .utf8)
-        chmod(scratch.sub("pinentry"), 0o755)
+        try TestFile.writeProgram(Self.pinentryScript(answers: answerFile, record: asked), to: scratch.sub("pinentry"))
         if writablePinentry {
-            try Self.pinentryScript(answers: answerFile, record: asked).write(toFile: self.pinentry, atomically: true, encoding: .utf8)
-            chmod(self.pinentry, 0o755)
+            try TestFile.writeProgram(Self.pinentryScript(answers: answerFile, record: asked), to: self.pinentry)
             chown(self.pinentry, 65534, 65534)
         }
         try (Run.passphrase + "\n").write(toFile: scratch.sub("pass"), atomically: true, encoding: .utf8)

@@ -48,9 +48,8 @@ final class ServedStore {
         try (Run.passphrase + "\n").write(toFile: scratch.sub("pass"), atomically: true, encoding: .utf8)
         var prompts: [String] = []
         if pinentry {
-            try GuardedMount.pinentryScript(answers: scratch.sub("answer"), record: scratch.sub("asked"))
-                .write(toFile: scratch.sub("pinentry"), atomically: true, encoding: .utf8)
-            chmod(scratch.sub("pinentry"), 0o755)
+            try TestFile.writeProgram(GuardedMount.pinentryScript(answers: scratch.sub("answer"), record: scratch.sub("asked")),
+                                      to: scratch.sub("pinentry"))
             prompts = ["--pinentry", scratch.sub("pinentry")]
         }
         mountArguments = ["mount", "--secret-service", "--data-dir", data] + extraMount + prompts

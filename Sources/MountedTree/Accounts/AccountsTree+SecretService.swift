@@ -19,7 +19,7 @@ extension AccountsTree: SecretStore {
         ("server", .server, .server), ("user", .username, .username), ("protocol", .protocol, .protocol),
         ("port", .port, .port), ("object", .path, .path),
     ]
-    static let attributePrefix = "attribute:"
+    static let attributePrefix = AccountFields.attributePrefix
     static let contentTypeField = "secret-content-type"
 
     static func secure(_ text: String) -> SecureBytes { Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } }

@@ -232,11 +232,7 @@ public final class AccountsTree: EditingTree {
             try locked { (s) throws(Errno) in
                 try s.fields.session.requireOpen()
                 guard let account = s.fields.account(at: parentLocal) else { throw .noSuchFileOrDirectory }
-                let directory = AccountFields.attributesDirectory(of: account)
-                if s.engine.hasScratchFiles(in: directory)
-                    || s.fields.attributes(of: account).contains(where: { !s.engine.isLeaving(s.fields.attributeKey(account, $0)) }) {
-                    throw .directoryNotEmpty
-                }
+                if s.hasAttributesLeft(account) { throw .directoryNotEmpty }
             }
             return
         }

@@ -103,6 +103,13 @@ extension AccountsTree {
             return account
         }
 
+        /// Whether an account's `attributes/` still holds something: an attribute not being
+        /// unlinked, or an editor's file (rmdir of it, and of the account, wait for them).
+        func hasAttributesLeft(_ account: AccountID) -> Bool {
+            engine.hasScratchFiles(in: AccountFields.attributesDirectory(of: account))
+                || fields.attributes(of: account).contains { !engine.isLeaving(fields.attributeKey(account, $0)) }
+        }
+
         /// The same for a directory whose files are keys: an account's, or its `attributes/`.
         func owner(at directory: LocalInode) throws(Errno) -> AccountID {
             if directory.isFile { throw .notDirectory }
@@ -207,10 +214,7 @@ extension AccountsTree {
                 do { value = try vault.field(field, of: account.uuid) } catch { throw error.errno }
                 if value.count > 0 { throw .directoryNotEmpty }
             }
-            if engine.hasScratchFiles(in: AccountFields.attributesDirectory(of: id))
-                || fields.attributes(of: id).contains(where: { !engine.isLeaving(fields.attributeKey(id, $0)) }) {
-                throw .directoryNotEmpty
-            }
+            if hasAttributesLeft(id) { throw .directoryNotEmpty }
             do {
                 try vault.removeAccount(uuid: account.uuid)
             } catch {
