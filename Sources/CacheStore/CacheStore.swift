@@ -814,6 +814,9 @@ public final class CacheStore: @unchecked Sendable {
     /// At unmount: writes what is buffered, commits, marks the store clean (the next open
     /// skips the full check), checkpoints everything and truncates the log.
     public func close() throws(Errno) {
+        // The checkpointer's connection first (its lock is taken before the store's); no
+        // checkpoint opens another once `closed` is set.
+        checkpointLock.withLock { checkpointer = nil }
         try withLock { () throws(Errno) in
             closed = true
             try change { () throws(Errno) in try flushAllDirty() }

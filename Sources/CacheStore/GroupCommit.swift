@@ -204,7 +204,7 @@ extension CacheStore {
 
     func checkpoint(pressed: Bool) {
         let (pending, quiet, frames) = lock.withLock {
-            (uncheckpointed, lastCommit.secondsElapsed >= Self.checkpointQuiet && batchStart == nil, database.logFrames)
+            (uncheckpointed && !closed, lastCommit.secondsElapsed >= Self.checkpointQuiet && batchStart == nil, database.logFrames)
         }
         guard pending else { return }
         // What the log holds (not its file's size, which stays after SQLite starts it over:
@@ -215,6 +215,7 @@ extension CacheStore {
         let held = max(logBytes(frames: frames), fileBytes >= Self.logBound / 4 * 3 ? fileBytes : 0)
         guard quiet || held >= Self.checkpointThreshold else { return }
         checkpointLock.withLock {
+            if lock.withLock({ closed }) { return }
             // A writer that waited for the checkpoint under way may find nothing left to do.
             if pressed, logBytes(frames: lock.withLock { database.logFrames }) < Self.writerWaitThreshold { return }
             do {

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CPosixShims
 
 /// Whether a process runs. An exited process that its parent (or init) has not reaped yet
 /// is a zombie, and `kill(pid, 0)` still succeeds on it: /proc/PID/stat tells.
@@ -8,6 +9,14 @@ import Glibc
 /// Thread-safety: stateless; each call reads /proc afresh.
 public enum ProcessState {
     public static func isRunning(_ pid: pid_t) -> Bool {
+        // A pidfd turns readable only once every thread has exited: a leader already a
+        // zombie while another thread still finishes a sync, holding the process's files
+        // and their locks, still runs. /proc/PID/stat says Z for it.
+        let pinned = mtmfs_pidfd_open(pid)
+        if pinned >= 0 {
+            defer { Syscall.close(pinned) }
+            return ProcessInspection.isRunning(pinned: pinned)
+        }
         guard kill(pid, 0) == 0 || errno != ESRCH else { return false }
         guard let fd = try? Syscall.open("/proc/\(pid)/stat", O_RDONLY) else { return false }
         defer { Syscall.close(fd) }

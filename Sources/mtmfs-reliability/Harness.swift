@@ -53,9 +53,13 @@ final class Store {
         daemon = pid_t(status()["pid"] ?? "") ?? 0
     }
 
+    /// Unmounts, and waits until the daemon is gone (a lazy unmount returns before it has
+    /// closed its stores, and a check of the files on disk must not race it).
     func unmount() {
         if MountTable.isMounted(mountPoint) { Run.program(Run.mtmfs, ["unmount", mountPoint]) }
         if MountTable.isMounted(mountPoint) { Run.program("fusermount3", ["-uz", mountPoint]) }
+        if daemon > 0 { Poll.until(seconds: 30, every: 0.01) { !ProcessState.isRunning(daemon) } }
+        daemon = 0
     }
 
     /// SIGKILL to the daemon, then the lazy unmount a crashed daemon needs.

@@ -24,6 +24,10 @@ public final class CacheTree: Subtree {
     /// Bytes of file data to stay under (`--cache-limit`), or nil.
     let limit: Int64?
     private let running = Atomic<Bool>(true)
+    /// The committing and maintenance threads, joined at shutdown before the store closes:
+    /// a daemon that exits with one of them inside a checkpoint's sync would keep the
+    /// database locked after its main thread is gone.
+    private let threads = Mutex<[pthread_t]>([])
     /// Wakes the maintenance thread: work from the store, shutdown.
     let maintenanceWakeup = Wakeup()
     /// Every change goes through this mount, so the kernel keeps its own copy right (and
@@ -51,7 +55,7 @@ public final class CacheTree: Subtree {
         // checkpointed, by a thread of their own (the store commits at fsync by itself).
         // It holds the store only while it waits; idle (nothing to commit or copy), it
         // sleeps until a group opens, or an hour.
-        Threads.detach { [weak self] in
+        let committer = Threads.start { [weak self] in
             while true {
                 guard let self, self.running.load(ordering: .relaxed), let store = self.store else { return }
                 _ = consume self
@@ -65,11 +69,12 @@ public final class CacheTree: Subtree {
         // between them, in which requests take the store first.
         let wakeup = self.maintenanceWakeup
         store?.onBackgroundWork = { wakeup.wake() }
-        Threads.detach { [weak self] in
+        let maintainer = Threads.start { [weak self] in
             var lastPass = ContinuousClock.now - .seconds(1)
             while true {
                 guard let deadline = self?.maintenanceDeadline() else { return }
                 wakeup.wait(until: deadline)
+                guard self?.running.load(ordering: .relaxed) == true else { return }
                 let pause = Duration.milliseconds(500) - lastPass.duration(to: .now)
                 if pause > .zero { usleep(UInt32(pause.components.attoseconds / 1_000_000_000_000)) }
                 guard let self, self.running.load(ordering: .relaxed), let store = self.store else { return }
@@ -81,6 +86,7 @@ public final class CacheTree: Subtree {
                 while self.running.load(ordering: .relaxed) && store.reclaimStep() { usleep(2_000) }
             }
         }
+        threads.withLock { $0 = [committer, maintainer].compactMap { $0 } }
     }
 
     /// Idle, the committing thread sleeps this long at most (it is woken when a group opens).
@@ -338,11 +344,14 @@ public final class CacheTree: Subtree {
         try storeOrEIO().removeExtendedAttribute(ino(inode), name: name)
     }
 
+    /// Stops the committing and maintenance threads (a pass under way ends first), then
+    /// closes the store: when the daemon exits, no thread of it holds the database.
     public func shutDown() {
         running.store(false, ordering: .relaxed)
-        try? store?.close()
         store?.wakeCommitter()
         maintenanceWakeup.wake()
+        for thread in threads.withLock({ t in defer { t = [] }; return t }) { pthread_join(thread, nil) }
+        try? store?.close()
     }
 }
 
