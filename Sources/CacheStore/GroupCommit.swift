@@ -8,10 +8,35 @@ import Posix
 /// in it, the first being the transaction itself)
 /// (see `groupCommitDelay`), and the write-ahead log is checkpointed off the request path.
 extension CacheStore {
+    /// Changes are committed in groups: the first change after a commit opens one SQLite
+    /// transaction, which is committed on fsync, once it holds `groupCommitSize` changes,
+    /// `groupBytes` of data, or `groupCommitDelay` after it began (by the committing thread,
+    /// `commitWhenDue`). Many files' creates and small writes then cost one log append and
+    /// one round of locks instead of one each. Readers of the database file see a change
+    /// within `groupCommitDelay`; a kill -9 of the daemon loses at most the changes of that
+    /// last interval that were not fsynced; the database is consistent either way.
+    public static let groupCommitDelay = 0.005
+    static let groupCommitSize = 256
+
+    /// The write-ahead log is copied into the database file (a checkpoint) by the committing
+    /// thread once no change came for `checkpointQuiet` seconds or the log has grown — not
+    /// inside a request, as SQLite's automatic checkpoint would.
+    public static let checkpointQuiet = 0.1
+    /// See `checkpointIfDue`: the log is copied from `checkpointThreshold` bytes on, started
+    /// over under the lock from `restartThreshold` on, and never holds much more than `logBound`.
+    static let checkpointThreshold: Int64 = 8 << 20
+    static let restartThreshold: Int64 = 16 << 20
+    public static let logBound: Int64 = 64 << 20
+    /// The log's file is kept up to this size, written over from its start each time SQLite
+    /// starts the log over (`journal_size_limit`): a commit that overwrites blocks the file
+    /// has costs a flush of the data, one that lengthens it a journal commit of the host
+    /// file system too.
+    static let keptLogSize: Int64 = 16 << 20
+
     func withLock<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
         try lock.withLock { () throws(Errno) -> T in
             defer {
-                if (committerAwaitsGroup && batchStart != nil) || (committerAwaitsData && dirty.since != nil) {
+                if (committerAwaitsGroup && batchStart != nil) || (committerAwaitsData && (inline.since != nil || !data.unrecorded.isEmpty)) {
                     (committerAwaitsGroup, committerAwaitsData) = (false, false)
                     committerWakes += 1
                     committerWake.post()
@@ -24,36 +49,38 @@ extension CacheStore {
     /// Runs `body` in one write transaction (rolled back if it throws). On a full disk the
     /// write-ahead log is checkpointed and truncated (giving its space back) and the body
     /// tried once more, so that a delete can still free space.
-    func transaction<T>(background: Bool = false, _ body: () throws(Errno) -> T) throws(Errno) -> T {
-        try withLock { () throws(Errno) -> T in try change(body, background: background) }
+    func transaction<T>(_ body: () throws(Errno) -> T) throws(Errno) -> T {
+        try withLock { () throws(Errno) -> T in try change(body) }
     }
 
     /// `transaction` with the lock already held: one savepoint in the open group (the first
-    /// change of a group is the transaction itself). What the
-    /// store keeps in memory beside the database (buffered writes, the inodes waiting for
-    /// deletion, the orphans) is restored with the savepoint when the body throws.
-    func change<T>(_ body: () throws(Errno) -> T, background: Bool = false) throws(Errno) -> T {
-            if !background { lastChange = .now }
+    /// change of a group is the transaction itself). What the store keeps in memory beside
+    /// the database (small files' buffers, large files' state, the orphans) is restored with
+    /// the savepoint when the body throws. `refresh`: the change only copies what data files
+    /// hold into their rows — background work, and no change of the tree for an fsync to sync.
+    func change<T>(refresh: Bool = false, _ body: () throws(Errno) -> T) throws(Errno) -> T {
+            if !refresh { lastChange = .now }
             var attempt = 0
             defer { freeBytesNow = nil }
             while true {
                 attempt += 1
                 freeBytesNow = freeDiskBytes()
                 // The first change of a group needs no savepoint: undoing it is undoing the
-                // transaction (two statements less for an fsync's flush, the usual group of one).
+                // transaction (two statements less for an fsync's store, the usual group of one).
                 let first = batchStart == nil || !database.isInTransaction
                 try openBatch()
                 if !first { try run("SAVEPOINT change") }
-                let saved = (dirty, reclaimQueue, orphans, dataKeys, nextDataKey)
+                let saved = (inline, data, orphans)
                 do throws(Errno) {
                     let result = try body()
                     if !first { try run("RELEASE change") }
                     batchChanges += 1
+                    if !refresh { treeChanges += 1 }
                     if batchChanges >= Self.groupCommitSize || batchBytes >= Self.groupBytes
                         || !hasRoomForGroups(free: freeBytesNow) { try commitBatch() }
                     return result
                 } catch {
-                    (dirty, reclaimQueue, orphans, dataKeys, nextDataKey) = saved
+                    (inline, data, orphans) = saved
                     if database.isInTransaction && first {
                         try? exec("ROLLBACK")
                         batchStart = nil
@@ -64,7 +91,7 @@ extension CacheStore {
                     noticeRollback()
                     guard error == .noSpace, attempt == 1 else { throw error }
                     try? commitBatch()
-                    try? exec("PRAGMA wal_checkpoint(TRUNCATE)")
+                    truncateLog()
                 }
             }
     }
@@ -73,8 +100,6 @@ extension CacheStore {
     func openBatch() throws(Errno) {
         noticeRollback()
         guard batchStart == nil else { return }
-        // Records in the fsync journal must apply to the state they were written against.
-        try drainJournal()
         try run("BEGIN IMMEDIATE")
         batchStart = .now
         batchChanges = 0
@@ -94,19 +119,32 @@ extension CacheStore {
             try run("COMMIT")
             // A group that changed nothing wrote nothing to the log: no checkpoint, no work.
             guard changedRows else { return }
+            commits += 1
             uncheckpointed = true
             lastCommit = .now
             backgroundWork?()  // the size limit may be passed now
             // Short of disk, the log is emptied at once: its pages are what fills the disk,
             // and a delete frees nothing until they are in the database file.
             if !hasRoomForGroups(free: freeDiskBytes()) {
-                if (try? exec("PRAGMA wal_checkpoint(TRUNCATE)")) != nil { uncheckpointed = false }
+                truncateLog()
             }
         } catch {
             Log.error("cache: \(batchChanges) changes could not be committed: \(error)")
             try? exec("ROLLBACK")
             throw error
         }
+    }
+
+    /// Copies the whole log into the database and truncates it, under the lock (short of
+    /// disk: the log's pages are what fills it, and a delete frees nothing until they are
+    /// copied); true when done, and then every commit is durable.
+    @discardableResult
+    func truncateLog() -> Bool {
+        guard (try? database.checkpoint(mode: SQLITE_CHECKPOINT_TRUNCATE, waitingAtMost: 1)) != nil else { return false }
+        database.noteLogCopied()
+        uncheckpointed = false
+        noteDurable(commits)
+        return true
     }
 
     /// Groups only with plenty of free disk: SQLite answers a full disk by rolling back the
@@ -136,9 +174,14 @@ extension CacheStore {
     /// One pass of the committing thread: a group committed when due, buffered data
     /// stored when due, the log checkpointed when due; idle, it sleeps up to `idleSleep`.
     public func committingPass(idleSleep: Double) {
-        commitWhenDue(waitingAtMost: min(needsCheckpoint ? Self.checkpointQuiet : idleSleep, dirtyDue ?? idleSleep))
-        flushDirtyWhenDue()
+        let unrecordedDue = lock.withLock { data.unrecorded.values.min().map { max(0.01, Self.recordDelay - $0.secondsElapsed) } }
+        commitWhenDue(waitingAtMost: min(needsCheckpoint ? Self.checkpointQuiet : idleSleep, buffersDue ?? idleSleep,
+                                         unrecordedDue ?? idleSleep))
+        storeBuffersWhenDue()
+        recordConversions(olderThan: Self.recordDelay)
         checkpointIfDue()
+        // Data files whose deletion a checkpoint or an fsync made durable, with the lock let go.
+        for key in lock.withLock({ closed ? [] : takeRemovableDataFiles() }) { folder.remove(key) }
     }
 
     /// For the committing thread: with a group open, waits until it is `groupCommitDelay`
@@ -148,8 +191,10 @@ extension CacheStore {
     public func commitWhenDue(waitingAtMost seconds: Double) {
         let started = lock.withLock { () -> ContinuousClock.Instant? in
             // Buffered data needs a wake only from a long wait: one that ends within
-            // `dirtyDelay` (a checkpoint pending, say) comes back in time to store it.
-            if batchStart == nil { (committerAwaitsGroup, committerAwaitsData) = (true, dirty.since == nil && seconds > Self.dirtyDelay) }
+            // `bufferDelay` (a checkpoint pending, say) comes back in time to store it.
+            if batchStart == nil {
+                (committerAwaitsGroup, committerAwaitsData) = (true, inline.since == nil && data.unrecorded.isEmpty && seconds > Self.bufferDelay)
+            }
             return batchStart
         }
         guard let started else {
@@ -169,7 +214,7 @@ extension CacheStore {
 
     /// Committed changes wait for a checkpoint (the committing thread then comes back
     /// within `checkpointQuiet` rather than sleeping long).
-    public var needsCheckpoint: Bool { lock.withLock { uncheckpointed || !reclaimQueue.isEmpty } }
+    public var needsCheckpoint: Bool { lock.withLock { uncheckpointed || data.doomed.contains { $0.commit > durableCommits } } }
 
     /// The write-ahead log stays under `logBound`, whatever the write load:
     /// - once the store is quiet for `checkpointQuiet`, or the log holds `checkpointThreshold`
@@ -229,12 +274,16 @@ extension CacheStore {
                     try connection.execute("PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=0; PRAGMA journal_mode=WAL;")
                     checkpointer = connection
                 }
-                let started = lock.withLock { lastCommit }
+                let (started, committed) = lock.withLock { (lastCommit, commits) }
                 let result = try connection.checkpoint(mode: SQLITE_CHECKPOINT_PASSIVE)
                 Log.debug("cache: checkpoint copied \(result.copied) of \(result.log) log frames (\(held) bytes)")
-                // Everything copied, and nothing committed meanwhile: nothing is pending.
+                // Everything copied (the log synced first, the database after): every commit
+                // made before is durable, and with nothing committed meanwhile nothing is pending.
                 if result.copied >= result.log {
-                    lock.withLock { if lastCommit == started { uncheckpointed = false } }
+                    lock.withLock {
+                        if lastCommit == started { uncheckpointed = false }
+                        noteDurable(committed)
+                    }
                 }
                 let pageSize = Int64(self.pageSize)
                 let complete = result.copied >= result.log
@@ -273,5 +322,60 @@ extension CacheStore {
 
     static func fileSize(_ path: String) -> Int64 {
         (try? Syscall.stat(path)).map { Int64($0.st_size) } ?? 0
+    }
+}
+
+// MARK: Durability
+
+extension CacheStore {
+    /// fsync of `ino` (nil: of a directory, the tree alone). A large file's data file is
+    /// synced first (with the folder, the first time after it was made), and an unrecorded
+    /// conversion recorded after that; then, when the tree changed since the log was last
+    /// synced (names, attributes, small files' bytes — this file's buffer stored now), the
+    /// open group is committed and the log synced (`fdatasync`, as SQLite syncs it: data and
+    /// size, not times). No sync runs under the store's lock: requests of other files never
+    /// wait for the disk. A large file written in place that nothing else changed costs one
+    /// `fdatasync` of its data file.
+    public func synchronize(_ ino: Int64? = nil) throws(Errno) {
+        let file = try withLock { () throws(Errno) -> DataFile? in
+            guard let ino else { return nil }
+            let inode = try storedInode(ino)
+            if inline.files[ino] != nil { try change { () throws(Errno) in try storeBuffer(ino) } }
+            return try dataFile(inode)
+        }
+        if let file, let ino {
+            try Syscall.fdatasync(file.fd)
+            if lock.withLock({ data.unrecorded[ino] != nil }) {
+                recordConversions(olderThan: nil, only: ino)
+                guard lock.withLock({ data.unrecorded[ino] == nil }) else { throw .ioError }
+            }
+        }
+        let (log, covered) = try withLock { () throws(Errno) -> (Int32?, (tree: Int64, commits: Int)?) in
+            guard treeChanges != syncedTreeChanges else { return (nil, nil) }
+            try commitBatch()
+            return (logFile(), (treeChanges, commits))
+        }
+        guard let covered else { return }
+        if let log { try Syscall.fdatasync(log) }
+        lock.withLock {
+            syncedTreeChanges = max(syncedTreeChanges, covered.tree)
+            noteDurable(covered.commits)
+        }
+    }
+
+    /// Commits up to `commit` are durable (lock held): data files whose rows they deleted
+    /// may go (the maintenance thread removes them).
+    func noteDurable(_ commit: Int) {
+        guard commit > durableCommits else { return }
+        durableCommits = commit
+        if data.doomed.contains(where: { $0.commit <= commit }) { backgroundWork?() }
+    }
+
+    /// The write-ahead log's descriptor, opened once (nil: no log, all is in the database
+    /// file) (lock held). SQLite keeps the file while a connection is open: truncated or
+    /// started over, never replaced.
+    func logFile() -> Int32? {
+        if logDescriptor == nil { logDescriptor = try? Syscall.open(path + "-wal", O_RDONLY | O_CLOEXEC) }
+        return logDescriptor
     }
 }

@@ -37,13 +37,13 @@ extension CacheStore {
         try withLock { () throws(Errno) -> [(name: String, inode: CacheInode)] in
             _ = try directory(ino)
             let statement = try statement("""
-                SELECT i.ino, i.mode, i.uid, i.gid, i.size, i.links, i.atime, i.mtime, i.ctime, i.rdev, i.target, i.stored, e.name
+                SELECT i.ino, i.mode, i.uid, i.gid, i.size, i.links, i.atime, i.mtime, i.ctime, i.rdev, i.target, i.stored, i.data, e.name
                 FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = ? AND e.name > ? ORDER BY e.name LIMIT ?
                 """)
             statement.bind(ino, name ?? "", limit)
             defer { statement.done() }
             var result: [(name: String, inode: CacheInode)] = []
-            while try row(statement) { result.append((statement.text(12), dirty.overlay(Self.inode(statement)))) }
+            while try row(statement) { result.append((statement.text(13), overlay(Self.inode(statement)))) }
             if referencing, let holders { for entry in result { holders.hold(entry.inode.ino) } }
             return result
         }
@@ -86,7 +86,7 @@ extension CacheStore {
     public func link(_ ino: Int64, parent: Int64, name: String, reference: Bool = false) throws(Errno) -> CacheInode {
         try Self.check(name)
         return try transaction { () throws(Errno) -> CacheInode in
-            let inode = try fetchInode(ino)
+            let inode = try storedInode(ino)
             guard !inode.isDirectory else { throw .notPermitted }
             guard inode.links > 0 else { throw .noSuchFileOrDirectory }
             _ = try directory(parent)
@@ -104,7 +104,7 @@ extension CacheStore {
         try transaction { () throws(Errno) in
             _ = try directory(parent)
             guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
-            guard try !fetchInode(ino).isDirectory else { throw .isDirectory }
+            guard try !storedInode(ino).isDirectory else { throw .isDirectory }
             try removeName(parent: parent, name: name, ino: ino)
         }
     }
@@ -113,7 +113,7 @@ extension CacheStore {
         try transaction { () throws(Errno) in
             _ = try directory(parent)
             guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
-            guard try fetchInode(ino).isDirectory else { throw .notDirectory }
+            guard try storedInode(ino).isDirectory else { throw .notDirectory }
             guard try isEmptyDirectory(ino) else { throw .directoryNotEmpty }
             try removeName(parent: parent, name: name, ino: ino)
         }
@@ -122,7 +122,7 @@ extension CacheStore {
     /// Drops one name; a directory loses its links (and its parent one); an inode without
     /// names and references is deleted with its data.
     func removeName(parent: Int64, name: String, ino: Int64) throws(Errno) {
-        let inode = try fetchInode(ino)
+        let inode = try storedInode(ino)
         let now = Self.now()
         try run("DELETE FROM entries WHERE parent = ? AND name = ?", parent, name)
         if inode.isDirectory {
@@ -146,6 +146,18 @@ extension CacheStore {
         }
     }
 
+    /// Deletes an inode without names or references (lock held, inside a change): its row,
+    /// attributes and bytes; a large file's data file goes once the deletion is durable.
+    func deleteInode(_ ino: Int64) throws(Errno) {
+        inline.discard(ino)
+        let inode = try storedInode(ino)
+        guard inode.links <= 0 else { return }
+        try run("DELETE FROM xattrs WHERE ino = ?", ino)
+        try run("DELETE FROM contents WHERE ino = ?", ino)
+        try run("DELETE FROM inodes WHERE ino = ?", ino)
+        forgetDataFile(inode)
+    }
+
     /// Open, or held by the kernel.
     func isHeld(_ ino: Int64) -> Bool { (opens[ino] ?? 0) != 0 || holders?.isHeld(ino) == true }
 
@@ -162,18 +174,29 @@ extension CacheStore {
         let noReplace = flags & 1 != 0, exchange = flags & 2 != 0
         // RENAME_WHITEOUT (overlay file systems' flag) and unknown flags are not offered.
         if noReplace && exchange || flags & ~3 != 0 { throw .invalidArgument }
+        // A large file renamed over another has its data file synced (and recorded) first,
+        // outside the lock, as ext4's auto_da_alloc writes such a file's data before the
+        // rename commits: the write-then-rename idiom never leaves the new name without its
+        // data after a crash. (A small file's buffer is stored in the rename's own change.)
+        let replaced = try withLock { () throws(Errno) -> (ino: Int64, file: DataFile)? in
+            guard !exchange, !noReplace, let source = try entry(parent, name), try entry(newParent, newName) != nil,
+                  let file = try dataFile(try storedInode(source)) else { return nil }
+            return (source, file)
+        }
+        if let replaced {
+            try Syscall.fdatasync(replaced.file.fd)
+            recordConversions(olderThan: nil, only: replaced.ino)
+        }
         try transaction { () throws(Errno) in
             _ = try directory(parent)
             _ = try directory(newParent)
             guard let source = try entry(parent, name) else { throw .noSuchFileOrDirectory }
-            // A file renamed over another is stored first (as ext4's auto_da_alloc): the
-            // write-then-rename idiom never leaves the new name without its data after a crash.
-            try flushDirty(source)
+            try storeBuffer(source)
             let target = try entry(newParent, newName)
-            let sourceInode = try fetchInode(source)
+            let sourceInode = try storedInode(source)
             if exchange {
                 guard let target else { throw .noSuchFileOrDirectory }
-                let targetInode = try fetchInode(target)
+                let targetInode = try storedInode(target)
                 if sourceInode.isDirectory { try refuseIntoItself(source, newParent) }
                 if targetInode.isDirectory { try refuseIntoItself(target, parent) }
                 try run("UPDATE entries SET ino = ? WHERE parent = ? AND name = ?", target, parent, name)
@@ -191,7 +214,7 @@ extension CacheStore {
             if let target {
                 if noReplace { throw .fileExists }
                 if target == source { return }  // two names of one inode: nothing to do
-                let targetInode = try fetchInode(target)
+                let targetInode = try storedInode(target)
                 if sourceInode.isDirectory {
                     guard targetInode.isDirectory else { throw .notDirectory }
                     guard try isEmptyDirectory(target) else { throw .directoryNotEmpty }

@@ -60,7 +60,7 @@ extension Bench {
             INSERT INTO inodes(mode, uid, gid, size, links, atime, mtime, ctime, used, stored)
                 SELECT \(S_IFREG | 0o644), \(getuid()), \(getgid()), 2, 1, 0, 0, 0, i, 2 FROM n;
             INSERT INTO entries(parent, name, ino) SELECT 1, 'f' || ino, ino FROM inodes WHERE ino > 1;
-            INSERT INTO chunks(ino, idx, data) SELECT ino, 0, X'310A' FROM inodes WHERE ino > 1;
+            INSERT INTO contents(ino, data) SELECT ino, X'310A' FROM inodes WHERE ino > 1;
             UPDATE inodes SET expires = \(Int(Date().timeIntervalSince1970) + 7 * 86_400) * 1000000000 WHERE ino = 2;
             COMMIT;
             """

@@ -10,7 +10,8 @@ import TestSupport
 ///
 /// After every kill: `Settings.plist` parses with plistlib, `PRAGMA integrity_check` is ok,
 /// the vault unlocks with the passphrase, every acknowledged value is there (or a later one
-/// that was in flight), every fsynced cache file has its exact bytes, and no editor's temp,
+/// that was in flight), every fsynced cache file has its exact bytes, the remount left exactly
+/// the data files that rows name in `cache.data/`, and no editor's temp,
 /// swap or backup file became a key, a field or a file.
 final class CrashDriver {
     let rounds: Int
@@ -52,6 +53,7 @@ final class CrashDriver {
             if let problem = integrityProblem(store.dataDirectory + "/cache.sqlite") { problems.append(problem) }
             do {
                 try store.mount()
+                if let problem = dataFolderProblem(store.dataDirectory) { problems.append(problem) }
                 problems += verify()
             } catch {
                 problems.append("remount: \(error)")
@@ -180,7 +182,7 @@ final class CrashDriver {
         nodes = []
         attemptedFiles = []
         let expectedData: Set<String> = ["vault", "device", "Settings.plist", "cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm",
-                                         "cache.sqlite-fsync", "mtmfs.lock"]
+                                         "cache.data", "mtmfs.lock"]
         let data = Set(listing(store.dataDirectory) ?? [])
         if !data.isSubset(of: expectedData) {
             problems.append("data directory holds \(data.subtracting(expectedData).sorted())")

@@ -180,6 +180,17 @@ func integrityProblem(_ database: String) -> String? {
     return checked.status == 0 && said == "ok" ? nil : "integrity_check: \(said) \(checked.stderr)"
 }
 
+/// After a mount of a store that crashed: the data files of `cache.data/` are exactly those
+/// its rows name (the mount removed the ones a crash left unnamed, and none is missing).
+func dataFolderProblem(_ dataDirectory: String) -> String? {
+    let named = Run.program("sqlite3", [dataDirectory + "/cache.sqlite", "SELECT data FROM inodes WHERE data IS NOT NULL"])
+    guard named.status == 0 else { return "listing the rows' data files: \(named.stderr)" }
+    let rows = Set(named.stdout.split(separator: "\n").map(String.init))
+    let files = Set(listing(dataDirectory + "/cache.data") ?? [])
+    guard rows != files else { return nil }
+    return "cache.data: files no row names \(files.subtracting(rows).sorted()), rows whose file is missing \(rows.subtracting(files).sorted())"
+}
+
 /// A line to standard output at once (the suite's progress shows while it runs).
 func say(_ line: String) {
     let bytes = Array((line + "\n").utf8)

@@ -11,27 +11,33 @@ struct CheckCommand: Command {
     static let name = "check"
     static let abstract = "check every store of a data directory (also while mounted)"
     static let usage = """
-    Usage: mtmfs check [--data-dir DIR]
+    Usage: mtmfs check [--repair] [--data-dir DIR]
 
     Checks the credential vault (a folder: its id, key slots and every change file's
     framing, naming each file that is skipped — damaged, half-synced, renamed, foreign or
     a synchroniser's own; a single file: header, checksum, every record's framing; the
-    contents stay encrypted), Settings.plist (parses as a property list) and cache.sqlite
-    (SQLite's full integrity check, which reads every page: seconds per gigabyte). Reads
-    only; safe while the store is mounted. One line per store; exit 1 if any is damaged.
-    A mount runs the cache's full check by itself after an unclean shutdown only.
+    contents stay encrypted), Settings.plist (parses as a property list) and the cache:
+    cache.sqlite (SQLite's full integrity check, which reads every page: seconds per
+    gigabyte) with its data files in cache.data/ (every large file's data file present;
+    data files that no file names are said). Reads only; safe while the store is mounted.
+    One line per store; exit 1 if any is damaged. A mount runs the cache's full check by
+    itself after an unclean shutdown only.
 
     Options:
+      --repair         remove the data files that no file names (not while mounted; a
+                       mount after an unclean shutdown does it too)
       --data-dir DIR   the data directory (default $XDG_DATA_HOME/mtmfs, else ~/.local/share/mtmfs)
     """
-    static let flags: Set<String> = []
+    static let flags: Set<String> = ["--repair"]
     static let options: Set<String> = ["--data-dir"]
 
     let dataDirectory: DataDirectory
+    let repair: Bool
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         _ = try arguments.positionals(0...0, named: "")
         dataDirectory = DataDirectory(path: Paths.dataDirectory(arguments.value("--data-dir")))
+        repair = arguments.has("--repair")
     }
 
     func run() throws(CommandFailure) {
@@ -40,6 +46,17 @@ struct CheckCommand: Command {
         } catch {
             throw CommandFailure(error.description)
         }
+        // A repair holds the data directory's claim: no mount can start meanwhile.
+        var claim: DataDirectoryClaim?
+        if repair {
+            do {
+                claim = try DataDirectoryClaim(dataDirectory, holder: .command("mtmfs check --repair"))
+            } catch {
+                throw CommandFailure(error.description)
+            }
+            try MountTable.refuseMounted(dataDirectory.path)
+        }
+        defer { withExtendedLifetime(claim) {} }
         var damaged: [String] = []
         func report(_ store: String, _ problem: String?) {
             print("\(store): \(problem ?? "ok")")
@@ -63,7 +80,7 @@ struct CheckCommand: Command {
             report("Settings.plist", error.description)
         }
         do throws(CacheStoreError) {
-            let note = try CacheStore.check(path: dataDirectory.cachePath) { line in
+            let note = try CacheStore.check(path: dataDirectory.cachePath, repair: repair) { line in
                 if isatty(2) == 1 { Terminal.error("mtmfs: " + line) }
             }
             if let note { Terminal.error("mtmfs: " + note) }

@@ -15,8 +15,15 @@ import Glibc
         return stat(path, &st) == 0 ? Int(st.st_size) : 0
     }
 
+    /// The bytes of the files in `path` and in its folders (a data directory: the stores,
+    /// and the data files of large files in `cache.data/`).
     func directorySize(_ path: String) -> Int {
-        ((try? FileManager.default.contentsOfDirectory(atPath: path)) ?? []).reduce(0) { $0 + size(path + "/" + $1) }
+        ((try? FileManager.default.contentsOfDirectory(atPath: path)) ?? []).reduce(0) { total, name in
+            var isDirectory: ObjCBool = false
+            let full = path + "/" + name
+            _ = FileManager.default.fileExists(atPath: full, isDirectory: &isDirectory)
+            return total + (isDirectory.boolValue ? directorySize(full) : size(full))
+        }
     }
 
     /// Small writes in random order, never closed or fsynced, read at once by another
@@ -129,7 +136,7 @@ import Glibc
         let store = try MountedStore()
         defer { store.close() }
         #expect(try store.status()["cache_check"] == "quick")
-        #expect(Run.shell("head -c 3000000 /dev/urandom > \(store.path("cache/f"))").status == 0)
+        #expect(Run.shell("for i in $(seq 60); do head -c 50000 /dev/urandom > \(store.path("cache"))/f$i; done").status == 0)
         let mounted = Run.mtmfs("check", "--data-dir", store.dataDirectory)
         #expect(mounted.status == 0 && mounted.stdout == "vault: ok\nSettings.plist: ok\ncache.sqlite: ok\n", "\(mounted)")
         #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)

@@ -232,9 +232,11 @@ import Glibc
             """#
         let onMount = Self.sameAsTheMachine(store, script)
         #expect(onMount == "blocks 24\ndata 40960 hole 45056 data 409600 hole 417792\n", "\(onMount)")
-        // One byte at 250,000 of a new file: one byte stored (a chunk from 196,608 held 53,393).
-        let c = store.path("cache")
-        #expect(Run.shell("printf x | dd of=\(c)/n bs=1 seek=250000 conv=fsync status=none && stat -c '%s %b' \(c)/n").stdout == "250001 1\n")
+        // One byte at 250,000 of a new file: one block stored, as on the machine's own.
+        let oneByte = Self.sameAsTheMachine(store, "cd \"$1\" && printf x | dd of=n bs=1 seek=250000 conv=fsync status=none && stat -c '%s %b' n")
+        #expect(oneByte == "250001 8\n", "\(oneByte)")
+        // A small file's bytes are counted to the byte (they are rows of the database).
+        #expect(Run.shell("printf 'hello world' > \(store.path("cache/small")) && stat -c '%s %b' \(store.path("cache/small"))").stdout == "11 1\n")
     }
 
     @Test func sparseCopiesAndTheSizeLimitCountStoredBytes() throws {
@@ -260,7 +262,8 @@ import Glibc
     }
 
     /// A store of schema version 1 (no stored-bytes column, no clean mark, chunks without
-    /// row ids, no totals) is upgraded at mount through versions 2 and 3 to 4, and checked in full once.
+    /// row ids, no totals) is upgraded at mount through versions 2 and 3 to 5 — its large
+    /// file moved to a data file — and checked in full once.
     @Test func versionOneStoresAreUpgraded() throws {
         let store = try MountedStore()
         defer { store.close() }
@@ -268,19 +271,29 @@ import Glibc
         #expect(Run.shell("head -c 100000 /dev/urandom > \(c)/f && truncate -s 1G \(c)/f").status == 0)
         let before = Run.shell("head -c 100000 \(c)/f | md5sum").stdout
         #expect(Run.mtmfs("unmount", store.mountPoint).status == 0)
-        let downgrade = Run.program("sqlite3", [database, """
-            DROP TRIGGER totals_insert; DROP TRIGGER totals_delete; DROP TRIGGER totals_update; DROP TABLE totals;
-            ALTER TABLE inodes DROP COLUMN stored; ALTER TABLE inodes DROP COLUMN data; DROP TABLE state;
-            CREATE TABLE v1(ino INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY(ino, idx)) STRICT, WITHOUT ROWID;
-            INSERT INTO v1 SELECT ino, idx, data FROM chunks; DROP TABLE chunks; ALTER TABLE v1 RENAME TO chunks;
-            PRAGMA user_version=1;
-            """])
+        // Made by hand as version 1 kept it: whole chunk rows, from the data file's bytes.
+        let downgrade = Run.program("python3", ["-c", """
+            import os, sqlite3, sys
+            path, folder = sys.argv[1], sys.argv[2]
+            db = sqlite3.connect(path)
+            ino, key = db.execute("SELECT ino, data FROM inodes WHERE data IS NOT NULL").fetchone()
+            data = open(os.path.join(folder, str(key)), "rb").read(100000)
+            db.executescript(
+                "DROP TRIGGER totals_insert; DROP TRIGGER totals_delete; DROP TRIGGER totals_update; DROP TABLE totals;"
+                "DROP INDEX inodes_by_data; ALTER TABLE inodes DROP COLUMN stored; ALTER TABLE inodes DROP COLUMN data;"
+                "DROP TABLE state; DROP TABLE contents;"
+                "CREATE TABLE chunks(ino INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY(ino, idx)) STRICT, WITHOUT ROWID;"
+                "PRAGMA user_version=1;")
+            db.execute("INSERT INTO chunks VALUES (?, 0, ?), (?, 1, ?)", (ino, data[:65536], ino, data[65536:]))
+            db.commit()
+            os.remove(os.path.join(folder, str(key))); os.rmdir(folder)
+            """, database, store.dataDirectory + "/cache.data"])
         #expect(downgrade.status == 0, "\(downgrade)")
         #expect(Run.mtmfs("mount", "--data-dir", store.dataDirectory, store.mountPoint).status == 0)
-        #expect(Run.shell("stat -c '%s %b' \(c)/f").stdout == "1073741824 196\n")
-        #expect(Run.program("sqlite3", [database, "PRAGMA user_version"]).stdout == "4\n")
+        #expect(Run.shell("stat -c '%s %b' \(c)/f").stdout == "1073741824 200\n", "100,000 bytes in 4 KiB blocks of the host")
+        #expect(Run.program("sqlite3", [database, "PRAGMA user_version"]).stdout == "5\n")
         #expect(try store.status()["cache_check"] == "full")
-        #expect(try store.status()["cache_files"] == "1" && store.status()["cache_bytes"] == "100000")
+        #expect(try store.status()["cache_files"] == "1" && store.status()["cache_bytes"] == "102400")
         #expect(Run.mtmfs("check", "--data-dir", store.dataDirectory).status == 0)
         #expect(Run.shell("head -c 100000 \(c)/f | md5sum").stdout == before)
     }

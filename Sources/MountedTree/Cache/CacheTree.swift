@@ -116,7 +116,7 @@ public final class CacheTree: Subtree {
         let removals = store.removals()
         lines += ["cache_evictions=\(removals.evictions)", "cache_expired=\(removals.expirations)"]
         let activity = store.activity()
-        lines += ["cache_journal_drains=\(activity.journalDrains)", "cache_committer_wakes=\(activity.committerWakes)"]
+        lines += ["cache_data_files_open=\(activity.dataFiles)", "cache_committer_wakes=\(activity.committerWakes)"]
         return lines
     }
 
@@ -281,7 +281,7 @@ public final class CacheTree: Subtree {
     }
 
     public func synchronize(_ inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws(Errno) {
-        try storeOrEIO().synchronize()
+        try storeOrEIO().synchronize(ino(inode))
     }
 
     public func allocate(_ inode: InodeNumber, handle: UInt64, mode: Int32, offset: UInt64, length: UInt64,
