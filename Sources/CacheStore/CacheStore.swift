@@ -4,68 +4,6 @@ import Glibc
 import CSQLite
 import Posix
 
-/// One inode row of the cache (see `docs/cache-schema.md`), with what a large file's data
-/// file says of its size, times and blocks laid over it.
-///
-/// Thread-safety: a value; `Sendable`.
-public struct CacheInode: Hashable, Sendable {
-    public var ino: Int64
-    public var mode: UInt32
-    public var uid: UInt32
-    public var gid: UInt32
-    public var size: Int64
-    public var links: Int64
-    public var accessNanoseconds: Int64
-    public var modificationNanoseconds: Int64
-    public var changeNanoseconds: Int64
-    public var device: Int64
-    /// Symbolic links: the target.
-    public var target: String?
-    /// Bytes of file data stored or allocated, what `st_blocks` counts: less than `size` for
-    /// a sparse file, more after a `fallocate` that keeps the size.
-    public var storedBytes: Int64 = 0
-    /// The key of the file's data file (`inodes.data`); nil: its bytes are in the database.
-    var dataKey: Int64?
-
-    public var isDirectory: Bool { mode & S_IFMT == S_IFDIR }
-    public var isSymbolicLink: Bool { mode & S_IFMT == S_IFLNK }
-    var isRegular: Bool { mode & S_IFMT == S_IFREG }
-}
-
-/// What a `setattr` changes; nil leaves a field.
-///
-/// Thread-safety: a value; `Sendable`.
-public struct CacheAttributeChanges: Sendable {
-    public var mode: UInt32?
-    public var uid: UInt32?
-    public var gid: UInt32?
-    public var size: Int64?
-    public var accessNanoseconds: Int64?
-    public var modificationNanoseconds: Int64?
-
-    public init(mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: Int64? = nil,
-                accessNanoseconds: Int64? = nil, modificationNanoseconds: Int64? = nil) {
-        self.mode = mode
-        self.uid = uid
-        self.gid = gid
-        self.size = size
-        self.accessNanoseconds = accessNanoseconds
-        self.modificationNanoseconds = modificationNanoseconds
-    }
-}
-
-/// Why the cache cannot be opened.
-///
-/// Thread-safety: a value; `Sendable`.
-public enum CacheStoreError: Error, CustomStringConvertible, Sendable {
-    case damaged(String)
-    public var description: String {
-        switch self {
-        case .damaged(let reason): "cache damaged: \(reason)"
-        }
-    }
-}
-
 /// A POSIX file tree in one SQLite database — inodes, directory entries, symlink targets,
 /// extended attributes and the bytes of small files — with the bytes of large files in
 /// sparse files of their own beside it (`DataFolder`), as Core Data keeps large values
@@ -187,7 +125,7 @@ public final class CacheStore: @unchecked Sendable {
     public static let expiryAttribute = "user.cache.expires"
 
     /// Whether this open ran the full integrity check (after an unclean shutdown).
-    public private(set) var checkedAtOpen = false
+    public internal(set) var checkedAtOpen = false
 
     /// Opens (creating the schema if the file is new, upgrading an older one) the cache
     /// database at `path` and its data folder beside it (`DataFolder.path(besides:)`). What
@@ -250,77 +188,6 @@ public final class CacheStore: @unchecked Sendable {
                 try commitBatch()
             }
         }
-    }
-
-    /// The full check of a cache database and its data folder, read only (also while it is
-    /// mounted): what `mtmfs check` runs. Throws what is wrong; returns what is right but
-    /// worth saying (data files that no row names, which the next mount removes), or nil.
-    /// With `repair` (not while mounted) those data files are removed.
-    @discardableResult
-    public static func check(path: String, repair: Bool = false, progress: @escaping (String) -> Void) throws(CacheStoreError) -> String? {
-        do {
-            let database = try SQLiteDatabase(path: path, readOnly: true)
-            try database.execute("PRAGMA busy_timeout=5000;")
-            guard try database.scalarText("PRAGMA application_id") == String(CacheDatabase.applicationID) else {
-                throw CacheStoreError.damaged("\(path) is not an mtmfs cache database (application_id)")
-            }
-            let version = Int64(try database.scalarText("PRAGMA user_version") ?? "0") ?? 0
-            guard version <= schemaVersion else {
-                throw CacheStoreError.damaged("\(path) has schema version \(version), this mtmfs knows \(schemaVersion)")
-            }
-            try integrityCheck(database, path: path, reason: "on demand", progress: progress)
-            if version >= 3, let problem = try Schema.totalsProblem(database) {
-                throw CacheStoreError.damaged("\(path): \(problem)")
-            }
-            guard version != 0 else { return nil }  // (made by init: the schema comes at the first mount)
-            guard version == schemaVersion else { return "schema version \(version): upgraded at the next mount" }
-            let folder = DataFolder(path: DataFolder.path(besides: path))
-            let (missing, unnamed) = try Schema.dataFileProblems(database, folder: folder)
-            if !missing.isEmpty {
-                throw CacheStoreError.damaged("\(path): the data files of \(missing.count) file(s) are missing from \(folder.path) (inodes \(missing.prefix(5).map(String.init).joined(separator: ", ")))")
-            }
-            guard !unnamed.isEmpty else { return nil }
-            if repair {
-                for key in unnamed { folder.remove(key) }
-                return "removed \(unnamed.count) data file(s) that no file names from \(folder.path)"
-            }
-            return "\(unnamed.count) data file(s) in \(folder.path) are named by no file (normal while mounted; the next mount removes them, or mtmfs check --repair)"
-        } catch let error as CacheStoreError {
-            throw error
-        } catch {
-            throw .damaged("\(path): \(error)")
-        }
-    }
-
-    /// `PRAGMA integrity_check` and the totals, after an unclean shutdown.
-    func fullCheck(progress: @escaping (String) -> Void, reason: String) throws {
-        try Self.integrityCheck(database, path: path, reason: reason, progress: progress)
-        // Triggers keep the totals in every transaction; a count that differs means the file
-        // was changed by hand: the totals are counted again (the data itself is intact).
-        if let problem = try Schema.totalsProblem(database) {
-            Log.error("cache: \(problem); counted again")
-            try database.execute("DELETE FROM totals; INSERT INTO totals(id, files, bytes, linked_bytes) SELECT 1, * FROM (\(Schema.countedTotals));")
-        }
-        checkedAtOpen = true
-    }
-
-    static func integrityCheck(_ database: SQLiteDatabase, path: String, reason: String,
-                               progress: @escaping (String) -> Void) throws {
-        let megabytes = ((try? Syscall.stat(path)).map { Int($0.st_size) } ?? 0) >> 20
-        progress("checking the cache database (\(megabytes) MiB) \(reason)…")
-        let started = ContinuousClock.now
-        var lastSaid = 0
-        let result = try database.withProgress(every: 100_000, {
-            let seconds = Int(started.secondsElapsed)
-            if seconds > lastSaid {
-                lastSaid = seconds
-                progress("checking the cache database (\(megabytes) MiB) \(reason)… \(seconds) s")
-            }
-        }) { () throws(SQLiteError) in try database.scalarText("PRAGMA integrity_check") }
-        guard result == "ok" else {
-            throw CacheStoreError.damaged("\(path) fails PRAGMA integrity_check: \(result ?? "no answer")")
-        }
-        progress("checked the cache database in \(Int(started.secondsElapsed * 1000)) ms: ok")
     }
 
     /// At unmount: every small file's buffer stored, every conversion recorded (its data
@@ -487,38 +354,4 @@ public final class CacheStore: @unchecked Sendable {
         guard name.utf8.count <= maximumNameLength else { throw .nameTooLong }
         guard !name.isEmpty, name != ".", name != "..", !name.contains("/") else { throw .invalidArgument }
     }
-
-    // MARK: Free space
-
-    /// Free space kept on the data directory's file system: writes that would eat into it
-    /// get ENOSPC, so that deletes and checkpoints (which need room in the write-ahead log)
-    /// still work on a full disk and space can be freed.
-    public static let reservedBytes: UInt64 = 8 << 20
-
-    func requireHeadroom(adding bytes: Int = 0) throws(Errno) {
-        guard let free = freeBytesNow ?? freeDiskBytes() else { return }
-        let needed = Self.reservedBytes + UInt64(bytes)
-        if free >= needed { return }
-        // Deleted rows leave their pages on SQLite's free list, where new data goes first:
-        // those count as room too (the database file does not shrink at once).
-        let pages = (try? database.scalarText("PRAGMA freelist_count")).flatMap { $0.flatMap { UInt64($0) } } ?? 0
-        // The write-ahead log still needs real disk for the new pages (plus 1 MiB of margin).
-        if free + pages * UInt64(pageSize) < needed || free < UInt64(bytes) + (1 << 20) { throw .noSpace }
-    }
-
-    /// Free bytes on the data directory's file system (nil when statvfs fails). With more
-    /// than `measuredRoom` free, one measurement serves the changes of the next
-    /// `measurementLife` seconds (a statvfs per write cost as much as a small write).
-    /// Closer to full, every change measures.
-    func freeDiskBytes() -> UInt64? {
-        if let last = lastMeasurement, last.free > Self.measuredRoom, last.at.secondsElapsed < Self.measurementLife {
-            return last.free
-        }
-        guard let free = try? Syscall.availableBytes(onFileSystemOf: path) else { return nil }
-        lastMeasurement = (free, .now)
-        return free
-    }
-
-    static let measuredRoom: UInt64 = 2 << 30
-    static let measurementLife = 0.05
 }

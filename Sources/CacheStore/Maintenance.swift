@@ -164,3 +164,39 @@ extension CacheStore {
         }
     }
 }
+
+// MARK: Free space
+
+extension CacheStore {
+    /// Free space kept on the data directory's file system: writes that would eat into it
+    /// get ENOSPC, so that deletes and checkpoints (which need room in the write-ahead log)
+    /// still work on a full disk and space can be freed.
+    public static let reservedBytes: UInt64 = 8 << 20
+
+    func requireHeadroom(adding bytes: Int = 0) throws(Errno) {
+        guard let free = freeBytesNow ?? freeDiskBytes() else { return }
+        let needed = Self.reservedBytes + UInt64(bytes)
+        if free >= needed { return }
+        // Deleted rows leave their pages on SQLite's free list, where new data goes first:
+        // those count as room too (the database file does not shrink at once).
+        let pages = (try? database.scalarText("PRAGMA freelist_count")).flatMap { $0.flatMap { UInt64($0) } } ?? 0
+        // The write-ahead log still needs real disk for the new pages (plus 1 MiB of margin).
+        if free + pages * UInt64(pageSize) < needed || free < UInt64(bytes) + (1 << 20) { throw .noSpace }
+    }
+
+    /// Free bytes on the data directory's file system (nil when statvfs fails). With more
+    /// than `measuredRoom` free, one measurement serves the changes of the next
+    /// `measurementLife` seconds (a statvfs per write cost as much as a small write).
+    /// Closer to full, every change measures.
+    func freeDiskBytes() -> UInt64? {
+        if let last = lastMeasurement, last.free > Self.measuredRoom, last.at.secondsElapsed < Self.measurementLife {
+            return last.free
+        }
+        guard let free = try? Syscall.availableBytes(onFileSystemOf: path) else { return nil }
+        lastMeasurement = (free, .now)
+        return free
+    }
+
+    static let measuredRoom: UInt64 = 2 << 30
+    static let measurementLife = 0.05
+}

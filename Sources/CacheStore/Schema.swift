@@ -306,3 +306,78 @@ enum Schema {
         return moved
     }
 }
+
+// MARK: Checks
+
+extension CacheStore {
+    /// The full check of a cache database and its data folder, read only (also while it is
+    /// mounted): what `mtmfs check` runs. Throws what is wrong; returns what is right but
+    /// worth saying (data files that no row names, which the next mount removes), or nil.
+    /// With `repair` (not while mounted) those data files are removed.
+    @discardableResult
+    public static func check(path: String, repair: Bool = false, progress: @escaping (String) -> Void) throws(CacheStoreError) -> String? {
+        do {
+            let database = try SQLiteDatabase(path: path, readOnly: true)
+            try database.execute("PRAGMA busy_timeout=5000;")
+            guard try database.scalarText("PRAGMA application_id") == String(CacheDatabase.applicationID) else {
+                throw CacheStoreError.damaged("\(path) is not an mtmfs cache database (application_id)")
+            }
+            let version = Int64(try database.scalarText("PRAGMA user_version") ?? "0") ?? 0
+            guard version <= schemaVersion else {
+                throw CacheStoreError.damaged("\(path) has schema version \(version), this mtmfs knows \(schemaVersion)")
+            }
+            try integrityCheck(database, path: path, reason: "on demand", progress: progress)
+            if version >= 3, let problem = try Schema.totalsProblem(database) {
+                throw CacheStoreError.damaged("\(path): \(problem)")
+            }
+            guard version != 0 else { return nil }  // (made by init: the schema comes at the first mount)
+            guard version == schemaVersion else { return "schema version \(version): upgraded at the next mount" }
+            let folder = DataFolder(path: DataFolder.path(besides: path))
+            let (missing, unnamed) = try Schema.dataFileProblems(database, folder: folder)
+            if !missing.isEmpty {
+                throw CacheStoreError.damaged("\(path): the data files of \(missing.count) file(s) are missing from \(folder.path) (inodes \(missing.prefix(5).map(String.init).joined(separator: ", ")))")
+            }
+            guard !unnamed.isEmpty else { return nil }
+            if repair {
+                for key in unnamed { folder.remove(key) }
+                return "removed \(unnamed.count) data file(s) that no file names from \(folder.path)"
+            }
+            return "\(unnamed.count) data file(s) in \(folder.path) are named by no file (normal while mounted; the next mount removes them, or mtmfs check --repair)"
+        } catch let error as CacheStoreError {
+            throw error
+        } catch {
+            throw .damaged("\(path): \(error)")
+        }
+    }
+
+    /// `PRAGMA integrity_check` and the totals, after an unclean shutdown.
+    func fullCheck(progress: @escaping (String) -> Void, reason: String) throws {
+        try Self.integrityCheck(database, path: path, reason: reason, progress: progress)
+        // Triggers keep the totals in every transaction; a count that differs means the file
+        // was changed by hand: the totals are counted again (the data itself is intact).
+        if let problem = try Schema.totalsProblem(database) {
+            Log.error("cache: \(problem); counted again")
+            try database.execute("DELETE FROM totals; INSERT INTO totals(id, files, bytes, linked_bytes) SELECT 1, * FROM (\(Schema.countedTotals));")
+        }
+        checkedAtOpen = true
+    }
+
+    static func integrityCheck(_ database: SQLiteDatabase, path: String, reason: String,
+                               progress: @escaping (String) -> Void) throws {
+        let megabytes = ((try? Syscall.stat(path)).map { Int($0.st_size) } ?? 0) >> 20
+        progress("checking the cache database (\(megabytes) MiB) \(reason)…")
+        let started = ContinuousClock.now
+        var lastSaid = 0
+        let result = try database.withProgress(every: 100_000, {
+            let seconds = Int(started.secondsElapsed)
+            if seconds > lastSaid {
+                lastSaid = seconds
+                progress("checking the cache database (\(megabytes) MiB) \(reason)… \(seconds) s")
+            }
+        }) { () throws(SQLiteError) in try database.scalarText("PRAGMA integrity_check") }
+        guard result == "ok" else {
+            throw CacheStoreError.damaged("\(path) fails PRAGMA integrity_check: \(result ?? "no answer")")
+        }
+        progress("checked the cache database in \(Int(started.secondsElapsed * 1000)) ms: ok")
+    }
+}
