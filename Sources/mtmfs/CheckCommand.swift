@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CacheStore
+import Posix
 import CredentialVault
 import MountedTree
 import SettingsStore
@@ -15,8 +16,9 @@ struct CheckCommand: Command {
 
     Checks the credential vault (a folder: its id, key slots and every change file's
     framing, naming each file that is skipped — damaged, half-synced, renamed, foreign or
-    a synchroniser's own; a single file: header, checksum, every record's framing; the
-    contents stay encrypted), Settings.plist (parses as a property list) and the cache:
+    a synchroniser's own; a file of another vault only the key tells, so those an unlocked
+    mount of the data directory found are named from it; a single file: header, checksum,
+    every record's framing; the contents stay encrypted), Settings.plist (parses as a property list) and the cache:
     cache.sqlite (SQLite's full integrity check, which reads every page: seconds per
     gigabyte) with its data files in cache.data/ (every large file's data file present;
     data files that no file names are said). Reads only; safe while the store is mounted.
@@ -66,9 +68,17 @@ struct CheckCommand: Command {
             let vault = try Vault(path: dataDirectory.vaultPath)
             report("vault", nil)
             // A folder: the files passed over are named (the rest loads; the vault is not damaged).
-            if let files = vault.folderFiles, !files.skipped.isEmpty {
-                print("vault: \(files.loaded) change file(s) load, \(files.skipped.count) skipped")
-                for (relative, why) in files.skipped.sorted(by: { $0.key < $1.key }) { print("vault: skipped \(relative): \(why)") }
+            // Without the key a file of another vault looks whole: an unlocked mount of this
+            // data directory has told them apart, and its status names them.
+            if let files = vault.folderFiles {
+                var skipped = files.skipped
+                for (relative, why) in Self.skippedByTheMount(of: dataDirectory.path) where skipped[relative] == nil {
+                    skipped[relative] = why
+                }
+                if !skipped.isEmpty {
+                    print("vault: \(files.loaded + files.skipped.count - skipped.count) change file(s) load, \(skipped.count) skipped")
+                    for (relative, why) in skipped.sorted(by: { $0.key < $1.key }) { print("vault: skipped \(relative): \(why)") }
+                }
             }
         } catch {
             report("vault", error.description)
@@ -91,5 +101,21 @@ struct CheckCommand: Command {
         if !damaged.isEmpty {
             throw CommandFailure("damaged: \(damaged.joined(separator: ", ")); the files are left as they are (restore them from a backup, or move them away and run `mtmfs init`)")
         }
+    }
+
+    /// The change files an unlocked mount of `dataDirectory` skipped, as its `.mtmfs/status`
+    /// names them (`vault_skipped_file=PATH: why`, the first 20).
+    static func skippedByTheMount(of dataDirectory: String) -> [String: String] {
+        guard let mount = MountTable.ownMtmfsMounts().first(where: { $0.source == dataDirectory }),
+              let bytes = try? Syscall.readFile(mount.mountPoint + "/.mtmfs/status") else { return [:] }
+        var skipped: [String: String] = [:]
+        for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n") where line.hasPrefix("vault_skipped_file=") {
+            // "PATH: why" (a path holds no ": ").
+            let entry = String(line.dropFirst("vault_skipped_file=".count))
+            let parts = entry.split(separator: ":", maxSplits: 1)
+            guard parts.count == 2 else { continue }
+            skipped[String(parts[0])] = String(parts[1].drop { $0 == " " })
+        }
+        return skipped
     }
 }

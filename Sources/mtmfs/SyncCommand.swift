@@ -111,23 +111,34 @@ struct SyncCommand: Command {
 
 /// One `mtmfs sync` of a data directory at a time (flock on `DATA_DIR/sync.lock`): while
 /// it is held, nothing else runs git in the vault folder, so a lock file git left is stale.
+/// The git processes a sync starts inherit the lock's descriptor: a sync killed while git
+/// runs leaves the lock held until that git ends, and the next sync waits for it (at most
+/// `patience` seconds) rather than clearing a lock file a live git still owns.
 ///
 /// Thread-safety: owned by one command.
 final class SyncLock {
     let fd: Int32
+    static let patience = 30.0
 
     init(_ path: String) throws(CommandFailure) {
         do {
-            fd = try Syscall.open(path, O_RDWR | O_CREAT | O_CLOEXEC, mode: 0o600)
+            fd = try Syscall.open(path, O_RDWR | O_CREAT, mode: 0o600)
+            _ = fcntl(fd, F_SETFD, 0)  // (inherited by git: see above)
         } catch {
             throw CommandFailure("cannot open \(path): \(error)")
         }
-        do {
-            try Syscall.lockExclusively(fd)
-        } catch {
-            Syscall.close(fd)
-            throw CommandFailure(error == .tryAgain ? "another mtmfs sync of this data directory is running"
-                                                    : "cannot lock \(path): \(error)")
+        let started = ContinuousClock.now
+        while true {
+            do throws(Errno) {
+                try Syscall.lockExclusively(fd)
+                return
+            } catch where error == .tryAgain && started.secondsElapsed < Self.patience {
+                usleep(50_000)
+            } catch {
+                Syscall.close(fd)
+                throw CommandFailure(error == .tryAgain ? "another mtmfs sync of this data directory is running"
+                                                        : "cannot lock \(path): \(error)")
+            }
         }
     }
 

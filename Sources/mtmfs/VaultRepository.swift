@@ -83,10 +83,11 @@ struct VaultRepository {
         }
     }
 
-    /// The branch checked out (`main` for a repository `init` made), from `.git/HEAD`.
-    var branch: String {
-        let head = Self.trimmed(read(".git/HEAD") ?? "")
-        return head.hasPrefix("ref: refs/heads/") ? String(head.dropFirst("ref: refs/heads/".count)) : "main"
+    /// The branch checked out (`main` for a repository `init` made), from `.git/HEAD`; nil
+    /// when none is (a detached HEAD, left by someone's checkout of a commit).
+    var branch: String? {
+        let head = Self.trimmed(read(".git/HEAD") ?? "ref: refs/heads/main")
+        return head.hasPrefix("ref: refs/heads/") ? String(head.dropFirst("ref: refs/heads/".count)) : nil
     }
 
     func read(_ relative: String) -> String? {
@@ -118,22 +119,48 @@ struct VaultRepository {
         return names.first
     }
 
-    /// Left by a sync that was killed: git's index lock (no other git runs here while the
-    /// sync lock is held) and a merge that did not finish (files are write-once: aborting it
-    /// loses nothing, the next merge brings the same files).
+    /// Left by a sync that was killed: git's lock files — the index's, HEAD's, a ref's,
+    /// packed-refs' (no other git runs here while the sync lock is held) — and a merge that
+    /// did not finish (files are write-once: aborting it loses nothing, the next merge
+    /// brings the same files). Files a killed commit left staged are committed by the next
+    /// `commitNewFiles`.
     func recoverFromAKilledSync() {
-        if ((try? Syscall.lstat(folder + "/.git/index.lock")) != nil) {
-            try? Syscall.unlink(folder + "/.git/index.lock")
+        for lock in [".git/index.lock", ".git/HEAD.lock", ".git/packed-refs.lock"] {
+            try? Syscall.unlink(folder + "/" + lock)
         }
+        removeLocks(under: ".git/refs")
         if ((try? Syscall.lstat(folder + "/.git/MERGE_HEAD")) != nil) { _ = git(["merge", "--abort"]) }
+        // A merge killed before it had written what --abort needs: its state goes by hand,
+        // and the index back to HEAD (the files stay; the next commit adds what is new).
+        if ((try? Syscall.lstat(folder + "/.git/MERGE_HEAD")) != nil) {
+            for name in ["MERGE_HEAD", "MERGE_MSG", "MERGE_MODE", "AUTO_MERGE"] { try? Syscall.unlink(folder + "/.git/" + name) }
+            _ = git(["reset", "-q"])
+        }
     }
 
-    /// Commits every new or removed file (a fold removes this device's old ones): how many.
-    /// The message names no account and no value.
+    /// Removes every `*.lock` file below `relative` (refs a killed git was updating).
+    func removeLocks(under relative: String) {
+        for name in (try? Syscall.listDirectory(folder + "/" + relative)) ?? [] {
+            let path = relative + "/" + name
+            if name.hasSuffix(".lock") {
+                try? Syscall.unlink(folder + "/" + path)
+            } else if let st = try? Syscall.lstat(folder + "/" + path), st.st_mode & S_IFMT == S_IFDIR {
+                removeLocks(under: path)
+            }
+        }
+    }
+
+    /// Commits every new or removed file (a fold removes this device's old ones), and any a
+    /// killed sync left staged: how many. The message names no account and no value.
     func commitNewFiles(device: String) throws(CommandFailure) -> Int {
         let added = git(["add", "-A", "--verbose", "--", "."])
         guard added.status == 0 else { throw CommandFailure("git add failed: \(Self.lastLine(added.output))") }
-        let count = added.output.split(separator: "\n").filter { $0.hasPrefix("add '") || $0.hasPrefix("remove '") }.count
+        var count = added.output.split(separator: "\n").filter { $0.hasPrefix("add '") || $0.hasPrefix("remove '") }.count
+        if count == 0 {
+            // Nothing new to add; but a commit killed midway leaves its files staged.
+            let staged = git(["diff", "--cached", "--name-only", "--no-renames"])
+            count = staged.status == 0 ? staged.output.split(separator: "\n").count : 0
+        }
         guard count > 0 else { return 0 }
         // (No maintenance after each commit: a fetch runs git's, which packs what piled up.)
         let committed = git(["-c", "maintenance.auto=false", "commit", "-q", "--no-verify", "-m", "mtmfs: \(count) file(s) from device \(device)"])
@@ -155,19 +182,20 @@ struct VaultRepository {
         String(text.drop { $0.isWhitespace }.reversed().drop { $0.isWhitespace }.reversed())
     }
 
-    /// Files the merge of `remote/branch` brings (their count), merged; a conflict (a
-    /// repository changed by hand) is aborted and refused.
-    func merge(_ remote: String, _ branch: String) throws(CommandFailure) {
+    /// Merges `remote/branch`; a conflict (a repository changed by hand) is aborted: what
+    /// went wrong, or nil.
+    func merge(_ remote: String, _ branch: String) -> String? {
         let merged = git(["merge", "-q", "--no-edit", "--allow-unrelated-histories", "-m", "mtmfs: merge", "\(remote)/\(branch)"])
         guard merged.status == 0 else {
             _ = git(["merge", "--abort"])
-            throw CommandFailure("the merge with \(remote)/\(branch) does not apply (was the vault's repository changed by hand?): "
-                                 + "\(Self.lastLine(merged.output)); nothing merged")
+            return "the merge with \(remote)/\(branch) does not apply (was the vault's repository changed by hand?): "
+                + Self.lastLine(merged.output)
         }
         // What was merged, so that the next sync that fetches nothing new merges nothing.
         if let commit = ref("refs/remotes/\(remote)/\(branch)") {
             noteMerged(commit)
         }
+        return nil
     }
 
     /// Notes the commit merged (or pushed) last, in `.git/mtmfs-merged`: whole (a new file
@@ -199,7 +227,10 @@ struct VaultRepository {
             return outcome
         }
         outcome.remote = remote
-        let branch = self.branch, head = "refs/heads/\(branch)", tracking = "refs/remotes/\(remote)/\(branch)"
+        guard let branch = self.branch else {
+            throw CommandFailure("the vault's repository has no branch checked out (a detached HEAD): `git -C \(folder) checkout main`, then sync; nothing changed")
+        }
+        let head = "refs/heads/\(branch)", tracking = "refs/remotes/\(remote)/\(branch)"
         let before = ref(head)
         outcome.sent = try commitNewFiles(device: device)
         /// Gives up: the commit taken back unless something was merged (that stays).
@@ -219,8 +250,14 @@ struct VaultRepository {
                     if let pushedHead = ref(head) { noteMerged(pushedHead) }
                     return outcome
                 }
+                // Another machine pushed first (rejected as not a fast-forward, or its ref
+                // moved under this push), or the remote refused the push (a hook, a protected
+                // branch), which no retry changes.
+                let rejection = pushed.output.split(separator: "\n").first { $0.contains("[remote rejected]") }.map(String.init)
                 let raced = pushed.output.contains("fetch first") || pushed.output.contains("non-fast-forward")
-                    || pushed.output.contains("rejected")
+                    || pushed.output.contains("[rejected]")
+                    || (rejection.map { $0.contains("cannot lock ref") || $0.contains("failed to update ref") } ?? false)
+                if !raced, let rejection { throw fail("\(remote) rejected the push: \(Self.trimmed(rejection))") }
                 guard raced else { throw fail("cannot reach \(remote): \(Self.lastLine(pushed.output))") }
             }
             let fetched = Progress.whileWorking("fetching from \(remote)") { git(["fetch", "-q", "--no-tags", remote]) }
@@ -235,7 +272,7 @@ struct VaultRepository {
                     throw fail("\(remote)/\(branch) holds another vault (its id differs)")
                 case .some(.some): break
                 }
-                try merge(remote, branch)
+                if let problem = merge(remote, branch) { throw fail(problem) }
                 outcome.received += 1
             }
             ahead = ref(head) != nil && ref(head) != ref(tracking)

@@ -588,6 +588,90 @@ import Glibc
         #expect(!Run.program("ls", [a2]).stdout.contains("conflicts"))
     }
 
+    /// Damaged files dropped into a mounted, unlocked vault folder as a synchroniser drops
+    /// them (SPEC §2b): a half-synced (truncated) copy of another machine's change file, a
+    /// Syncthing conflict copy of a valid one, and a valid change file of another vault.
+    /// None is loaded — the conflict copy's value does not show, the other vault's value
+    /// for the same account does not replace this one's — `.mtmfs/status` counts and names
+    /// each (`vault_skipped`, `vault_skipped_file`), `mtmfs status` and `mtmfs check` name
+    /// them, every other file still loads, also after a lock and unlock; once the whole
+    /// copy arrives over the truncated one it loads.
+    @Test func damagedHalfSyncedAndForeignFilesAreSkippedAndNamedThroughAMount() throws {
+        let first = try unlockedStore()
+        defer { first.close() }
+        let a = first.path("accounts/\(Self.uuid)")
+        #expect(writeText(a + "/username", "ann\n") == 0)
+        let second = try MountedStore { data in
+            try FileManager.default.removeItem(atPath: data + "/vault")
+            try FileManager.default.copyItem(atPath: first.dataDirectory + "/vault", toPath: data + "/vault")
+        }
+        defer { second.close() }
+        #expect(Run.mtmfs("unlock", second.mountPoint, input: Run.passphrase + "\n").status == 0)
+        let other = "0f8fad5b-d9cb-469f-a165-70867728950e"
+        #expect(mkdir(second.path("accounts/\(other)"), 0o700) == 0)
+        #expect(writeText(second.path("accounts/\(other)/label"), "made on second\n") == 0)
+        #expect(writeText(second.path("accounts/\(Self.uuid)/comment"), "from second\n") == 0)  // its last file
+        let stranger = try unlockedStore()  // another vault, same passphrase, same account UUID
+        defer { stranger.close() }
+        #expect(writeText(stranger.path("accounts/\(Self.uuid)/username"), "stranger\n") == 0)
+        let device2 = try #require(Self.device(second.dataDirectory)), strangerDevice = try #require(Self.device(stranger.dataDirectory))
+        let files2 = try FileManager.default.contentsOfDirectory(atPath: second.dataDirectory + "/vault/" + device2).filter { $0.hasSuffix(".mtv") }.sorted()
+        let last2 = try #require(files2.last)
+        let foreign = try #require(try FileManager.default.contentsOfDirectory(atPath: stranger.dataDirectory + "/vault/" + strangerDevice)
+            .filter { $0.hasSuffix(".mtv") }.sorted().last)
+        let whole = try Data(contentsOf: URL(fileURLWithPath: second.dataDirectory + "/vault/\(device2)/\(last2)"))
+        /// Puts `bytes` at `relative` in the first vault as a synchroniser does: a temporary name, then a rename.
+        func arrive(_ relative: String, _ bytes: Data) throws {
+            let target = first.dataDirectory + "/vault/" + relative
+            let folder = (target as NSString).deletingLastPathComponent
+            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            let temporary = folder + "/.syncthing." + (target as NSString).lastPathComponent + ".tmp"
+            try bytes.write(to: URL(fileURLWithPath: temporary))
+            #expect(rename(temporary, target) == 0)
+        }
+        for name in files2.dropLast() {  // the second machine's earlier files, whole
+            try arrive("\(device2)/\(name)", try Data(contentsOf: URL(fileURLWithPath: second.dataDirectory + "/vault/\(device2)/\(name)")))
+        }
+        let truncated = "\(device2)/\(last2)"
+        let conflictCopy = "\(device2)/" + last2.replacingOccurrences(of: ".mtv", with: ".sync-conflict-20240101-120000-ABCDEFG.mtv")
+        let moved = "\(strangerDevice)/\(foreign)"
+        try arrive(truncated, whole.prefix(whole.count / 2))
+        try arrive(conflictCopy, whole)
+        try arrive(moved, try Data(contentsOf: URL(fileURLWithPath: stranger.dataDirectory + "/vault/" + moved)))
+        let named = [(truncated, "truncated"), (conflictCopy, "conflict copy"), (moved, "another vault")]
+        func skippedLines() -> [String] {
+            ((try? String(contentsOfFile: first.path(".mtmfs/status"), encoding: .utf8)) ?? "").split(separator: "\n")
+                .filter { $0.hasPrefix("vault_skipped_file=") }.map(String.init)
+        }
+        for relocked in [false, true] {
+            if relocked {
+                #expect(Run.mtmfs("lock", first.mountPoint).status == 0)
+                #expect(Run.mtmfs("unlock", first.mountPoint, input: Run.passphrase + "\n").status == 0)
+            }
+            #expect(Poll.until { Run.program("cat", [first.path("accounts/\(other)/label")]).stdout == "made on second\n" },
+                    "the other machine's whole files do not load")
+            #expect(Poll.until { (try? first.status()["vault_skipped"]) == "3" }, "\((try? first.status()) ?? [:])")
+            for (relative, why) in named {
+                #expect(skippedLines().contains { $0.hasPrefix("vault_skipped_file=\(relative): ") && $0.contains(why) },
+                        "\(relative) not named (\(why)): \(skippedLines())")
+            }
+            #expect(Run.program("cat", [a + "/username", a + "/comment"]).stdout == "ann\n\n", "a skipped file's value shows")
+            let listing = try FileManager.default.contentsOfDirectory(atPath: first.path("accounts")).sorted()
+            #expect(listing == [Self.uuid, other, "by-label", "by-server"].sorted(), "\(listing)")
+        }
+        #expect(Run.mtmfs("status", first.mountPoint).stdout.contains("3 file(s) of the vault folder skipped"))
+        let check = Run.mtmfs("check", "--data-dir", first.dataDirectory)
+        #expect(check.status == 0, "\(check)")
+        for (relative, _) in named {
+            #expect(check.stdout.contains("vault: skipped \(relative): "), "mtmfs check does not name \(relative): \(check.stdout)")
+        }
+        // The whole copy arrives over the half one: it loads.
+        try arrive(truncated, whole)
+        #expect(Poll.until { Run.program("cat", [a + "/comment"]).stdout == "from second\n" })
+        #expect(Poll.until { (try? first.status()["vault_skipped"]) == "2" }, "\((try? first.status()) ?? [:])")
+        #expect(Run.program("cat", [a + "/username"]).stdout == "ann\n")
+    }
+
     /// This machine's device id for the vault of `data`.
     static func device(_ data: String) -> String? {
         (try? String(contentsOfFile: data + "/device", encoding: .utf8))?.split(separator: "\n")
