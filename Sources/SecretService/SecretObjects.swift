@@ -62,7 +62,8 @@ extension SecretServiceBus {
             if let reply = try itemMethod(call, uuid) { return reply }
         case .session(let path) where interface == nil || interface == Self.sessionInterface:
             if call.member == "Close" {
-                closeSession(path)
+                // Only its own: a session is another connection's secret channel.
+                closeSession(try requireSession(path, call.caller).path)
                 return .empty
             }
         case .prompt(let path) where interface == nil || interface == Self.promptInterface:
@@ -483,7 +484,9 @@ extension SecretServiceBus {
         let write: (inout MessageWriter) -> Void
     }
 
-    func propertyList(_ object: Object, interface: String, caller: BusCaller) throws(BusError) -> [Property] {
+    func propertyList(_ object: Object, interface given: String, caller: BusCaller) throws(BusError) -> [Property] {
+        // An empty name means the object's own interface (the D-Bus specification allows it).
+        let interface = given.isEmpty ? Self.interface(of: object) : given
         switch object {
         case .service where interface == Self.serviceInterface:
             return [Property(name: "Collections", signature: "ao") { $0.objectPaths([SecretPaths.collection]) }]
@@ -508,8 +511,23 @@ extension SecretServiceBus {
                 Property(name: "Created", signature: "t") { $0.uint64(item.created) },
                 Property(name: "Modified", signature: "t") { $0.uint64(item.modified) },
             ]
+        case .session where interface == Self.sessionInterface, .prompt where interface == Self.promptInterface:
+            return []  // (interfaces without properties)
         default:
-            return []
+            // An interface the object does not have (gnome-keyring answers InvalidArgs too).
+            throw .invalidArgs("no interface \(interface) at this object")
+        }
+    }
+
+    /// The interface an object's properties are of.
+    static func interface(of object: Object) -> String {
+        switch object {
+        case .service: serviceInterface
+        case .collection: collectionInterface
+        case .item: itemInterface
+        case .session: sessionInterface
+        case .prompt: promptInterface
+        case .node: ""
         }
     }
 

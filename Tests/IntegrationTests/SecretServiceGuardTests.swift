@@ -12,11 +12,13 @@ import Glibc
 @Suite(.serialized, .enabled(if: FuseAvailability.isAvailable && Spawn.exists("dbus-daemon") && Spawn.exists("secret-tool")))
 struct SecretServiceGuardTests {
     /// A secretstorage client as nobody: finds the item of `service=mail` and does `action`
-    /// (`path`, `locked`, `read`, `unlock-read`), printing one line.
+    /// (`path`, `locked`, `read`, `unlock-read`, `replace`, `set-secret`, `count`), printing
+    /// one line.
     static func client(_ action: String) -> String {
         """
         import sys, secretstorage
         from secretstorage.exceptions import LockedException
+        from secretstorage.util import format_secret, open_session
         from jeepney.wrappers import DBusErrorResponse
         connection = secretstorage.dbus_init()
         collection = secretstorage.get_default_collection(connection)
@@ -34,6 +36,15 @@ struct SecretServiceGuardTests {
             elif action == 'unlock-read':
                 dismissed = item.unlock()
                 print('dismissed' if dismissed else item.get_secret().decode())
+            elif action == 'replace':
+                made = collection.create_item('Taken', {'service': 'mail', 'user': 'alice'}, b'stolen', replace=True)
+                print('replaced' if made.item_path == item.item_path else 'made beside it')
+            elif action == 'set-secret':
+                # (Sent as it is: secretstorage's set_secret refuses a locked item itself.)
+                item._item.call('SetSecret', '(oayays)', format_secret(open_session(connection), b'stolen', 'text/plain'))
+                print('set')
+            elif action == 'count':
+                print(len(list(collection.get_all_items())))
         except LockedException:
             print('refused: locked')
         except DBusErrorResponse as e:
@@ -100,6 +111,38 @@ struct SecretServiceGuardTests {
         let decisions = mount.decisions
         #expect(decisions.contains("being traced by pid") && decisions.contains("bus=:"), "\(decisions)")
         #expect(!decisions.contains("s3cret"))
+    }
+
+    /// Replacing an item (CreateItem with `replace`) and SetSecret need trust (SPEC §2c,
+    /// §3a): a program not trusted with the item is refused without being asked, and the
+    /// item keeps its label and secret; no second item is made beside it either.
+    @Test func anUntrustedCallersReplaceAndSetSecretAreRefused() throws {
+        let mount = try GuardedMount(secretService: true)
+        defer { mount.close() }
+        func python(_ action: String) -> String {
+            let result = mount.run("/usr/bin/python3", ["-c", Self.client(action)], timeout: 60)
+            return result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) + (result.status == 0 ? "" : " [\(result.stderr)]")
+        }
+        mount.answer("cancel")
+        let stored = mount.shell("printf s3cret | /usr/bin/secret-tool store --label=Mail service mail user alice")
+        try #require(stored.status == 0, "\(stored)")
+        func unchanged(_ comment: Comment) {
+            #expect(mount.run("/usr/bin/secret-tool", ["lookup", "service", "mail"]).stdout == "s3cret", comment)
+            #expect(mount.shell("cat \(mount.path("accounts"))/*/label").stdout == "Mail\n", comment)
+            #expect(python("count") == "1", comment)
+        }
+        #expect(python("replace") == "refused: org.freedesktop.DBus.Error.AccessDenied")
+        unchanged("after the refused replace")
+        #expect(python("set-secret") == "refused: org.freedesktop.DBus.Error.AccessDenied")
+        unchanged("after the refused SetSecret")
+        #expect(mount.prompts == 0, "a change is refused, not asked about: \(mount.record)")
+        let decisions = mount.decisions
+        #expect(decisions.contains("denied") && decisions.contains("/usr/bin/python3"), "\(decisions)")
+        #expect(!decisions.contains("s3cret") && !decisions.contains("stolen"))
+        // The program trusted with it (its creator) replaces it in place.
+        #expect(mount.shell("printf second | /usr/bin/secret-tool store --label=Mail service mail user alice").status == 0)
+        #expect(mount.run("/usr/bin/secret-tool", ["lookup", "service", "mail"]).stdout == "second")
+        #expect(python("count") == "1")
     }
 
     /// A client that dies while its prompt is up leaves nothing: the pinentry goes, the

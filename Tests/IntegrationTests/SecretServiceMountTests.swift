@@ -95,6 +95,34 @@ final class ServedStore {
 
     func busctl(_ arguments: [String]) -> CommandResult { run("busctl", ["--user", "--no-pager"] + arguments) }
 
+    /// Python for what no client sends (busctl prints an error's message, never its name):
+    /// `call(path, interface, member, signature, body, connection=a)` sends one method call
+    /// with jeepney and gives the reply's arguments, or `error NAME`. `a` and `b` are two
+    /// connections; `S` and `C` the service's and the collection's paths; `SERVICE`,
+    /// `COLLECTION`, `ITEM`, `SESSION`, `PROPERTIES` the interfaces; `DH` the encrypted
+    /// session's algorithm.
+    static let rawCalls = """
+        from jeepney import new_method_call, DBusAddress, MessageType, HeaderFields
+        from jeepney.io.blocking import open_dbus_connection
+        a, b = open_dbus_connection(bus='SESSION'), open_dbus_connection(bus='SESSION')
+        S = '/org/freedesktop/secrets'
+        C = S + '/collection/login'
+        SERVICE, COLLECTION, ITEM = 'org.freedesktop.Secret.Service', 'org.freedesktop.Secret.Collection', 'org.freedesktop.Secret.Item'
+        SESSION, PROPERTIES = 'org.freedesktop.Secret.Session', 'org.freedesktop.DBus.Properties'
+        DH = 'dh-ietf1024-sha256-aes128-cbc-pkcs7'
+        def call(path, interface, member, signature='', body=(), connection=a):
+            address = DBusAddress(path, bus_name='org.freedesktop.secrets', interface=interface)
+            reply = connection.send_and_get_reply(new_method_call(address, member, signature, body), timeout=20)
+            if reply.header.message_type == MessageType.error:
+                return 'error ' + reply.header.fields[HeaderFields.error_name]
+            return reply.body
+
+        """
+
+    /// `body` after `rawCalls`.
+    @discardableResult
+    func raw(_ body: String) -> CommandResult { python(Self.rawCalls + body) }
+
     func close() {
         if MountTable.isMounted(mountPoint) { run(Run.mtmfs, ["unmount", mountPoint]) }
         if MountTable.isMounted(mountPoint) { Run.program("fusermount3", ["-uz", mountPoint]) }
@@ -412,7 +440,6 @@ struct SecretServiceMountTests {
         #expect(Run.shell("grep -x state=locked \(store.path(".mtmfs/status"))").status == 0)
     }
 
-    /// What no client sends gets the specification's errors, and changes nothing.
     /// Before a mount's first unlock nothing can be found (the attributes are sealed): a
     /// search waits and asks for the passphrase, never answering "nothing" (a browser would
     /// write a new key over its old one).
@@ -461,35 +488,75 @@ struct SecretServiceMountTests {
         #expect(Poll.until(seconds: 5) { Run.shell("pgrep -f '^/bin/sh \(store.scratch.sub("pinentry"))'").stdout.isEmpty }, "the dialog went")
     }
 
+    /// What no client sends gets the specification's error by its name (the Secret
+    /// Service's NoSuchObject and NoSession, D-Bus's for the rest), and changes nothing.
     @Test func badInputGetsTheSpecificationsErrors() throws {
         let store = try ServedStore()
         defer { store.close() }
         #expect(store.run("secret-tool", ["store", "--label=L", "service", "s"], input: "v").status == 0)
-        let service = ["org.freedesktop.secrets", "/org/freedesktop/secrets", "org.freedesktop.Secret.Service"]
-        // (busctl prints the error's message.)
-        func expectError(_ arguments: [String], _ message: String, _ comment: String) {
-            let result = store.busctl(["call"] + arguments)
-            #expect(result.status != 0 && result.stderr.contains(message), "\(comment): \(result)")
+        let secret = "org.freedesktop.Secret.Error.", dbus = "org.freedesktop.DBus.Error."
+        let invalidArgs = [dbus + "InvalidArgs"], noSession = [secret + "NoSession"], notSupported = [dbus + "NotSupported"]
+        let unknownObject = [dbus + "UnknownObject"], noSuchObject = [secret + "NoSuchObject"], unknownMethod = [dbus + "UnknownMethod"]
+        // (An unknown interface: D-Bus has UnknownInterface; GDBus, and so gnome-keyring, says UnknownMethod.)
+        let unknownInterface = [dbus + "UnknownInterface", dbus + "UnknownMethod"]
+        let unknownProperty = [dbus + "UnknownInterface", dbus + "UnknownProperty", dbus + "InvalidArgs"]
+        let noSuchInterface = [dbus + "UnknownInterface", dbus + "InvalidArgs"]
+        let readOnly = [dbus + "PropertyReadOnly", dbus + "AccessDenied"]
+        let notYours = [secret + "NoSession", dbus + "AccessDenied", dbus + "UnknownObject"]
+        // Each a Python call with PATH the item and SA a plain session of connection a, and
+        // the names its error may have. In order: SA is closed by b near the end.
+        let cases: [(call: String, names: [String], what: String)] = [
+            ("call(S, SERVICE, 'OpenSession', 'sv', ('dh-ietf512-bogus', ('s', '')))", notSupported, "an unknown session algorithm"),
+            ("call(S, SERVICE, 'OpenSession', 'sv', (DH, ('s', 'abc')))", invalidArgs, "a DH input that is no ay"),
+            ("call(S, SERVICE, 'OpenSession', 'sv', (DH, ('ay', bytes([5] * 129))))", invalidArgs, "a DH public key longer than the group's 128 bytes"),
+            ("call(S, SERVICE, 'OpenSession', 'sv', (DH, ('ay', b'')))", invalidArgs, "an empty DH public key"),
+            ("call(S, SERVICE, 'OpenSession', 'sv', (DH, ('ay', bytes([1]))))", invalidArgs, "a DH public key of 1 (its powers are trivial)"),
+            ("call(S, SERVICE, 'OpenSession', 's', ('plain',))", invalidArgs, "OpenSession without its input"),
+            ("call(C + '/00', ITEM, 'GetSecret', 'o', ('/',))", unknownObject, "a path under the collection that is no item's"),
+            ("call(C + '/' + '0' * 32, ITEM, 'GetSecret', 'o', ('/',))", noSuchObject, "an item that does not exist"),
+            ("call(S + '/nothing', 'org.freedesktop.DBus.Introspectable', 'Introspect')", unknownObject, "an unknown path"),
+            ("call(S, SERVICE, 'NoSuchMethod')", unknownMethod, "an unknown method"),
+            ("call(S, 'org.example.Nothing', 'OpenSession', 'sv', ('plain', ('s', '')))", unknownInterface, "an unknown interface on the service"),
+            ("call(C, 'org.example.Nothing', 'SearchItems', 'a{ss}', ({},))", unknownInterface, "an unknown interface on the collection"),
+            ("call(PATH, 'org.example.Nothing', 'GetSecret', 'o', (SA,))", unknownInterface, "an unknown interface on an item"),
+            ("call(C, SERVICE, 'OpenSession', 'sv', ('plain', ('s', '')))", unknownInterface, "the service's method on the collection"),
+            ("call(S, PROPERTIES, 'Get', 'ss', ('org.example.Nothing', 'Collections'))", unknownProperty, "a property of an unknown interface"),
+            ("call(S, PROPERTIES, 'GetAll', 's', ('org.example.Nothing',))", noSuchInterface,
+             "all properties of an unknown interface: an error, not an empty list"),
+            ("call(S, SERVICE, 'SearchItems', 's', ('x',))", invalidArgs, "a wrong signature"),
+            ("call(C, COLLECTION, 'CreateItem', 'a{sv}sb', ({}, 'x', False))", invalidArgs, "CreateItem with a secret that is no (oayays)"),
+            ("call(C, COLLECTION, 'CreateItem', 'a{sv}(oayays)b', ({'org.freedesktop.Secret.Item.Label': ('i', 1)}, (SA, b'', b'new', 'text/plain'), False))",
+             invalidArgs, "CreateItem with a label that is no string"),
+            ("call(PATH, PROPERTIES, 'Set', 'ssv', (ITEM, 'Label', ('i', 5)))", invalidArgs, "Properties.Set of Label with an integer"),
+            ("call(PATH, PROPERTIES, 'Set', 'ssv', (ITEM, 'Attributes', ('s', 'x')))", invalidArgs, "Properties.Set of Attributes with a string"),
+            ("call(PATH, PROPERTIES, 'Set', 'ssv', (ITEM, 'Locked', ('b', True)))", readOnly, "Properties.Set of a read-only property"),
+            ("call(PATH, ITEM, 'GetSecret', 'o', (S + '/session/s999',))", noSession, "a session that does not exist"),
+            ("call(PATH, ITEM, 'GetSecret', 'o', (SA,), connection=b)", noSession, "another connection's session"),
+            ("call(PATH, ITEM, 'SetSecret', '(oayays)', ((SA, b'', b'x', 'text/plain'),), connection=b)", noSession,
+             "SetSecret with another connection's session"),
+            ("call(S, SERVICE, 'GetSecrets', 'aoo', ([PATH], SA), connection=b)", noSession, "GetSecrets with another connection's session"),
+            ("call(PATH, ITEM, 'SetSecret', '(oayays)', ((SA, b'0' * 16, b'x', 'text/plain'),))", invalidArgs,
+             "a plain session's secret with parameters"),
+            ("call(C, COLLECTION, 'Delete')", notSupported, "deleting the collection"),
+            ("call(SA, SESSION, 'Close', connection=b)", notYours, "closing another connection's session"),
+        ]
+        let calls = cases.map { "print(\($0.call))" }.joined(separator: "\n")
+        let result = store.raw("""
+            [[PATH], _] = call(S, SERVICE, 'SearchItems', 'a{ss}', ({'service': 's'},))
+            [_, SA] = call(S, SERVICE, 'OpenSession', 'sv', ('plain', ('s', '')))
+            \(calls)
+            answer = call(PATH, ITEM, 'GetSecret', 'o', (SA,))
+            print('still open' if not isinstance(answer, str) and answer[0][2] == b'v' else answer)
+            print(PATH)
+            """)
+        try #require(result.status == 0, "\(result)")
+        let answers = result.stdout.split(separator: "\n").map(String.init)
+        try #require(answers.count == cases.count + 2, "\(result)")
+        for (answer, expected) in zip(answers, cases) {
+            #expect(expected.names.contains { answer == "error " + $0 }, "\(expected.what): \(answer)")
         }
-        expectError(service + ["OpenSession", "sv", "dh-ietf512-bogus", "s", ""], "is not supported", "an unknown algorithm")
-        expectError(["org.freedesktop.secrets", "/org/freedesktop/secrets/collection/login/00", "org.freedesktop.Secret.Item",
-                     "GetSecret", "o", "/"], "no object at", "an item path that is no item")
-        expectError(["org.freedesktop.secrets", "/org/freedesktop/secrets/collection/login/" + String(repeating: "0", count: 32),
-                     "org.freedesktop.Secret.Item", "GetSecret", "o", "/"], "no such item", "an item that does not exist")
-        expectError(["org.freedesktop.secrets", "/org/freedesktop/secrets/nothing", "org.freedesktop.DBus.Introspectable",
-                     "Introspect"], "no object at", "an unknown path")
-        expectError(service + ["NoSuchMethod"], "no method", "an unknown method")
-        expectError(service + ["SearchItems", "s", "x"], "expected", "a wrong signature")
-        let item = store.busctl(["call"] + service + ["SearchItems", "a{ss}", "1", "service", "s"]).stdout
-        let itemPath = item.split(separator: "\"").map(String.init).first { $0.hasPrefix("/org/freedesktop/secrets/collection/login/") } ?? ""
-        #expect(!itemPath.isEmpty, "\(item)")
-        // A session that is not the caller's (none: busctl opens a connection per call).
-        expectError(["org.freedesktop.secrets", itemPath, "org.freedesktop.Secret.Item", "GetSecret", "o",
-                     "/org/freedesktop/secrets/session/s1"], "no session", "another connection's session")
-        expectError(["org.freedesktop.secrets", itemPath, "org.freedesktop.Secret.Item", "SetSecret", "(oayays)",
-                     "/org/freedesktop/secrets/session/s1", "0", "1", "120", "text/plain"], "no session", "SetSecret with no session of its own")
-        expectError(["org.freedesktop.secrets", "/org/freedesktop/secrets/collection/login", "org.freedesktop.Secret.Collection",
-                     "Delete"], "cannot be deleted", "deleting the collection")
+        #expect(answers[cases.count] == "still open", "a session is closed only by its own connection (or its end)")
+        let itemPath = answers[cases.count + 1]
         // Secrets of an encrypted session with a wrong IV, length or padding.
         let tampered = store.python("""
             import os, secretstorage, secretstorage.util
@@ -512,7 +579,9 @@ struct SecretServiceMountTests {
                     print("refused" if "InvalidArgs" in str(type(error)) + str(error.args) else "other: %r" % (error,))
             """)
         #expect(tampered.stdout == "refused\nrefused\nrefused\nrefused\n", "\(tampered)")
-        #expect(store.accounts.count == 1)
+        let accounts = store.accounts
+        #expect(accounts.count == 1, "nothing made: \(accounts)")
+        #expect(accounts.first.map { store.field($0, "label") } == "L\n", "nothing changed")
         #expect(store.run("secret-tool", ["lookup", "service", "s"]).stdout == "v", "nothing changed")
         // Introspection lists the item under the collection.
         let introspected = store.busctl(["introspect", "--xml-interface", "org.freedesktop.secrets", "/org/freedesktop/secrets/collection/login"])
@@ -532,5 +601,181 @@ struct SecretServiceMountTests {
         #expect(second.stderr.contains("org.freedesktop.secrets is taken by mtmfs"), "\(second)")
         #expect(second.stderr.split(separator: "\n").count == 1, "one line: \(second.stderr)")
         #expect(FileManager.default.fileExists(atPath: mnt + "/settings/IsFirstRun"))
+    }
+
+    /// `--secret-service=replace` takes the name from an owner that lets it go (a mount
+    /// asks for the name allowing that): no line about the name, and the clients now reach
+    /// the new mount's accounts; the first mount serves its files on.
+    @Test func replaceTakesTheNameFromAMountThatAllowsIt() throws {
+        let first = try ServedStore()
+        defer { first.close() }
+        let scratch = Scratch("secret-service-replace")
+        defer { scratch.remove() }
+        let (data, mnt) = scratch.initializedStore()
+        let second = first.run(Run.mtmfs, ["mount", "--secret-service=replace", "--data-dir", data, "--unlock", "--passphrase-file",
+                                           first.scratch.sub("pass"), mnt])
+        // (Unmounted before the bus ends. Nobody is asked for the name after: a session bus
+        // would start gnome-keyring for it.)
+        defer { first.run(Run.mtmfs, ["unmount", mnt]) }
+        try #require(second.status == 0, "\(second)")
+        #expect(!second.stderr.contains("org.freedesktop.secrets"), "taken without a word: \(second.stderr)")
+        let owner = first.busctl(["status", "org.freedesktop.secrets"]).stdout.split(separator: "\n").first { $0.hasPrefix("PID=") }
+        let pid = try MountStatus.read(mnt)["pid"] ?? "?"
+        #expect(owner.map(String.init) == "PID=" + pid, "the name is the second mount's")
+        #expect(first.run("secret-tool", ["store", "--label=New", "service", "new"], input: "n").status == 0)
+        let made = (try? FileManager.default.contentsOfDirectory(atPath: mnt + "/accounts"))?.filter { $0.count == 36 } ?? []
+        #expect(made.count == 1, "\(made)")
+        #expect(first.accounts.isEmpty, "nothing went to the first mount")
+        #expect(FileManager.default.fileExists(atPath: first.path("settings/IsFirstRun")), "the first mount serves its files")
+    }
+
+    /// gnome-keyring does not let its name be taken: `--secret-service=replace` says so in
+    /// one line naming it, and the mount serves the files without the bus.
+    @Test(.enabled(if: Spawn.exists("gnome-keyring-daemon"))) func replaceLeavesGnomeKeyringItsName() throws {
+        let reference = try ReferenceKeyring()
+        defer { reference.close() }
+        let scratch = Scratch("secret-service-keyring")
+        defer { scratch.remove() }
+        let (data, mnt) = scratch.initializedStore()
+        func status() -> String { Run.program("busctl", ["--user", "status", "org.freedesktop.secrets"], environment: reference.bus.environment).stdout }
+        let keyring = status().split(separator: "\n").first { $0.hasPrefix("PID=") }
+        try #require(keyring != nil, "\(status())")
+        let mounted = Run.program(Run.mtmfs, ["mount", "--secret-service=replace", "--data-dir", data, mnt], environment: reference.bus.environment)
+        defer { Run.mtmfs("unmount", mnt) }
+        #expect(mounted.status == 0, "\(mounted)")
+        #expect(mounted.stderr.contains("org.freedesktop.secrets is taken by gnome-keyring")
+                && mounted.stderr.contains("does not let it be replaced"), "\(mounted)")
+        #expect(mounted.stderr.split(separator: "\n").count == 1, "one line: \(mounted.stderr)")
+        #expect(status().split(separator: "\n").first { $0.hasPrefix("PID=") } == keyring, "gnome-keyring keeps it")
+        #expect(FileManager.default.fileExists(atPath: mnt + "/settings/IsFirstRun"))
+    }
+
+    /// One collection (SPEC §2c): CreateCollection with the alias `default` gives it back
+    /// (no prompt), any other is NotSupported; ReadAlias names it for `default` and
+    /// `login`, and "/" for any other; /org/freedesktop/secrets/aliases/default is an object
+    /// of its own with the collection's properties and items.
+    @Test func theAliasDefaultIsTheOneCollection() throws {
+        let store = try ServedStore()
+        defer { store.close() }
+        #expect(store.run("secret-tool", ["store", "--label=L", "service", "s"], input: "v").status == 0)
+        let result = store.raw("""
+            import secretstorage
+            [[PATH], _] = call(S, SERVICE, 'SearchItems', 'a{ss}', ({'service': 's'},))
+            label = {'org.freedesktop.Secret.Collection.Label': ('s', 'Another')}
+            print(call(S, SERVICE, 'CreateCollection', 'a{sv}s', (label, 'default')))
+            print(call(S, SERVICE, 'CreateCollection', 'a{sv}s', (label, 'another')))
+            print(call(S, SERVICE, 'CreateCollection', 'a{sv}s', (label, '')))
+            print(secretstorage.create_collection(secretstorage.dbus_init(), 'Another', 'default').collection_path)
+            print(call(S, SERVICE, 'ReadAlias', 's', ('default',)))
+            print(call(S, SERVICE, 'ReadAlias', 's', ('login',)))
+            print(call(S, SERVICE, 'ReadAlias', 's', ('another',)))
+            print(call(S, SERVICE, 'SetAlias', 'so', ('default', C)))
+            print(call(S, PROPERTIES, 'Get', 'ss', (SERVICE, 'Collections')))
+            alias = call(S + '/aliases/default', PROPERTIES, 'GetAll', 's', (COLLECTION,))
+            print(sorted(alias[0]), alias == call(C, PROPERTIES, 'GetAll', 's', (COLLECTION,)), alias[0]['Items'] == ('ao', [PATH]))
+            print(call(S + '/aliases/default', PROPERTIES, 'Get', 'ss', (COLLECTION, 'Label')))
+            print(call(S + '/aliases/default', COLLECTION, 'SearchItems', 'a{ss}', ({'service': 's'},)) == ([PATH],))
+            """)
+        #expect(result.status == 0, "\(result)")
+        let collection = "/org/freedesktop/secrets/collection/login"
+        #expect(result.stdout.split(separator: "\n").map(String.init) == [
+            "('\(collection)', '/')",
+            "error org.freedesktop.DBus.Error.NotSupported",
+            "error org.freedesktop.DBus.Error.NotSupported",
+            collection,
+            "('\(collection)',)",
+            "('\(collection)',)",
+            "('/',)",
+            "()",
+            "(('ao', ['\(collection)']),)",
+            "['Created', 'Items', 'Label', 'Locked', 'Modified'] True True",
+            "(('s', 'Login'),)",
+            "True",
+        ], "\(result.stdout)")
+    }
+
+    /// The signals a client of the bus listens for (as Python's jeepney): each prints a line,
+    /// the member and the item's last path part, or for PropertiesChanged its path,
+    /// interface and the properties it names.
+    static let signalListener = """
+        from jeepney import MatchRule, message_bus, HeaderFields
+        from jeepney.io.blocking import open_dbus_connection, Proxy
+        connection = open_dbus_connection(bus='SESSION')
+        rule = MatchRule(type='signal', path_namespace='/org/freedesktop/secrets')
+        Proxy(message_bus, connection).AddMatch(rule)
+        with connection.filter(rule, bufsize=10000) as queue:
+            print('listening', flush=True)
+            while True:
+                message = connection.recv_until_filtered(queue)
+                member, body = message.header.fields[HeaderFields.member], message.body
+                if member == 'PropertiesChanged':
+                    named = ' '.join(sorted(set(body[1]) | set(body[2])))
+                    print(member, message.header.fields[HeaderFields.path], body[0], named, flush=True)
+                else:
+                    print(member, str(body[0]).split('/')[-1] if body else '', flush=True)
+        """
+
+    /// A change on either side shows on the bus at once (SPEC §2c): a listener hears
+    /// ItemCreated, ItemChanged and ItemDeleted, and the collection's PropertiesChanged of
+    /// Items when the list changes, for items made, changed and deleted on the bus, and for
+    /// an account made with mkdir and its fields, a field written, and `rm -r`.
+    @Test func changesOnEitherSideAreSignalledOnTheBus() throws {
+        let store = try ServedStore()
+        defer { store.close() }
+        // Two items made before anyone listens: each side changes one of its own, so that
+        // no late signal of one step is taken for the next's.
+        #expect(store.run("secret-tool", ["store", "--label=Mail", "service", "mail"], input: "s3cret").status == 0)
+        let mail = try #require(store.accounts.first)
+        #expect(store.run("secret-tool", ["store", "--label=Other", "service", "other"], input: "o").status == 0)
+        let other = try #require(store.accounts.first { $0 != mail })
+        func item(_ account: String) -> String { account.replacingOccurrences(of: "-", with: "").lowercased() }
+        let heard = store.scratch.sub("signals")
+        let listener = Run.start("/usr/bin/env", ["DBUS_SESSION_BUS_ADDRESS=" + store.bus.address, "/usr/bin/python3", "-c",
+                                                  Self.signalListener], stdout: heard, stderr: heard)
+        defer {
+            kill(listener, SIGTERM)
+            _ = Run.wait(listener, timeout: 5)
+        }
+        var from = 0
+        func signals() -> [String] { Array((TestFile.read(heard) ?? "").split(separator: "\n").map(String.init).dropFirst(from)) }
+        try #require(Poll.until(seconds: 10) { signals().first == "listening" }, "the listener: \(signals())")
+        from = 1
+        /// Waits until every one of `expected` is heard; then listens afresh.
+        func expectHeard(_ expected: [String], _ what: String) {
+            let all = Poll.until(seconds: 10) {
+                let now = signals()
+                return expected.allSatisfy { now.contains($0) }
+            }
+            let heardNow = signals()
+            #expect(all, "\(what): heard \(heardNow)")
+            from += heardNow.count
+        }
+        let items = "PropertiesChanged /org/freedesktop/secrets/collection/login org.freedesktop.Secret.Collection Items"
+        // In the mount: a field written, an account made with mkdir and its fields, rm -r.
+        #expect(Run.shell("echo changed > \(store.path("accounts/\(mail)/password"))").status == 0)
+        expectHeard(["ItemChanged \(item(mail))"], "a field written in the mount")
+        let account = "0d5c7a1e-3b2f-4c6d-8e9f-a0b1c2d3e4f5"
+        let directory = store.path("accounts/\(account)")
+        #expect(Run.shell("mkdir \(directory) && echo bob > \(directory)/username && echo Git > \(directory)/label "
+                          + "&& echo hunter2 > \(directory)/password").status == 0)
+        expectHeard(["ItemCreated \(item(account))", items], "an account made with mkdir and its fields written")
+        #expect(Run.shell("rm -r \(directory)").status == 0)
+        expectHeard(["ItemDeleted \(item(account))", items], "an account removed with rm -r")
+        // On the bus: made, changed (label, secret), deleted.
+        func bus(_ body: String) -> CommandResult {
+            store.python("""
+                import secretstorage
+                collection = secretstorage.get_default_collection(secretstorage.dbus_init())
+                \(body)
+                """)
+        }
+        let made = bus("print(collection.create_item('Bus', {'service': 'bus'}, b'one').item_path.split('/')[-1])")
+        let onTheBus = made.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        try #require(made.status == 0 && onTheBus.count == 32, "\(made)")
+        expectHeard(["ItemCreated \(onTheBus)", items], "an item made on the bus")
+        #expect(bus("[found] = collection.search_items({'service': 'other'}); found.set_label('Other 2'); found.set_secret(b'two')").status == 0)
+        expectHeard(["ItemChanged \(item(other))"], "an item changed on the bus")
+        #expect(bus("[found] = collection.search_items({'service': 'bus'}); found.delete()").status == 0)
+        expectHeard(["ItemDeleted \(onTheBus)", items], "an item deleted on the bus")
     }
 }

@@ -126,6 +126,9 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     /// Fields whose values changed outside a commit of their own file (a removal, a URL's
     /// parts): the tree tells the engine.
     var changedKeys: [FieldKey] = []
+    /// Accounts made, changed or removed through the files since the bus was last told
+    /// (their UUIDs: a removed account has no id any more).
+    var touched: Set<[UInt8]> = []
     /// Where a field's text is composed for getattr and read (see `withText`).
     let readBuffer = SecureBytes(count: 0)
     /// The attributes' key indices (see `AttributeNames`).
@@ -222,6 +225,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
                 changedKeys += (Array(Self.names.indices) + attributeNames.indices).map { FieldKey(account: id, index: $0) }
             } else {
                 forgetAccount(id)
+                touched.insert(uuid)
                 gone.append(AccountName.string(uuid))
             }
         }
@@ -340,6 +344,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
             defer { value.wipe() }
             do { try vault.setFields([:], named: [Self.attributePrefix + name: value], of: uuid) } catch { throw error.errno }
             session.touched()
+            touched.insert(uuid)
             Log.debug("vault saved: an attribute of one account changed (values not logged)")
             return Committed(shown: nil, alsoChanged: [])
         }
@@ -363,6 +368,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
             throw error.errno
         }
         session.touched()
+        touched.insert(uuid)
         Log.debug("vault saved: \(changes.count) field(s) of one account changed (values not logged)")
         return Committed(shown: nil, alsoChanged: Self.related(to: key))
     }
@@ -400,6 +406,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
             throw error.errno
         }
         session.touched()
+        touched.insert(uuid)
         changedKeys += [key, target]
     }
 

@@ -68,7 +68,11 @@ extension AccountsTree {
     /// and the names of accounts that went.
     func folderChanged() {
         let invalidations = state.withLock { s -> [Invalidation] in
-            guard let vault = s.fields.vault, !vault.isReplaced, vault.rescanFolder() else { return [] }
+            guard let vault = s.fields.vault, !vault.isReplaced else { return [] }
+            let before = Set(vault.accounts.map(\.uuid))
+            guard vault.rescanFolder() else { return [] }
+            // Accounts another machine's files brought are new to the bus too.
+            s.fields.touched.formUnion(Set(vault.accounts.map(\.uuid)).subtracting(before))
             let gone = s.fields.reconcileWithVault()
             return s.takeInvalidations() + [.inode(.top)] + gone.map { .entry(parent: .top, name: $0) }
         }

@@ -43,8 +43,10 @@ extension AccountsTree {
                     engine.keyChanged(key)
                 }
             }
-            let accounts = Set(changed.map(\.account)).compactMap { fields.uuid(of: $0) }
-            if !accounts.isEmpty { secretObservers.notify(.items(accounts)) }
+            // The bus is told of every account made, changed or removed, from either side.
+            let accounts = Set(changed.map(\.account).compactMap { fields.uuid(of: $0) }).union(fields.touched)
+            fields.touched.removeAll()
+            if !accounts.isEmpty { secretObservers.notify(.items(Array(accounts))) }
         }
 
         mutating func takeSaves() -> [any DeferredSave] {
@@ -193,6 +195,7 @@ extension AccountsTree {
                 throw error.errno
             }
             Log.debug("vault saved: account \(name) added (\(vault.accountCount) accounts)")
+            fields.touched.insert(uuid)
             return fields.id(of: uuid).directory
         }
 
@@ -225,6 +228,7 @@ extension AccountsTree {
                 engine.keyGone(FieldKey(account: id, index: index), fields)
             }
             fields.forgetAccount(id)
+            fields.touched.insert(account.uuid)
         }
 
         mutating func create(_ parent: LocalInode, _ name: String, mode: mode_t, flags: Int32,
