@@ -31,6 +31,16 @@ static inline int mtmfs_disable_core_files(void) {
     return setrlimit(RLIMIT_CORE, &limit);
 }
 
+/* The soft limit of open descriptors raised to the hard one (a file server holds a
+   descriptor per open large file of cache/). */
+static inline int mtmfs_raise_open_file_limit(void) {
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
+    if (limit.rlim_cur >= limit.rlim_max) return 0;
+    limit.rlim_cur = limit.rlim_max;
+    return setrlimit(RLIMIT_NOFILE, &limit);
+}
+
 /* flock(2): Swift sees `flock` as the struct of fcntl's record locks, not the function. */
 static inline int mtmfs_flock(int fd, int operation) {
     return flock(fd, operation);

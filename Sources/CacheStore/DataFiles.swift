@@ -104,15 +104,15 @@ final class DataFile: @unchecked Sendable {
 ///
 /// Thread-safety: a value inside `CacheStore`, behind its lock.
 struct DataFileState {
-    /// Data files held open: those of files open (`CacheStore.opens`) and those not yet
-    /// recorded in their rows.
+    /// Data files held open: those of the files open (`CacheStore.opens`).
     var files: [Int64: DataFile] = [:]
-    /// Files whose bytes moved to a data file that their row does not name yet, and since
-    /// when: the row still holds the bytes as they were before, until the data file is
-    /// synced (`recordConversions`). A crash before then leaves the row as it was and the
-    /// data file unnamed (removed at the next mount): a name never points at a data file
-    /// whose bytes were not synced.
-    var unrecorded: [Int64: ContinuousClock.Instant] = [:]
+    /// Files whose bytes moved to a data file that their row does not name yet: its key, and
+    /// since when. The row still holds the bytes as they were before, until the data file
+    /// is synced (`recordConversions`). A crash before then leaves the row as it was and
+    /// the data file unnamed (removed at the next mount): a name never points at a data
+    /// file whose bytes were not synced. (Keys, not descriptors: a burst of new large files
+    /// holds no descriptor per file.)
+    var unrecorded: [Int64: (key: Int64, since: ContinuousClock.Instant)] = [:]
     /// Large files written (or cut, or allocated) since their row last took the size,
     /// blocks and times of their data file: open files (a reader gets those from the data
     /// file itself); their rows catch up at the last close.
@@ -134,25 +134,36 @@ extension CacheStore {
     /// file, laid over its row.
     func overlay(_ inode: CacheInode) -> CacheInode {
         if let file = data.files[inode.ino] { return file.overlay(inode) }
-        if let key = inode.dataKey, data.staleRows.contains(inode.ino), let st = try? Syscall.stat(folder.name(key)) {
+        let unrecorded = data.unrecorded[inode.ino]?.key
+        if let key = unrecorded ?? (data.staleRows.contains(inode.ino) ? inode.dataKey : nil),
+           let st = try? Syscall.stat(folder.name(key)) {
             return DataFile.overlay(inode, st)
         }
         return inline.overlay(inode)
     }
 
+    /// The key of a large file's data file (lock held); nil for a small file.
+    func dataKey(_ inode: CacheInode) -> Int64? {
+        data.files[inode.ino]?.key ?? data.unrecorded[inode.ino]?.key ?? inode.dataKey
+    }
+
     /// Whether a file's bytes are in a data file (lock held).
-    func isExternal(_ inode: CacheInode) -> Bool { inode.dataKey != nil || data.files[inode.ino] != nil }
+    func isExternal(_ inode: CacheInode) -> Bool { dataKey(inode) != nil }
 
     /// The data file of a large file (lock held), nil for a small one. Held open in `data`
-    /// while the file is open or its conversion unrecorded; otherwise the caller's reference
-    /// is the only one.
+    /// while the file is open; otherwise the caller's reference is the only one.
     func dataFile(_ inode: CacheInode) throws(Errno) -> DataFile? {
         if let file = data.files[inode.ino] { return file }
-        guard let key = inode.dataKey else { return nil }
+        guard let key = dataKey(inode) else { return nil }
         let file = try folder.open(key)
         file.setID = SetIDBits.wouldDrop(inode.mode)
         if (opens[inode.ino] ?? 0) > 0 { data.files[inode.ino] = file }
         return file
+    }
+
+    /// Whether `key` is a data file in use: open, or moved to and not yet recorded (lock held).
+    func keyHeld(_ key: Int64) -> Bool {
+        data.files.values.contains { $0.key == key } || data.unrecorded.values.contains { $0.key == key }
     }
 
     /// A large file was written (lock held): its row is behind.
@@ -163,11 +174,19 @@ extension CacheStore {
     /// status and the size limit count them (a few open files: one `fstat` each).
     func unrowedBytes(linkedOnly: Bool) -> Int64 {
         var extra: Int64 = 0
-        for (ino, file) in data.files where data.staleRows.contains(ino) || data.unrecorded[ino] != nil {
-            guard let row = try? storedInode(ino), !linkedOnly || row.links > 0, let st = try? Syscall.fstat(file.fd) else { continue }
-            extra += Int64(st.st_blocks) * 512 - row.storedBytes
+        for ino in data.staleRows.union(data.unrecorded.keys) {
+            guard let row = try? storedInode(ino), !linkedOnly || row.links > 0 else { continue }
+            extra += storedNow(row) - row.storedBytes
         }
         return extra
+    }
+
+    /// The bytes a file stores now (lock held): a large file's data file's blocks (one
+    /// `fstat` or `stat`), else its row's count.
+    func storedNow(_ inode: CacheInode) -> Int64 {
+        if let file = data.files[inode.ino], let st = try? Syscall.fstat(file.fd) { return Int64(st.st_blocks) * 512 }
+        if let key = dataKey(inode), let st = try? Syscall.stat(folder.name(key)) { return Int64(st.st_blocks) * 512 }
+        return inode.storedBytes
     }
 
     /// A small file's bytes move to a new data file (lock held): the row's bytes as `base`
@@ -187,8 +206,8 @@ extension CacheStore {
         }
         inline.discard(ino)
         file.setID = base.setID
-        data.files[ino] = file
-        data.unrecorded[ino] = .now
+        if (opens[ino] ?? 0) > 0 { data.files[ino] = file }
+        data.unrecorded[ino] = (file.key, .now)
         data.folderUnsynced = true
         noteWritten(ino)
         return file
@@ -201,8 +220,9 @@ extension CacheStore {
     /// again (said in the log).
     func recordConversions(olderThan age: Double?, only: Int64? = nil) {
         let due = lock.withLock { () -> [(ino: Int64, file: DataFile)] in
-            data.unrecorded.compactMap { ino, since in
-                guard only == nil || only == ino, age.map({ since.secondsElapsed >= $0 }) ?? true, let file = data.files[ino] else { return nil }
+            data.unrecorded.compactMap { ino, moved in
+                guard only == nil || only == ino, age.map({ moved.since.secondsElapsed >= $0 }) ?? true,
+                      let file = data.files[ino] ?? (try? folder.open(moved.key)) else { return nil }
                 return (ino, file)
             }
         }
@@ -231,7 +251,7 @@ extension CacheStore {
             }
         }
         _ = try? withLock { () throws(Errno) in
-            for (ino, file) in synced where data.unrecorded[ino] != nil && data.files[ino] === file {
+            for (ino, file) in synced where data.unrecorded[ino]?.key == file.key {
                 do throws(Errno) {
                     try change { () throws(Errno) in
                         let st = try Syscall.fstat(file.fd)
@@ -240,8 +260,7 @@ extension CacheStore {
                                 DataFile.nanoseconds(st.st_ctim), ino)
                         try run("DELETE FROM contents WHERE ino = ?", ino)
                         data.unrecorded[ino] = nil
-                        data.staleRows.remove(ino)
-                        if (opens[ino] ?? 0) == 0 { data.files[ino] = nil }
+                        if (opens[ino] ?? 0) == 0 { data.staleRows.remove(ino) }
                     }
                 } catch {
                     Log.error("cache: the data file of inode \(ino) could not be recorded: \(error)")
@@ -260,7 +279,7 @@ extension CacheStore {
             if let file = data.files[ino] {
                 st = try Syscall.fstat(file.fd)
             } else {
-                guard let key = try? storedInode(ino).dataKey, let found = try? Syscall.stat(folder.name(key)) else { continue }
+                guard let row = try? storedInode(ino), let key = dataKey(row), let found = try? Syscall.stat(folder.name(key)) else { continue }
                 st = found
             }
             try run("UPDATE inodes SET size = ?, stored = ?, mtime = ?, ctime = max(ctime, ?) WHERE ino = ? AND data IS NOT NULL",
@@ -271,10 +290,9 @@ extension CacheStore {
     /// A large file's row is deleted (lock held, inside a change): its data file goes once
     /// that deletion is durable (`takeRemovableDataFiles`).
     func forgetDataFile(_ inode: CacheInode) {
-        let open = data.files.removeValue(forKey: inode.ino)
+        data.files[inode.ino] = nil
         data.staleRows.remove(inode.ino)
-        let unrecorded = data.unrecorded.removeValue(forKey: inode.ino) != nil
-        if let key = unrecorded ? open?.key : inode.dataKey {
+        if let key = data.unrecorded.removeValue(forKey: inode.ino)?.key ?? inode.dataKey {
             data.doomed.append((key, commits + 1))
             backgroundWork?()
         }
@@ -285,7 +303,7 @@ extension CacheStore {
     func newDataKey() -> Int64 {
         while true {
             let key = Int64.random(in: 1...Int64.max)
-            if (try? keyInUse(key)) == false && !data.files.values.contains(where: { $0.key == key }) { return key }
+            if (try? keyInUse(key)) == false && !keyHeld(key) { return key }
         }
     }
 
@@ -305,6 +323,6 @@ extension CacheStore {
         let durable = durableCommits
         let due = data.doomed.filter { $0.commit <= durable }.map(\.key)
         data.doomed.removeAll { $0.commit <= durable }
-        return due.filter { key in !data.files.values.contains { $0.key == key } && (try? keyInUse(key)) == false }
+        return due.filter { key in !keyHeld(key) && (try? keyInUse(key)) == false }
     }
 }

@@ -63,7 +63,7 @@ extension CacheStore {
     static let useResolution: Int64 = 60_000_000_000
 
     /// A handle closed: the last one stores a small file's buffer, brings a large file's
-    /// row up to date and lets its data file go (unless its conversion is unrecorded).
+    /// row up to date (unless its move is unrecorded) and closes its data file.
     public func released(_ ino: Int64) {
         _ = try? withLock { () throws(Errno) in
             let left = max(0, (opens[ino] ?? 0) - 1)
@@ -81,7 +81,8 @@ extension CacheStore {
                 }
             }
             if data.staleRows.contains(ino) { try change(refresh: true) { () throws(Errno) in try refreshRows([ino]) } }
-            if data.unrecorded[ino] == nil { data.files[ino] = nil } else { backgroundWork?() }  // (the size limit counts it)
+            data.files[ino] = nil
+            if data.unrecorded[ino] != nil { backgroundWork?() }  // (the size limit counts it)
         }
     }
 

@@ -174,7 +174,7 @@ extension CacheStore {
     /// One pass of the committing thread: a group committed when due, buffered data
     /// stored when due, the log checkpointed when due; idle, it sleeps up to `idleSleep`.
     public func committingPass(idleSleep: Double) {
-        let unrecordedDue = lock.withLock { data.unrecorded.values.min().map { max(0.01, Self.recordDelay - $0.secondsElapsed) } }
+        let unrecordedDue = lock.withLock { data.unrecorded.values.map(\.since).min().map { max(0.01, Self.recordDelay - $0.secondsElapsed) } }
         commitWhenDue(waitingAtMost: min(needsCheckpoint ? Self.checkpointQuiet : idleSleep, buffersDue ?? idleSleep,
                                          unrecordedDue ?? idleSleep))
         storeBuffersWhenDue()

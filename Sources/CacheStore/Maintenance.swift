@@ -54,8 +54,8 @@ extension CacheStore {
             while used > limit, try row(oldest) {
                 let ino = oldest.int(0)
                 guard (opens[ino] ?? 0) == 0 else { continue }
-                // A closed file whose conversion is unrecorded: its data file's blocks.
-                let size = data.files[ino].flatMap { try? Syscall.fstat($0.fd) }.map { Int64($0.st_blocks) * 512 } ?? oldest.int(1)
+                // A closed file whose move is unrecorded: its data file's blocks.
+                let size = data.unrecorded[ino] == nil ? oldest.int(1) : ((try? storedInode(ino)).map(storedNow) ?? 0)
                 candidates.append((ino, size))
                 used -= size
             }

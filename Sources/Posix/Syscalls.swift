@@ -214,6 +214,12 @@ public enum Syscall {
         _ = try valueOrErrno { mtmfs_disable_core_files() }
     }
 
+    /// Raises the soft limit of open descriptors to the hard one: the daemon holds one per
+    /// open large file of `cache/`, and 1,024 (a common soft limit) is few for a file server.
+    public static func raiseOpenFileLimit() throws(Errno) {
+        _ = try valueOrErrno { mtmfs_raise_open_file_limit() }
+    }
+
     /// Gives the free pages of the heap back to the system (glibc's `malloc_trim`): after a
     /// burst of allocations that will not come back soon (opening every record of a vault).
     public static func trimHeap() {

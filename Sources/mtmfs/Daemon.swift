@@ -93,6 +93,7 @@ enum Daemon {
         chdir("/")
         Syscall.limitHeapArenas(2)
         try? Syscall.forbidCoreDumps()
+        try? Syscall.raiseOpenFileLimit()
         KeyDerivationChild.use()
         let report: @Sendable (String) -> Void = { word in
             guard let readyFD else { return }

@@ -338,6 +338,11 @@ import Glibc
             let postmark = Run.shell("printf 'set location \(cache)\\nset number 300\\nset transactions 1000\\nrun\\nquit\\n' | postmark", timeout: 300)
             #expect(postmark.status == 0 && postmark.stdout.contains("transactions"), "postmark: \(postmark)")
         }
+        if Run.shell("command -v dbench").status == 0 {
+            // Samba's file server load (creates, writes, renames, deletes, locks) by 2 clients.
+            let dbench = Run.shell("cd \(cache) && dbench -D . -t 10 2 2>&1", timeout: 120)
+            #expect(dbench.status == 0 && dbench.stdout.contains("Throughput"), "dbench: \(dbench.stdout.suffix(1500))")
+        }
         if Run.shell("command -v stress-ng").status == 0 {
             let stress = Run.shell("cd \(cache) && stress-ng --temp-path . --hdd 1 --hdd-ops 200 --hdd-opts wr-rnd,rd-rnd --verify --link 1 --link-ops 200 --rename 1 --rename-ops 500 --dir 1 --dir-ops 200 --timeout 30s --metrics-brief 2>&1", timeout: 300)
             #expect(stress.status == 0, "stress-ng: \(stress.stdout.suffix(1500))")
