@@ -38,6 +38,8 @@ enum Benchmark {
         var guardOnly = false
         /// Only W26, the Secret Service beside gnome-keyring.
         var secretServiceOnly = false
+        /// W24's changes before the second unlock (nil: 20,000; 1,000 with --quick).
+        var changes: Int?
     }
 
     nonisolated(unsafe) static var mounts: [String] = []
@@ -67,10 +69,11 @@ enum Benchmark {
             case "--daemon": options.daemonOnly = true
             case "--guard": options.guardOnly = true
             case "--secret-service": options.secretServiceOnly = true
+            case "--changes": index += 1; options.changes = Int(arguments[safe: index] ?? "")
             case "-h", "--help":
                 print("""
                 Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE] [--engine] [--vault] [--daemon] [--guard]
-                                   [--secret-service]
+                                   [--secret-service] [--changes N]
 
                 Measures mtmfs against a native directory and its peers — a bindfs passthrough, a
                 gocryptfs mount and a `pass` store (installed by `mount-helpers/install-deps --bench`;
@@ -83,9 +86,10 @@ enum Benchmark {
                 a big write and its log, a big delete under load, mounting with data stored;
                 W21–W23: random writes into a sparse file, a SQLite database inside, postmark
                 with an app's file sizes).
-                --vault: only W16 and W17, the cost of one field change and of finding an account
-                (by-server view, `mtmfs find`) with 10, 1,000 and 10,000 fully filled accounts
-                (`pass` beside them). --daemon: only W18 and W19, idle wakeups a minute (bindfs
+                --vault: only W16, W17, W24 and W25, the cost of one field change and of finding an
+                account (by-server view, `mtmfs find`) with 10, 1,000 and 10,000 fully filled accounts
+                (`pass` beside them), an unlock after many changes (--changes N: how many, default
+                20,000; 100,000 take about 20 minutes), one change carried to a git remote. --daemon: only W18 and W19, idle wakeups a minute (bindfs
                 and gocryptfs beside mtmfs locked, unlocked, with --cache-limit over 100,000
                 files) and the cost of .mtmfs/status with 10 to 1,000,000 cache files. --guard:
                 only W20, `cat` of a password by a trusted program with guarding on beside the

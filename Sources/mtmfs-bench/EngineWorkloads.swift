@@ -256,10 +256,13 @@ extension Bench {
         return (took, longest.withLock { $0 }, back)
     }
 
+    /// Bytes the files below `path` take on the host (a data directory: the database and
+    /// the data files of `cache.data/`).
     func directorySize(_ path: String) -> Int {
         ((try? FileManager.default.contentsOfDirectory(atPath: path)) ?? []).reduce(0) { total, name in
             var st = stat()
-            return total + (stat(path + "/" + name, &st) == 0 ? Int(st.st_size) : 0)
+            guard lstat(path + "/" + name, &st) == 0 else { return total }
+            return total + (st.st_mode & S_IFMT == S_IFDIR ? directorySize(path + "/" + name) : Int(st.st_blocks) * 512)
         }
     }
 }

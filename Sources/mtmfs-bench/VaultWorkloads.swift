@@ -53,7 +53,7 @@ extension Bench {
     /// beside its unlock before them; the folder's size and files, the daemon's memory.
     func unlockAfterManyChanges(_ store: (Int, String, pid_t)) throws {
         let (count, mount, pid) = store
-        let changes = options.quick ? 1_000 : 20_000  // (100,000 takes about 40 minutes at 10,000 accounts)
+        let changes = options.changes ?? (options.quick ? 1_000 : 20_000)
         let path = mount + "/accounts/" + String(format: "%08x-0000-4000-8000-%012x", 1, 1) + "/comment"
         let writing = try seconds {
             for change in 0..<changes {
