@@ -150,10 +150,13 @@ struct VaultRepository {
         }
     }
 
-    /// Commits every new or removed file (a fold removes this device's old ones), and any a
-    /// killed sync left staged: how many. The message names no account and no value.
+    /// Commits this machine's new or removed files — its device folder (a fold removes its
+    /// old files), the key slots and the id — and any a killed sync left staged: how many.
+    /// Another machine's files enter only by merges: a file a killed merge left half
+    /// written is never committed as this machine's. The message names no account and no value.
     func commitNewFiles(device: String) throws(CommandFailure) -> Int {
-        let added = git(["add", "-A", "--verbose", "--", "."])
+        let own = device.count == 16 ? [device, "keys", "id"].filter { (try? Syscall.lstat(folder + "/" + $0)) != nil } : []
+        let added = git(["add", "-A", "--verbose", "--"] + (own.isEmpty ? ["."] : own))
         guard added.status == 0 else { throw CommandFailure("git add failed: \(Self.lastLine(added.output))") }
         var count = added.output.split(separator: "\n").filter { $0.hasPrefix("add '") || $0.hasPrefix("remove '") }.count
         if count == 0 {
@@ -185,7 +188,17 @@ struct VaultRepository {
     /// Merges `remote/branch`; a conflict (a repository changed by hand) is aborted: what
     /// went wrong, or nil.
     func merge(_ remote: String, _ branch: String) -> String? {
-        let merged = git(["merge", "-q", "--no-edit", "--allow-unrelated-histories", "-m", "mtmfs: merge", "\(remote)/\(branch)"])
+        var merged = git(["merge", "-q", "--no-edit", "--allow-unrelated-histories", "-m", "mtmfs: merge", "\(remote)/\(branch)"])
+        if merged.status != 0 && merged.output.contains("untracked working tree files would be overwritten") {
+            // Another machine's files that a killed merge (or a synchroniser) put here: the
+            // merge brings the same write-once files whole, so they go and the merge runs again.
+            for line in merged.output.split(separator: "\n") where line.hasPrefix("\t") {
+                let relative = Self.trimmed(String(line))
+                guard !relative.hasPrefix("/"), !relative.contains("..") else { continue }
+                try? Syscall.unlink(folder + "/" + relative)
+            }
+            merged = git(["merge", "-q", "--no-edit", "--allow-unrelated-histories", "-m", "mtmfs: merge", "\(remote)/\(branch)"])
+        }
         guard merged.status == 0 else {
             _ = git(["merge", "--abort"])
             return "the merge with \(remote)/\(branch) does not apply (was the vault's repository changed by hand?): "
