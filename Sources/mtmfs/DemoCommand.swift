@@ -196,7 +196,7 @@ struct DemoCommand: Command {
         The tree:
           \(shown)/accounts/   service accounts from the encrypted vault (locked until unlocked)
           \(shown)/settings/   the keys of Settings.plist, one file per key
-          \(shown)/cache/      a file tree stored in SQLite
+          \(shown)/cache/      a file tree in SQLite (large files in data files beside it)
           \(shown)/.mtmfs/     status and control files
 
         Look around with ls and cat; `\(Self.command) status` summarizes every mount.
