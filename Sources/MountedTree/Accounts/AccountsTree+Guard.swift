@@ -117,98 +117,9 @@ extension AccountsTree {
             refused: { pending.fail($0) }))
     }
 
-    /// The one prompt broker (SPEC §3a, §2c), for an OPEN and a Secret Service call alike:
-    /// asks a person on a thread of its own (one prompt per program and account at a time;
-    /// a second request of the same pair waits for the first one's end: a no holds for it
-    /// too, anything else and it is decided again), then tells `waiter`. An interrupt of
-    /// the waiter (a Ctrl-C of the requester, a client gone from the bus) ends its wait at
-    /// once, waiting or asked.
+    /// The one prompt broker (`AccessGuard.ask`), with this tree keeping the trusted lists.
     func ask(_ requester: Requester, _ access: AccessGuard.Access, waiter: PromptWaiter) {
-        let guardian = self.access
-        let key = AccessGuard.PromptKey(sha256: requester.program?.sha256 ?? [], account: access.account)
-        let retry: @Sendable (AccessGuard.PromptEnd) -> Void = { [weak self] end in
-            guard let self, !waiter.isInterrupted() else { return waiter.refused(.interrupted) }
-            if case .denied(let why) = end {
-                guardian.record(allowed: false, why + " (the prompt it waited for)", requester, access)
-                return waiter.refused(.permissionDenied)
-            }
-            // Decided again: the prompt that ended may have trusted this program.
-            let trusted = (try? self.locked { (s) throws(Errno) in try s.trustedPrograms(access.account) }) ?? []
-            switch guardian.verdict(requester, access, trusted: trusted) {
-            case .allowed(let why):
-                guardian.record(allowed: true, why, requester, access)
-                waiter.allowed()
-            case .denied(let why):
-                guardian.record(allowed: false, why, requester, access)
-                waiter.refused(.permissionDenied)
-            case .ask:
-                self.ask(requester, access, waiter: waiter)
-            }
-        }
-        let waits = !guardian.startPrompt(key, orWait: { end in
-            // On a thread of its own (a new prompt may follow); without one, a no.
-            if !Threads.detach({ retry(end) }) { waiter.refused(.permissionDenied) }
-        })
-        if waits {
-            waiter.onInterrupt { waiter.refused(.interrupted) }
-            return
-        }
-        let started = Threads.detach { [weak self] in
-            let dialog = PinentryDialog()
-            guardian.dialogStarted(dialog)
-            var end = AccessGuard.PromptEnd.other
-            defer {
-                guardian.dialogEnded(dialog)
-                guardian.endPrompt(key, end)
-            }
-            waiter.onInterrupt { dialog.cancel() }
-            let text = guardian.promptText(requester, access)
-            let answer = dialog.ask(program: guardian.settings.program, terminal: requester.terminal,
-                                    environment: guardian.settings.environment, title: text.title,
-                                    description: text.description, timeout: guardian.settings.timeout,
-                                    alwaysAllowText: guardian.alwaysAllowText(requester, access),
-                                    unavailable: guardian.settings.problem)
-            guard let self else { return waiter.refused(.ioError) }
-            switch answer {
-            case .allowOnce:
-                guardian.allowOnce(requester, access)
-                guardian.record(allowed: true, "allowed once at the prompt", requester, access)
-                waiter.allowed()
-            case .alwaysAllow(let passphrase):
-                defer { passphrase.wipe() }
-                do throws(Errno) {
-                    guard let program = requester.program else { throw .permissionDenied }
-                    try self.checkPassphrase(passphrase)
-                    try self.trust(program, account: access.account)
-                    guardian.record(allowed: true, "always allowed at the prompt, with the passphrase: now trusted", requester, access)
-                    waiter.allowed()
-                } catch {
-                    let why = error == .permissionDenied ? "a wrong passphrase" : "\(error)"
-                    guardian.record(allowed: false, "always allowed at the prompt, refused: \(why)", requester, access)
-                    end = .denied("always allowed at the prompt, refused: \(why)")
-                    waiter.refused(.permissionDenied)
-                }
-            case .deny:
-                guardian.record(allowed: false, "denied at the prompt", requester, access)
-                end = .denied("denied at the prompt")
-                waiter.refused(.permissionDenied)
-            case .timedOut:
-                guardian.record(allowed: false, "no answer within \(Int(guardian.settings.timeout)) s", requester, access)
-                end = .denied("no answer within \(Int(guardian.settings.timeout)) s")
-                waiter.refused(.permissionDenied)
-            case .interrupted:
-                guardian.record(allowed: false, "the requester was interrupted while asked", requester, access)
-                waiter.refused(.interrupted)
-            case .failed(let why):
-                guardian.record(allowed: false, "could not ask: \(why)", requester, access)
-                waiter.refused(.permissionDenied)
-            }
-        }
-        if !started {
-            guardian.endPrompt(key, .other)
-            guardian.record(allowed: false, "could not ask: no thread for the prompt", requester, access)
-            waiter.refused(.permissionDenied)
-        }
+        self.access.ask(requester, access, waiter: waiter, keeper: self)
     }
 
     /// Opens for a postponed request that was allowed, and replies; an open whose
@@ -222,6 +133,11 @@ extension AccountsTree {
         } catch {
             pending.fail(error)
         }
+    }
+
+    /// The trusted list of an account, read under the lock (for the prompt broker).
+    func trustedPrograms(of account: [UInt8]) -> [TrustedProgram] {
+        (try? locked { (s) throws(Errno) in try s.trustedPrograms(account) }) ?? []
     }
 
     /// Adds a program to an account's trusted list ("Always allow").
@@ -480,3 +396,5 @@ extension AccountsTree.State {
         do { return try vault.trustedPrograms(of: uuid) } catch { throw error.errno }
     }
 }
+
+extension AccountsTree: TrustKeeper {}
