@@ -152,7 +152,7 @@ extension AccountsTree {
             s.fields.session.opened(handle, of: node.local)
             return (handle, ConflictNode.text(others, values: field != nil))
         }
-        conflictTexts.withLock { $0[handle.raw] = text }
+        handleTexts.withLock { $0.attach(.secret(text), to: handle) }
         return OpenedFile(handle: handle.raw, directIO: true, noFlush: true)
     }
 
@@ -160,8 +160,8 @@ extension AccountsTree {
         try state.withLock { (s) throws(Errno) in
             guard s.fields.session.isCurrent(FileHandle(raw: handle)), s.fields.session.isOpen else { throw .permissionDenied }
         }
-        let piece = try conflictTexts.withLock { (texts) throws(Errno) -> SecureBytes? in
-            guard let text = texts[handle] else { throw .badFileDescriptor }
+        let piece = try handleTexts.withLock { (texts) throws(Errno) -> SecureBytes? in
+            guard case .secret(let text) = texts[FileHandle(raw: handle)] else { throw .badFileDescriptor }
             guard offset < UInt64(text.count) else { return nil }
             return text.withUnsafeBytes { all in
                 let start = Int(offset)
@@ -174,15 +174,16 @@ extension AccountsTree {
     }
 
     func releaseConflicts(_ node: ConflictNode, handle: UInt64) {
-        conflictTexts.withLock { $0.removeValue(forKey: handle)?.wipe() }
+        handleTexts.withLock { $0.release(FileHandle(raw: handle)) }?.wipe()
         state.withLock { $0.fields.session.released(FileHandle(raw: handle), of: node.local) }
     }
+}
 
-    /// At a lock: every text made for a handle is wiped.
-    func wipeConflictTexts() {
-        conflictTexts.withLock { texts in
-            for (_, text) in texts { text.wipe() }
-            texts.removeAll()
-        }
-    }
+/// What an open `trusted` or `conflicts/` file reads: a trusted list (program paths and
+/// hashes, no secret) or conflicts (values: secure memory, wiped when let go).
+enum HandleText: Sendable {
+    case plain([UInt8])
+    case secret(SecureBytes)
+
+    func wipe() { if case .secret(let text) = self { text.wipe() } }
 }

@@ -193,7 +193,7 @@ extension AccountsTree {
             let list = try s.trustedPrograms(uuid)
             return (s.fields.session.newHandle(), Array(list.map { "\($0.hexDigest) \($0.path)\n" }.joined().utf8))
         }
-        trustedLists.withLock { $0[handle.raw] = text }
+        handleTexts.withLock { $0.attach(.plain(text), to: handle) }
         return OpenedFile(handle: handle.raw, directIO: true, noFlush: true)
     }
 
@@ -203,8 +203,8 @@ extension AccountsTree {
             guard s.fields.session.isCurrent(FileHandle(raw: handle)), s.fields.session.isOpen else { throw .permissionDenied }
         }
         // (Program paths and hashes, not secrets: an ordinary copy, replied after the lock.)
-        let piece = try trustedLists.withLock { (lists) throws(Errno) -> ArraySlice<UInt8> in
-            guard let text = lists[handle] else { throw .badFileDescriptor }
+        let piece = try handleTexts.withLock { (texts) throws(Errno) -> ArraySlice<UInt8> in
+            guard case .plain(let text) = texts[FileHandle(raw: handle)] else { throw .badFileDescriptor }
             guard offset < UInt64(text.count) else { return [] }
             let start = Int(offset)
             return text[start..<min(text.count, start + size)]

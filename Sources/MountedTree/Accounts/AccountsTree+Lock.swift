@@ -242,8 +242,7 @@ extension AccountsTree {
             }
             s.fields.session.lock()
             noteGuarding(s)
-            trustedLists.withLock { $0.removeAll() }
-            wipeConflictTexts()
+            handleTexts.withLock { $0.releaseAll() }.forEach { $0.wipe() }
             let files = s.engine.wipeAll().map(Invalidation.inode) + s.takeInvalidations() + viewNames
             if wasUnlocked { Log.info("accounts locked (\(reason))") }
             return files

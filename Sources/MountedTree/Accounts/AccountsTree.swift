@@ -51,11 +51,10 @@ public final class AccountsTree: EditingTree {
     let guarded = Atomic<Bool>(false)
     /// Guarding as last seen unlocked: 0 never seen, 1 off, 2 on (status while locked).
     let lastKnownGuarding = Atomic<Int>(0)
-    /// The text of each open `trusted` file, by handle (its lock generation is in it: a
-    /// lock empties the table and refuses the handles of before).
-    let trustedLists = Locked<[UInt64: [UInt8]]>([:])
-    /// The texts of open `conflicts/` files, by handle (secure memory, wiped at release and lock).
-    let conflictTexts = Locked<[UInt64: SecureBytes]>([:])
+    /// The text each open `trusted` or `conflicts/` file reads, by handle (the handles are the
+    /// vault session's, whose lock generation is in them: a lock empties the table, wiping
+    /// the conflicts, and refuses the handles of before).
+    let handleTexts = Locked(OpenFiles<HandleText>())
     /// Secure copies of what a read replies, made under the tree's lock and sent after it
     /// (an arena of their own: a lock's `releaseAll` of the vault's never frees one that is
     /// still being sent).
@@ -473,7 +472,7 @@ public final class AccountsTree: EditingTree {
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
         defer { SecureBytes.burnStack() }
         if TrustedListNode(space.local(of: inode)) != nil {
-            _ = trustedLists.withLock { $0.removeValue(forKey: handle) }
+            _ = handleTexts.withLock { $0.release(FileHandle(raw: handle)) }
             return
         }
         if let node = ConflictNode(space.local(of: inode)) { return releaseConflicts(node, handle: handle) }

@@ -50,7 +50,7 @@ public final class ControlTree: Subtree {
     public let nodes: NodeTable
     let files: [File]
     let ownership: Ownership
-    private let handles = Locked<(next: UInt64, open: [UInt64: [UInt8]])>((1, [:]))
+    private let handles = Locked(OpenFiles<[UInt8]>())
 
     public init(files: [File], ownership: Ownership, nodes: NodeTable) {
         self.files = files
@@ -105,19 +105,14 @@ public final class ControlTree: Subtree {
             if wantsWrite && file.command == nil { throw .permissionDenied }
         }
         let snapshot = wantsRead ? Array((file.contents?() ?? "").utf8) : []
-        let handle = handles.withLock { state in
-            let handle = state.next
-            state.next += 1
-            state.open[handle] = snapshot
-            return handle
-        }
-        return OpenedFile(handle: handle, directIO: true)
+        let handle = handles.withLock { $0.open(snapshot) }
+        return OpenedFile(handle: handle.raw, directIO: true)
     }
 
     public func read(_ inode: InodeNumber, handle: UInt64, offset: UInt64, size: Int, context: RequestContext,
                      reply: (UnsafeRawBufferPointer) -> Void) throws(Errno) {
         let bytes = try handles.withLock { (state) throws(Errno) -> [UInt8] in
-            guard let snapshot = state.open[handle] else { throw .badFileDescriptor }
+            guard let snapshot = state[FileHandle(raw: handle)] else { throw .badFileDescriptor }
             guard offset < UInt64(snapshot.count) else { return [] }
             let start = Int(offset)
             return Array(snapshot[start..<min(snapshot.count, start + size)])
@@ -131,8 +126,8 @@ public final class ControlTree: Subtree {
         if let query = file.query {
             let answer = Array(try query(data).utf8)
             try handles.withLock { (state) throws(Errno) in
-                guard state.open[handle] != nil else { throw .badFileDescriptor }
-                state.open[handle] = answer
+                guard state[FileHandle(raw: handle)] != nil else { throw .badFileDescriptor }
+                state[FileHandle(raw: handle)] = answer
             }
             return data.count
         }
@@ -151,7 +146,7 @@ public final class ControlTree: Subtree {
     }
 
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
-        _ = handles.withLock { $0.open.removeValue(forKey: handle) }
+        _ = handles.withLock { $0.release(FileHandle(raw: handle)) }
     }
 
     public func listDirectory(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [DirectoryEntry] {

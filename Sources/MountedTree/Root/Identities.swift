@@ -96,8 +96,10 @@ struct FileHandle: Hashable, Sendable {
 
 /// Where a tree's file handles come from: serials counted up, each under the current
 /// generation; a new generation (a lock, guarding turned on) retires every handle made
-/// before it. The one allocator of `accounts/` (whose lock starts generations) and
-/// `settings/` (one generation for the mount's life).
+/// before it. The one allocator of every tree that hands out handles: `accounts/` (whose
+/// lock starts generations), `settings/` and `.mtmfs/` (one generation for the mount's
+/// life, `OpenFiles`). `cache/` keeps no state per open: its handle is only the open's
+/// O_APPEND bit.
 ///
 /// Thread-safety: a value behind its tree's lock.
 struct HandleAllocator {
@@ -114,4 +116,43 @@ struct HandleAllocator {
 
     /// Every handle made so far stops counting.
     mutating func retireAll() { generation = FileHandle.nextGeneration(after: generation) }
+}
+
+/// Handles with what each one holds, for files whose reads answer from what the open
+/// made (a control file's text, an account's trusted list or conflicts): allocated by a
+/// `HandleAllocator`, so a handle of a retired generation finds nothing.
+///
+/// Thread-safety: a value behind its owner's lock.
+struct OpenFiles<Payload> {
+    private var allocator = HandleAllocator()
+    private var payloads: [FileHandle: Payload] = [:]
+
+    /// A new handle holding `payload`.
+    mutating func open(_ payload: Payload) -> FileHandle {
+        let handle = allocator.next()
+        payloads[handle] = payload
+        return handle
+    }
+
+    /// A handle made elsewhere (by the tree's own allocator) now holds `payload`.
+    mutating func attach(_ payload: Payload, to handle: FileHandle) { payloads[handle] = payload }
+
+    /// What an open handle holds (nil: never opened here, released, or retired).
+    subscript(handle: FileHandle) -> Payload? {
+        get { payloads[handle] }
+        set {
+            guard payloads[handle] != nil, let newValue else { return }
+            payloads[handle] = newValue
+        }
+    }
+
+    /// The handle is let go: what it held, for the caller to wipe.
+    mutating func release(_ handle: FileHandle) -> Payload? { payloads.removeValue(forKey: handle) }
+
+    /// Every handle is let go and its generation retired: what they held.
+    mutating func releaseAll() -> [Payload] {
+        allocator.retireAll()
+        defer { payloads.removeAll() }
+        return Array(payloads.values)
+    }
 }
