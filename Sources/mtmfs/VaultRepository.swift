@@ -119,14 +119,14 @@ struct VaultRepository {
         return names.first
     }
 
-    /// Left by a sync that was killed: git's lock files — the index's, HEAD's, a ref's,
-    /// packed-refs' (no other git runs here while the sync lock is held) — and a merge that
-    /// did not finish (files are write-once: aborting it loses nothing, the next merge
-    /// brings the same files). Files a killed commit left staged are committed by the next
-    /// `commitNewFiles`.
+    /// Left by a sync that was killed: git's lock files — the index's, HEAD's, ORIG_HEAD's,
+    /// AUTO_MERGE's, packed-refs', any in `.git/` itself and a ref's below it (no other git
+    /// runs here while the sync lock is held) — and a merge that did not finish (files are
+    /// write-once: aborting it loses nothing, the next merge brings the same files). Files a
+    /// killed commit left staged are committed by the next `commitNewFiles`.
     func recoverFromAKilledSync() {
-        for lock in [".git/index.lock", ".git/HEAD.lock", ".git/packed-refs.lock"] {
-            try? Syscall.unlink(folder + "/" + lock)
+        for name in (try? Syscall.listDirectory(folder + "/.git")) ?? [] where name.hasSuffix(".lock") {
+            try? Syscall.unlink(folder + "/.git/" + name)
         }
         removeLocks(under: ".git/refs")
         if ((try? Syscall.lstat(folder + "/.git/MERGE_HEAD")) != nil) { _ = git(["merge", "--abort"]) }

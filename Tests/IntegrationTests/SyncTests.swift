@@ -342,6 +342,20 @@ import TestSupport
         #expect(git(vault, "status", "--porcelain").stdout.isEmpty, "\(git(vault, "status", "--porcelain").stdout)")
         #expect(Run.mtmfs("sync", m.a.mountPoint).status == 0)
         #expect(Poll.until { cat(m.a, comment) == "past a ref lock\n" }, "\(cat(m.a, comment))")
+        // Killed inside a merge, between git's making ORIG_HEAD's lock and renaming it (the
+        // next merge said "cannot lock ref 'ORIG_HEAD'"): the other machine is ahead.
+        #expect(write(m.a, label, "ahead again"))
+        #expect(Run.mtmfs("sync", m.a.mountPoint).status == 0)
+        #expect(write(m.b, comment, "past the ORIG_HEAD lock"))
+        #expect(FileManager.default.createFile(atPath: vault + "/.git/ORIG_HEAD.lock", contents: Data()))
+        let merged = Run.mtmfs("sync", m.b.mountPoint)
+        #expect(merged.status == 0, "\(merged)")
+        #expect(git(vault, "rev-parse", "HEAD").stdout == git(m.remote, "rev-parse", "main").stdout)
+        #expect(Run.mtmfs("sync", m.a.mountPoint).status == 0)
+        for store in [m.a, m.b] {
+            #expect(Poll.until { cat(store, label) == "ahead again\n" && cat(store, comment) == "past the ORIG_HEAD lock\n" },
+                    "\(cat(store, label))\(cat(store, comment))")
+        }
     }
 
     // MARK: A passphrase change travelling (issue 35)
