@@ -14,17 +14,50 @@ import Synchronization
 public struct OpenRequest {
     let request: fuse_req_t?
     let info: UnsafeMutablePointer<fuse_file_info>?
+    let model: ModelAnswer?
 
-    /// No request behind it (unit tests, and calls that cannot be postponed).
+    init(request: fuse_req_t?, info: UnsafeMutablePointer<fuse_file_info>?) {
+        self.request = request
+        self.info = info
+        model = nil
+    }
+
+    /// Where a model of the kernel takes a postponed open's answer (`answering`).
+    struct ModelAnswer {
+        let answer: @Sendable (Result<OpenedFile, Errno>) -> Bool
+        let postponed: (PendingOpen) -> Void
+    }
+
+    /// No request behind it (calls that cannot be postponed).
     public static var immediate: OpenRequest { OpenRequest(request: nil, info: nil) }
 
+    /// An open that a model of the kernel sends (tests without a mount): postponed as the
+    /// kernel's is, but answered to `answer` (which says, as `fuse_reply_open` does, whether
+    /// the requester still waited for it); `postponed` gets the pending open at once, so
+    /// that the model can interrupt it as a Ctrl-C of the requester would.
+    public static func answering(_ answer: @escaping @Sendable (Result<OpenedFile, Errno>) -> Bool,
+                                 postponed: @escaping (PendingOpen) -> Void) -> OpenRequest {
+        OpenRequest(model: ModelAnswer(answer: answer, postponed: postponed))
+    }
+
+    private init(model: ModelAnswer) {
+        request = nil
+        info = nil
+        self.model = model
+    }
+
     /// Whether `postpone()` may be called.
-    public var canPostpone: Bool { request != nil }
+    public var canPostpone: Bool { request != nil || model != nil }
 
     /// Takes the request over: the caller's `open` then returns nil, and the returned
     /// object replies exactly once, from any thread.
     public func postpone() -> PendingOpen {
-        precondition(canPostpone, "an OPEN without a request cannot be postponed")
+        if let model {
+            let pending = PendingOpen(model: model.answer)
+            model.postponed(pending)
+            return pending
+        }
+        precondition(request != nil && info != nil, "an OPEN without a request cannot be postponed")
         return PendingOpen(request: request!, info: info!.pointee)
     }
 }
@@ -36,15 +69,24 @@ public struct OpenRequest {
 /// Thread-safety: `reply` / `fail` may come from any thread, exactly one of them, once;
 /// interrupt handlers run on a FUSE worker thread and must not reply themselves.
 public final class PendingOpen: @unchecked Sendable {
-    private let request: fuse_req_t
-    private var info: fuse_file_info
+    /// Where the answer goes: the kernel's request, or a model's (`OpenRequest.answering`).
+    private enum Requester {
+        case kernel(fuse_req_t, fuse_file_info)
+        case model(@Sendable (Result<OpenedFile, Errno>) -> Bool)
+    }
+    private let requester: Requester
     private let id: UInt64
     private let answered = Atomic<Bool>(false)
     private let interruption = Mutex<(happened: Bool, handler: (@Sendable () -> Void)?)>((false, nil))
 
+    fileprivate init(model answer: @escaping @Sendable (Result<OpenedFile, Errno>) -> Bool) {
+        requester = .model(answer)
+        id = PendingOpens.newNumber()
+        PendingOpens.attach(self, id: id)
+    }
+
     fileprivate init(request: fuse_req_t, info: fuse_file_info) {
-        self.request = request
-        self.info = info
+        requester = .kernel(request, info)
         id = PendingOpens.newNumber()
         PendingOpens.attach(self, id: id)
         // Runs at once (on this thread) when the requester was interrupted already.
@@ -66,7 +108,9 @@ public final class PendingOpen: @unchecked Sendable {
         if now { handler() }
     }
 
-    fileprivate func interrupt() {
+    /// The requester was interrupted: what the kernel's INTERRUPT does (a model of the
+    /// kernel calls it for a Ctrl-C of its requester).
+    public func interrupt() {
         let handler = interruption.withLock { state -> (@Sendable () -> Void)? in
             state.happened = true
             defer { state.handler = nil }
@@ -80,13 +124,21 @@ public final class PendingOpen: @unchecked Sendable {
     @discardableResult
     public func reply(_ opened: OpenedFile) -> Bool {
         guard take() else { return false }
-        FuseBridge.apply(opened, to: &info)
-        return fuse_reply_open(request, &info) == 0
+        switch requester {
+        case .kernel(let request, var info):
+            FuseBridge.apply(opened, to: &info)
+            return fuse_reply_open(request, &info) == 0
+        case .model(let answer):
+            return answer(.success(opened))
+        }
     }
 
     public func fail(_ error: Errno) {
         guard take() else { return }
-        fuse_reply_err(request, error.rawValue)
+        switch requester {
+        case .kernel(let request, _): fuse_reply_err(request, error.rawValue)
+        case .model(let answer): _ = answer(.failure(error))
+        }
     }
 
     /// The first answer wins; the registry forgets the request before libfuse frees it.

@@ -15,14 +15,20 @@ import Glibc
 /// I/O reads from the tree every time; any other reads the model's page cache, filled by a
 /// read from the tree, kept across opens that say `keepCache`, dropped by an open that
 /// does not and by the tree's invalidations (the model is the kernel its notifier sends
-/// to); close sends FLUSH only without `noFlush`, RELEASE always.
+/// to); close sends FLUSH only without `noFlush`, RELEASE always. An OPEN may be
+/// postponed, as the kernel's may (a guarded field's prompt): the caller then sleeps in
+/// `open` until the tree answers, or until `interruptAfter` passes, when it is interrupted
+/// as by a Ctrl-C (INTERRUPT, then the tree's answer, EINTR).
 ///
 /// Every call is written to `trace` as "call → result" with names relative to the
 /// directory given at init, so that two trees can be compared call by call.
 final class KernelModel {
     let tree: Subtree
     let directory: String
-    let context = RequestContext(uid: getuid(), gid: getgid(), pid: 1, umask: 0o022)
+    /// Who makes the calls (pid 1 unless a test says: the guard decides on it).
+    var context = RequestContext(uid: getuid(), gid: getgid(), pid: 1, umask: 0o022)
+    /// Seconds a postponed open waits before its caller is interrupted.
+    var interruptAfter: Double = 30
     private var references: [InodeNumber: UInt64] = [:]
     private struct Descriptor {
         var inode: InodeNumber
@@ -37,6 +43,7 @@ final class KernelModel {
     private(set) var readsFromTree = 0
     private(set) var readsFromPages = 0
     private(set) var flushes = 0
+    private(set) var postponedOpens = 0
 
     /// The page cache: whole files by inode, which the tree's notifier invalidates.
     ///
@@ -89,6 +96,7 @@ final class KernelModel {
         case EPERM: "EPERM"
         case EFBIG: "EFBIG"
         case ENOSPC: "ENOSPC"
+        case EINTR: "EINTR"
         default: "errno \(errno)"
         }
     }
@@ -147,7 +155,7 @@ final class KernelModel {
             let opened: (InodeNumber, OpenedFile)
             if let existing {
                 if flags & O_CREAT != 0 && flags & O_EXCL != 0 { throw .fileExists }
-                opened = (existing, try tree.open(existing, flags: flags & ~(O_CREAT | O_EXCL), context: context))
+                opened = (existing, try sendOpen(existing, flags: flags & ~(O_CREAT | O_EXCL)))
             } else {
                 guard flags & O_CREAT != 0 else { throw .noSuchFileOrDirectory }
                 let (entry, file) = try tree.create(parent: parent, name: last, mode: mode, flags: flags, context: context)
@@ -160,6 +168,46 @@ final class KernelModel {
             descriptors[fd] = Descriptor(inode: opened.0, handle: opened.1.handle, flags: flags, opened: opened.1)
             return fd
         }
+    }
+
+    /// OPEN as the kernel sends it: answered at once, or postponed, and then waited for.
+    private func sendOpen(_ inode: InodeNumber, flags: Int32) throws(Errno) -> OpenedFile {
+        let waiting = PostponedOpen()
+        let request = OpenRequest.answering({ result in
+            waiting.state.withLock { state in
+                guard !state.abandoned else { return false }  // the caller is gone: the tree releases
+                state.result = result
+                return true
+            }
+        }, postponed: { waiting.pending = $0 })
+        if let opened = try tree.open(inode, flags: flags, context: context, request: request) { return opened }
+        postponedOpens += 1
+        var deadline = ContinuousClock.now.advanced(by: .milliseconds(Int(interruptAfter * 1000)))
+        var interrupted = false
+        while true {
+            if let result = waiting.state.withLock({ $0.result }) { return try result.get() }
+            if ContinuousClock.now >= deadline {
+                // The kernel answers an interrupted caller only with the file system's
+                // answer; one that never comes is the model's EINTR after 10 s more.
+                guard !interrupted else {
+                    if let result = waiting.state.withLock({ state -> Result<OpenedFile, Errno>? in
+                        state.abandoned = state.result == nil
+                        return state.result
+                    }) { return try result.get() }
+                    throw .interrupted
+                }
+                interrupted = true
+                waiting.pending?.interrupt()
+                deadline = ContinuousClock.now.advanced(by: .seconds(10))
+            }
+            usleep(1_000)
+        }
+    }
+
+    /// A postponed open's answer, from whichever thread the tree answers on.
+    private final class PostponedOpen: @unchecked Sendable {
+        let state = Locked<(result: Result<OpenedFile, Errno>?, abandoned: Bool)>((nil, false))
+        var pending: PendingOpen?  // (set on the caller's thread, in the open call)
     }
 
     @discardableResult
@@ -270,6 +318,15 @@ final class KernelModel {
         attempt("symlink \(name)") { () throws(Errno) -> Int32 in
             let (parent, last) = try parentAndName(name)
             _ = referenced(try tree.makeSymbolicLink(target: target, parent: parent, name: last, context: context))
+            return 0
+        }
+    }
+
+    @discardableResult
+    func makeDirectory(_ name: String, mode: mode_t = 0o700) -> Int32 {
+        attempt("mkdir \(name)") { () throws(Errno) -> Int32 in
+            let (parent, last) = try parentAndName(name)
+            _ = referenced(try tree.makeDirectory(parent: parent, name: last, mode: mode, context: context))
             return 0
         }
     }
