@@ -46,6 +46,12 @@ static inline int mtmfs_flock(int fd, int operation) {
     return flock(fd, operation);
 }
 
+/* sync_file_range(2) with SYNC_FILE_RANGE_WRITE (glibc declares it only with _GNU_SOURCE):
+   the writeback of a range started, not waited for. */
+static inline int mtmfs_start_writeback(int fd, int64_t offset, int64_t length) {
+    return (int)syscall(SYS_sync_file_range, fd, (long)offset, (long)length, 2U /* SYNC_FILE_RANGE_WRITE */);
+}
+
 static inline int mtmfs_open(const char *path, int flags, unsigned int mode) {
     return open(path, flags, (mode_t)mode);
 }

@@ -194,15 +194,34 @@ extension CacheStore {
                 // The size and the write in one visit: two appenders never write at one end.
                 try Syscall.writeAll(file.fd, bytes, at: Int(start))
                 noteWritten(ino)
-                return (nil, start, modeChanged)
+                return (file, start, modeChanged)
             }
             return (file, start, modeChanged)
         }
         if let file {
-            try Syscall.writeAll(file.fd, bytes, at: Int(start))
-            lock.withLock { noteWritten(ino) }
+            if !append {
+                try Syscall.writeAll(file.fd, bytes, at: Int(start))
+                lock.withLock { noteWritten(ino) }
+            }
+            Self.writeBehind(file, from: start, count: bytes.count)
         }
         return (bytes.count, modeChanged)
+    }
+
+    /// Write-behind, for a large file written as a stream: a write that ends past a multiple
+    /// of `writeBehindStride` starts the writeback of the stride before that point (outside
+    /// the lock, without waiting). FUSE hands a daemon a stream's writes one at a time, so
+    /// the disk would otherwise sit idle until the fsync, which then waits for all of it:
+    /// with it, the fsync waits for the last stride (W13). Random small writes cross a
+    /// boundary rarely; a file removed soon after may have been written to disk for
+    /// nothing, as the kernel's own 30 s writeback would have done.
+    static let writeBehindStride: Int64 = 8 << 20
+
+    static func writeBehind(_ file: DataFile, from start: Int64, count: Int) {
+        let end = start + Int64(count)
+        guard end / writeBehindStride > start / writeBehindStride else { return }
+        let boundary = end / writeBehindStride * writeBehindStride
+        Syscall.startWriteBack(file.fd, offset: boundary - writeBehindStride, length: writeBehindStride)
     }
 
     /// A file cut to size 0 (lock held, inside a change): a small file's bytes go with its

@@ -123,6 +123,13 @@ public enum Syscall {
         _ = try valueOrErrno { Glibc.fdatasync(fd) }
     }
 
+    /// Starts the writeback of the dirty pages in `length` bytes at `offset` and returns
+    /// (`SYNC_FILE_RANGE_WRITE`): nothing is made durable by it, but a later fsync finds
+    /// less left to write. Best effort: a failure changes nothing that matters.
+    public static func startWriteBack(_ fd: Int32, offset: Int64, length: Int64) {
+        _ = try? valueOrErrno { mtmfs_start_writeback(fd, offset, length) }
+    }
+
     /// Takes an exclusive `flock` on `fd` without waiting: `.tryAgain` when another open
     /// file description holds it. The lock goes with the last descriptor of that description
     /// (so with the process, however it ends).

@@ -269,6 +269,35 @@ import Glibc
         #expect(counts[1] == 0, "log syncs: \(run.stdout)")
     }
 
+    /// Write-behind (`CacheStore.writeBehind`): a stream of 1 MiB writes into a large file
+    /// starts the writeback of each 8 MiB it passes (strace on the daemon counts the
+    /// `sync_file_range` calls on the data file: 64 MiB, 8 of them), so that the fsync at
+    /// the end waits for the last stride only; 4 KiB writes inside one stride start none.
+    @Test func aStreamIsWrittenBehind() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let pid = try #require(try store.status()["pid"])
+        let run = Run.program("python3", ["-c", """
+            import os, subprocess, sys, time
+            path, daemon = sys.argv[1:3]
+            tracer = subprocess.Popen(["strace", "-f", "-y", "-e", "trace=sync_file_range", "-p", daemon],
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
+            tracer.stderr.readline(); time.sleep(0.3)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            block = os.urandom(1 << 20)
+            for i in range(64): os.write(fd, block)
+            for i in range(100): os.pwrite(fd, block[:4096], (64 << 20) + 4096 * i)
+            os.fsync(fd); os.close(fd)
+            time.sleep(0.3)
+            tracer.terminate(); out = tracer.communicate()[1]
+            print(sum(1 for l in out.splitlines() if "sync_file_range(" in l and "/cache.data/" in l))
+            """, store.path("cache/stream.bin"), pid], timeout: 60)
+        let calls = Int(run.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+        try #require(run.status == 0 && calls != nil, "\(run)")
+        #expect(calls == 8, "writebacks started: \(run.stdout)")
+        #expect(Run.program("stat", ["-c", "%s", store.path("cache/stream.bin")]).stdout == "\((64 << 20) + 409_600)\n")
+    }
+
     /// An outside exerciser's run reduced to ten lines: small writes each fsynced, one more
     /// small write, then whole chunks (a version with an fsync journal died there; here the
     /// file moves to a data file). Then a kill -9 right after an fsync keeps every byte it
