@@ -72,7 +72,7 @@ let package = Package(
         .testTarget(name: "CacheStoreTests", dependencies: ["CacheStore", "Posix", "TestSupport"]),
         .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault", "Posix", "TestSupport"]),
         .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "CCrypto", "CredentialVault"]),
-        .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "CredentialVault"]),
+        .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "CredentialVault", "TestSupport"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Posix", "TestSupport", "CredentialVault"]),
     ]
 )

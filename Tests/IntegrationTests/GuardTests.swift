@@ -171,35 +171,9 @@ final class GuardedMount {
         return program
     }
 
-    /// GnuPG's pinentry protocol, answering CONFIRM from `answers`, recording every line.
+    /// The tests' pinentry (`TestPinentry`), with this suite's passphrase.
     static func pinentryScript(answers: String, record: String) -> String {
-        """
-        #!/bin/sh
-        answer=$(cat \(answers) 2>/dev/null || echo cancel)
-        echo "OK Pleased to meet you"
-        while IFS= read -r line; do
-          printf '%s\\n' "$line" >> \(record)
-          case "$line" in
-            CONFIRM*)
-              case "$answer" in
-                ok) echo OK ;;
-                notok|notok-wrong) echo "ERR 83886194 Not confirmed <Pinentry>" ;;
-                close) echo "S BUTTON_INFO close"; echo "ERR 83886194 Not confirmed <Pinentry>" ;;
-                hang) exec sleep 1000 ;;
-                *) echo "ERR 83886179 Operation cancelled <Pinentry>" ;;
-              esac ;;
-            GETPIN*)
-              case "$answer" in
-                notok|passphrase) echo "D \(Run.passphrase)"; echo OK ;;
-                cancel) echo "ERR 83886179 Operation cancelled <Pinentry>" ;;
-                hang) exec sleep 1000 ;;
-                *) echo "D not the passphrase"; echo OK ;;
-              esac ;;
-            BYE*) echo OK; exit 0 ;;
-            *) echo OK ;;
-          esac
-        done
-        """
+        TestPinentry.script(answers: answers, record: record, passphrase: Run.passphrase)
     }
 }
 

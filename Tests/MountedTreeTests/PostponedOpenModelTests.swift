@@ -4,6 +4,7 @@ import FuseLowLevel
 @testable import MountedTree
 import Posix
 import Testing
+import TestSupport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -32,7 +33,7 @@ import Glibc
             answers = scratch + "/answer"
             record = scratch + "/asked"
             let pinentry = scratch + "/pinentry"
-            try Self.writeProgram(Self.pinentry(answers: answers, record: record), to: pinentry)
+            try TestFile.writeProgram(TestPinentry.script(answers: answers, record: record, passphrase: "correct horse"), to: pinentry)
             let passphrase = Array("correct horse".utf8).withUnsafeBytes { SecureBytes(copying: $0) }
             defer { passphrase.wipe() }
             let vault = try Vault.create(at: scratch + "/vault", passphrase: passphrase, parameters: .interactive)
@@ -83,40 +84,6 @@ import Glibc
 
         func answer(_ word: String) { try? (word + "\n").write(toFile: answers, atomically: true, encoding: .utf8) }
         var prompts: Int { ((try? String(contentsOfFile: record, encoding: .utf8)) ?? "").components(separatedBy: "CONFIRM").count - 1 }
-
-        /// Written and closed before anyone runs it (a descriptor a child inherits open for
-        /// writing makes the exec fail with ETXTBSY).
-        static func writeProgram(_ text: String, to path: String) throws {
-            let fd = Glibc.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o755)
-            guard fd >= 0 else { throw Errno.current }
-            let bytes = Array(text.utf8)
-            let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            Glibc.close(fd)
-            guard written == bytes.count else { throw Errno.ioError }
-        }
-
-        /// GnuPG's pinentry protocol: CONFIRM answered from `answers` (ok: Allow once;
-        /// hang: never), every line recorded.
-        static func pinentry(answers: String, record: String) -> String {
-            """
-            #!/bin/sh
-            answer=$(cat \(answers) 2>/dev/null || echo cancel)
-            echo "OK Pleased to meet you"
-            while IFS= read -r line; do
-              printf '%s\\n' "$line" >> \(record)
-              case "$line" in
-                CONFIRM*)
-                  case "$answer" in
-                    ok) echo OK ;;
-                    hang) exec sleep 1000 ;;
-                    *) echo "ERR 83886179 Operation cancelled <Pinentry>" ;;
-                  esac ;;
-                BYE*) echo OK; exit 0 ;;
-                *) echo OK ;;
-              esac
-            done
-            """
-        }
     }
 
     @Test func anOpenWaitsForThePromptAndGetsItsAnswer() throws {
