@@ -126,8 +126,7 @@ public final class ControlTree: Subtree {
         if let query = file.query {
             let answer = Array(try query(data).utf8)
             try handles.withLock { (state) throws(Errno) in
-                guard state[FileHandle(raw: handle)] != nil else { throw .badFileDescriptor }
-                state[FileHandle(raw: handle)] = answer
+                guard state.replace(FileHandle(raw: handle), with: answer) else { throw .badFileDescriptor }
             }
             return data.count
         }

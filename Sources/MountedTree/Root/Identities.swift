@@ -138,12 +138,13 @@ struct OpenFiles<Payload> {
     mutating func attach(_ payload: Payload, to handle: FileHandle) { payloads[handle] = payload }
 
     /// What an open handle holds (nil: never opened here, released, or retired).
-    subscript(handle: FileHandle) -> Payload? {
-        get { payloads[handle] }
-        set {
-            guard payloads[handle] != nil, let newValue else { return }
-            payloads[handle] = newValue
-        }
+    subscript(handle: FileHandle) -> Payload? { payloads[handle] }
+
+    /// An open handle holds `payload` from now on; false when the handle is not open.
+    mutating func replace(_ handle: FileHandle, with payload: Payload) -> Bool {
+        guard payloads[handle] != nil else { return false }
+        payloads[handle] = payload
+        return true
     }
 
     /// The handle is let go: what it held, for the caller to wipe.
