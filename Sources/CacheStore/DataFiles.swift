@@ -73,6 +73,9 @@ final class DataFile: @unchecked Sendable {
     /// Whether the file's mode has set-ID bits a write by a caller without CAP_FSETID drops
     /// (kept by the store, under its lock: no row is read for a write).
     var setID = false
+    /// Where the run of writes that each began where the one before ended started, and
+    /// where the last write ended (`FileData.writeBehind`).
+    let stream = Locked((start: Int64(0), end: Int64(0)))
 
     init(key: Int64, fd: Int32) {
         self.key = key

@@ -215,13 +215,31 @@ extension CacheStore {
     /// with it, the fsync waits for the last stride (W13). Random small writes cross a
     /// boundary rarely; a file removed soon after may have been written to disk for
     /// nothing, as the kernel's own 30 s writeback would have done.
+    ///
+    /// The same write drops the host's pages of the strides two and more before it (those
+    /// written back by then), as far back as the writes ran on from one another. The kernel
+    /// keeps its own copy of a page written through the mount (FUSE's page cache), which
+    /// serves the reads: without the drop, a stream's bytes took their memory twice. A file
+    /// written in place (a database inside) keeps its pages: a partial write there would
+    /// read them back from the disk.
     static let writeBehindStride: Int64 = 8 << 20
 
     static func writeBehind(_ file: DataFile, from start: Int64, count: Int) {
         let end = start + Int64(count)
+        let streamStart = file.stream.withLock { stream in
+            if start != stream.end { stream.start = start }
+            stream.end = end
+            return stream.start
+        }
         guard end / writeBehindStride > start / writeBehindStride else { return }
         let boundary = end / writeBehindStride * writeBehindStride
         Syscall.startWriteBack(file.fd, offset: boundary - writeBehindStride, length: writeBehindStride)
+        // Pages still under writeback stay: each boundary tries the six strides before too.
+        let behind = boundary - 2 * writeBehindStride
+        let from = max(streamStart, behind - 6 * writeBehindStride)
+        if behind > from {
+            Syscall.dropCachedPages(file.fd, offset: from, length: behind - from)
+        }
     }
 
     /// A file cut to size 0 (lock held, inside a change): a small file's bytes go with its

@@ -130,6 +130,12 @@ public enum Syscall {
         _ = try? valueOrErrno { mtmfs_start_writeback(fd, offset, length) }
     }
 
+    /// Drops the clean pages of `length` bytes at `offset` from the page cache
+    /// (`POSIX_FADV_DONTNEED`); pages still dirty or under writeback stay. Best effort.
+    public static func dropCachedPages(_ fd: Int32, offset: Int64, length: Int64) {
+        _ = posix_fadvise(fd, off_t(offset), off_t(length), POSIX_FADV_DONTNEED)
+    }
+
     /// Takes an exclusive `flock` on `fd` without waiting: `.tryAgain` when another open
     /// file description holds it. The lock goes with the last descriptor of that description
     /// (so with the process, however it ends).

@@ -298,6 +298,46 @@ import Glibc
         #expect(Run.program("stat", ["-c", "%s", store.path("cache/stream.bin")]).stdout == "\((64 << 20) + 409_600)\n")
     }
 
+    /// Drop-behind (`CacheStore.writeBehind`): the kernel keeps its own copy of the pages
+    /// written through the mount, so the host's copy of a stream's bytes goes once written
+    /// back. 64 MiB written as a stream leaves the last two strides (16 MiB) of its data file
+    /// in the host's page cache (`fincore`; up to 40 MiB while a slow disk still writes the
+    /// strides before); the same 64 MiB written from the end backwards (in place, not a
+    /// stream) keeps all of it. Both read back whole.
+    @Test func aStreamLeavesNoSecondCopy() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let run = Run.program("python3", ["-c", """
+            import hashlib, os, subprocess, sys
+            cache, data = sys.argv[1:3]
+            def resident(before):
+                files = [os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs]
+                new = [f for f in files if f not in before]
+                assert len(new) == 1, new
+                out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", new[0]],
+                                     capture_output=True, text=True, check=True).stdout
+                return new[0], int(out.split()[0])
+            blocks = [hashlib.sha256(bytes([i])).digest() * 32768 for i in range(64)]
+            whole = b"".join(blocks)
+            for name, order in (("stream.bin", range(64)), ("backwards.bin", reversed(range(64)))):
+                before = {os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs}
+                path = os.path.join(cache, name)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+                for i in order: os.pwrite(fd, blocks[i], i << 20)
+                os.fsync(fd); os.close(fd)
+                file, res = resident(before)
+                with open(path, "rb") as f: back = f.read()
+                with open(file, "rb") as f: stored = f.read()
+                print(name, res >> 20, back == whole, stored == whole)
+            """, store.path("cache"), store.dataDirectory + "/cache.data"], timeout: 120)
+        try #require(run.status == 0, "\(run)")
+        let lines = run.stdout.split(separator: "\n").map { $0.split(separator: " ").map(String.init) }
+        try #require(lines.count == 2 && lines.allSatisfy { $0.count == 4 }, "\(run)")
+        #expect(Int(lines[0][1])! <= 40, "a stream's data file keeps \(lines[0][1]) MiB in the page cache")
+        #expect(Int(lines[1][1])! == 64, "a file written in place keeps \(lines[1][1]) MiB in the page cache")
+        #expect(lines.allSatisfy { $0[2] == "True" && $0[3] == "True" }, "\(run)")
+    }
+
     /// An outside exerciser's run reduced to ten lines: small writes each fsynced, one more
     /// small write, then whole chunks (a version with an fsync journal died there; here the
     /// file moves to a data file). Then a kill -9 right after an fsync keeps every byte it
