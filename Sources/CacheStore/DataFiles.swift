@@ -76,6 +76,9 @@ final class DataFile: @unchecked Sendable {
     /// Where the run of writes that each began where the one before ended started, and
     /// where the last write ended (`FileData.writeBehind`).
     let stream = Locked((start: Int64(0), end: Int64(0)))
+    /// The same for reads, which the kernel's readahead sends out of order: where the run
+    /// of reads near one another started, and the furthest end read (`FileData.readBehind`).
+    let readStream = Locked((start: Int64(0), end: Int64(0)))
 
     init(key: Int64, fd: Int32) {
         self.key = key

@@ -124,6 +124,7 @@ extension CacheStore {
             defer { buffer.deallocate() }
             let read = try Syscall.read(file.fd, into: buffer, at: offset)
             reply(UnsafeRawBufferPointer(rebasing: buffer[0..<read]))
+            Self.readBehind(file, from: offset, count: read)
         }
     }
 
@@ -236,6 +237,27 @@ extension CacheStore {
         Syscall.startWriteBack(file.fd, offset: boundary - writeBehindStride, length: writeBehindStride)
         // Pages still under writeback stay: each boundary tries the six strides before too.
         let behind = boundary - 2 * writeBehindStride
+        let from = max(streamStart, behind - 6 * writeBehindStride)
+        if behind > from {
+            Syscall.dropCachedPages(file.fd, offset: from, length: behind - from)
+        }
+    }
+
+    /// Drop-behind for a large file read as a stream: the host's pages of the strides two
+    /// and more behind the furthest read go, as far back as the reads kept near one another
+    /// (within `writeBehindStride`: the kernel's readahead sends them out of order). The
+    /// kernel keeps its own copy of what it read in FUSE's page cache, which serves the
+    /// next reads; without the drop a file read once took its memory twice.
+    static func readBehind(_ file: DataFile, from start: Int64, count: Int) {
+        let end = start + Int64(count)
+        let (streamStart, before) = file.readStream.withLock { stream in
+            let before = stream.end
+            if abs(start - stream.end) > writeBehindStride { stream = (start, end) }
+            stream.end = max(stream.end, end)
+            return (stream.start, before)
+        }
+        guard end > before, end / writeBehindStride > before / writeBehindStride else { return }
+        let behind = end / writeBehindStride * writeBehindStride - 2 * writeBehindStride
         let from = max(streamStart, behind - 6 * writeBehindStride)
         if behind > from {
             Syscall.dropCachedPages(file.fd, offset: from, length: behind - from)

@@ -338,6 +338,40 @@ import Glibc
         #expect(lines.allSatisfy { $0[2] == "True" && $0[3] == "True" }, "\(run)")
     }
 
+    /// Drop-behind on reads (`CacheStore.readBehind`): a large file read through as a stream
+    /// (O_DIRECT, so that every read reaches the daemon whatever the kernel kept) leaves the
+    /// last two strides of its data file in the host's page cache, up to 40 MiB as above, not
+    /// all 64 MiB; it reads back whole.
+    @Test func aReadStreamLeavesNoSecondCopy() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let run = Run.program("python3", ["-c", """
+            import hashlib, mmap, os, subprocess, sys
+            path, data = sys.argv[1:3]
+            blocks = [hashlib.sha256(bytes([i])).digest() * 32768 for i in range(64)]
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            for i in reversed(range(64)): os.pwrite(fd, blocks[i], i << 20)
+            os.fsync(fd); os.close(fd)
+            [file] = [os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs]
+            def resident():
+                out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", file],
+                                     capture_output=True, text=True, check=True).stdout
+                return int(out.split()[0]) >> 20
+            before = resident()
+            buffer = mmap.mmap(-1, 1 << 20)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            same = all(os.preadv(fd, [buffer], i << 20) == 1 << 20 and buffer[:] == blocks[i] for i in range(64))
+            os.close(fd)
+            print(before, resident(), same)
+            """, store.path("cache/read.bin"), store.dataDirectory + "/cache.data"], timeout: 120)
+        try #require(run.status == 0, "\(run)")
+        let fields = run.stdout.split(whereSeparator: \.isWhitespace).map(String.init)
+        try #require(fields.count == 3, "\(run)")
+        #expect(fields[0] == "64", "written in place, the data file keeps its pages: \(run.stdout)")
+        #expect(Int(fields[1])! <= 40, "a read stream's data file keeps \(fields[1]) MiB in the page cache")
+        #expect(fields[2] == "True", "\(run)")
+    }
+
     /// An outside exerciser's run reduced to ten lines: small writes each fsynced, one more
     /// small write, then whole chunks (a version with an fsync journal died there; here the
     /// file moves to a data file). Then a kill -9 right after an fsync keeps every byte it
