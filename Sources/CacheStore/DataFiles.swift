@@ -66,19 +66,16 @@ struct DataFolder: Sendable {
 /// took it from the store keeps it open outside the store's lock, whatever a release
 /// meanwhile does.
 ///
-/// Thread-safety: immutable; the descriptor's calls are the kernel's to order.
+/// Thread-safety: `setID` is the store's, under its lock; `hostPages` has its own locks;
+/// the descriptor's calls are the kernel's to order.
 final class DataFile: @unchecked Sendable {
     let key: Int64
     let fd: Int32
     /// Whether the file's mode has set-ID bits a write by a caller without CAP_FSETID drops
     /// (kept by the store, under its lock: no row is read for a write).
     var setID = false
-    /// Where the run of writes that each began where the one before ended started, and
-    /// where the last write ended (`FileData.writeBehind`).
-    let stream = Locked((start: Int64(0), end: Int64(0)))
-    /// The same for reads, which the kernel's readahead sends out of order: where the run
-    /// of reads near one another started, and the furthest end read (`FileData.readBehind`).
-    let readStream = Locked((start: Int64(0), end: Int64(0)))
+    /// What its streams leave in the host's page cache (write-behind, drop-behind).
+    let hostPages = HostPages()
 
     init(key: Int64, fd: Int32) {
         self.key = key

@@ -124,7 +124,7 @@ extension CacheStore {
             defer { buffer.deallocate() }
             let read = try Syscall.read(file.fd, into: buffer, at: offset)
             reply(UnsafeRawBufferPointer(rebasing: buffer[0..<read]))
-            Self.readBehind(file, from: offset, count: read)
+            file.hostPages.read(file.fd, from: offset, count: read)
         }
     }
 
@@ -204,64 +204,9 @@ extension CacheStore {
                 try Syscall.writeAll(file.fd, bytes, at: Int(start))
                 lock.withLock { noteWritten(ino) }
             }
-            Self.writeBehind(file, from: start, count: bytes.count)
+            file.hostPages.wrote(file.fd, from: start, count: bytes.count)
         }
         return (bytes.count, modeChanged)
-    }
-
-    /// Write-behind, for a large file written as a stream: a write that ends past a multiple
-    /// of `writeBehindStride` starts the writeback of the stride before that point (outside
-    /// the lock, without waiting). FUSE hands a daemon a stream's writes one at a time, so
-    /// the disk would otherwise sit idle until the fsync, which then waits for all of it:
-    /// with it, the fsync waits for the last stride (W13). Random small writes cross a
-    /// boundary rarely; a file removed soon after may have been written to disk for
-    /// nothing, as the kernel's own 30 s writeback would have done.
-    ///
-    /// The same write drops the host's pages of the strides two and more before it (those
-    /// written back by then), as far back as the writes ran on from one another. The kernel
-    /// keeps its own copy of a page written through the mount (FUSE's page cache), which
-    /// serves the reads: without the drop, a stream's bytes took their memory twice. A file
-    /// written in place (a database inside) keeps its pages: a partial write there would
-    /// read them back from the disk.
-    static let writeBehindStride: Int64 = 8 << 20
-
-    static func writeBehind(_ file: DataFile, from start: Int64, count: Int) {
-        let end = start + Int64(count)
-        let streamStart = file.stream.withLock { stream in
-            if start != stream.end { stream.start = start }
-            stream.end = end
-            return stream.start
-        }
-        guard end / writeBehindStride > start / writeBehindStride else { return }
-        let boundary = end / writeBehindStride * writeBehindStride
-        Syscall.startWriteBack(file.fd, offset: boundary - writeBehindStride, length: writeBehindStride)
-        // Pages still under writeback stay: each boundary tries the six strides before too.
-        let behind = boundary - 2 * writeBehindStride
-        let from = max(streamStart, behind - 6 * writeBehindStride)
-        if behind > from {
-            Syscall.dropCachedPages(file.fd, offset: from, length: behind - from)
-        }
-    }
-
-    /// Drop-behind for a large file read as a stream: the host's pages of the strides two
-    /// and more behind the furthest read go, as far back as the reads kept near one another
-    /// (within `writeBehindStride`: the kernel's readahead sends them out of order). The
-    /// kernel keeps its own copy of what it read in FUSE's page cache, which serves the
-    /// next reads; without the drop a file read once took its memory twice.
-    static func readBehind(_ file: DataFile, from start: Int64, count: Int) {
-        let end = start + Int64(count)
-        let (streamStart, before) = file.readStream.withLock { stream in
-            let before = stream.end
-            if abs(start - stream.end) > writeBehindStride { stream = (start, end) }
-            stream.end = max(stream.end, end)
-            return (stream.start, before)
-        }
-        guard end > before, end / writeBehindStride > before / writeBehindStride else { return }
-        let behind = end / writeBehindStride * writeBehindStride - 2 * writeBehindStride
-        let from = max(streamStart, behind - 6 * writeBehindStride)
-        if behind > from {
-            Syscall.dropCachedPages(file.fd, offset: from, length: behind - from)
-        }
     }
 
     /// A file cut to size 0 (lock held, inside a change): a small file's bytes go with its

@@ -269,7 +269,7 @@ import Glibc
         #expect(counts[1] == 0, "log syncs: \(run.stdout)")
     }
 
-    /// Write-behind (`CacheStore.writeBehind`): a stream of 1 MiB writes into a large file
+    /// Write-behind (`HostPages`): a stream of 1 MiB writes into a large file
     /// starts the writeback of each 8 MiB it passes (strace on the daemon counts the
     /// `sync_file_range` calls on the data file: 64 MiB, 8 of them), so that the fsync at
     /// the end waits for the last stride only; 4 KiB writes inside one stride start none.
@@ -298,7 +298,7 @@ import Glibc
         #expect(Run.program("stat", ["-c", "%s", store.path("cache/stream.bin")]).stdout == "\((64 << 20) + 409_600)\n")
     }
 
-    /// Drop-behind (`CacheStore.writeBehind`): the kernel keeps its own copy of the pages
+    /// Drop-behind (`HostPages.wrote`): the kernel keeps its own copy of the pages
     /// written through the mount, so the host's copy of a stream's bytes goes once written
     /// back. 64 MiB written as a stream leaves the last two strides (16 MiB) of its data file
     /// in the host's page cache (`fincore`; up to 40 MiB while a slow disk still writes the
@@ -338,7 +338,7 @@ import Glibc
         #expect(lines.allSatisfy { $0[2] == "True" && $0[3] == "True" }, "\(run)")
     }
 
-    /// Drop-behind on reads (`CacheStore.readBehind`): a large file read through as a stream
+    /// Drop-behind on reads (`HostPages.read`): a large file read through as a stream
     /// (O_DIRECT, so that every read reaches the daemon whatever the kernel kept) leaves the
     /// last two strides of its data file in the host's page cache, up to 40 MiB as above, not
     /// all 64 MiB; it reads back whole.
