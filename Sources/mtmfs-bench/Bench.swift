@@ -60,7 +60,11 @@ final class Bench {
         Benchmark.mounts.removeAll()
         Benchmark.stopHelpers()
         stopFloor()
-        try? FileManager.default.removeItem(atPath: root)
+        // gpg started an agent for the throwaway key (W1's pass): it would outlive the run.
+        if FileManager.default.fileExists(atPath: root + "/gnupg") {
+            Spawn.run("gpgconf", ["--homedir", root + "/gnupg", "--kill", "gpg-agent"])
+        }
+        Spawn.run("rm", ["-rf", root])
     }
 
     // MARK: Set-up
