@@ -195,7 +195,6 @@ extension CacheStore {
                 // The size and the write in one visit: two appenders never write at one end.
                 try Syscall.writeAll(file.fd, bytes, at: Int(start))
                 noteWritten(ino)
-                return (file, start, modeChanged)
             }
             return (file, start, modeChanged)
         }

@@ -160,7 +160,8 @@ final class Bench {
 
     /// The floor: `mtmfs-floor`, the least a libfuse low-level daemon does (a tree in memory,
     /// cache/'s kernel-cache settings), as our child in the foreground. Only the per-operation
-    /// rows run on it (W1, W2, W4, W5, W10), and the big write (W13, W14): mtmfs ÷ floor is what mtmfs adds to FUSE's own cost.
+    /// rows run on it (W1, W2, W4, W5, W10), and the big write (W13, W14): mtmfs ÷ floor is
+    /// what mtmfs adds to FUSE's own cost.
     func setUpFloor() throws {
         guard let floorProgram else {
             notes.append("floor: skipped (mtmfs-floor is not built beside mtmfs-bench: swift build --product mtmfs-floor)")
