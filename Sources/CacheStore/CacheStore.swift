@@ -168,8 +168,15 @@ public final class CacheStore: @unchecked Sendable {
             }
             pageSize = database.pageSize
             vacuums = try database.scalarText("PRAGMA auto_vacuum") == "2"
-            // Unclean from now on, until `close()` marks it clean again.
-            try database.execute("INSERT OR REPLACE INTO state(name, value) VALUES('clean', 0);")
+            // Unclean from now on, until `close()` marks it clean again — durably, before any
+            // request: a clean mark that a power cut brings back would have the next mount
+            // trust rows that data files written meanwhile no longer match. A commit with
+            // synchronous=FULL syncs the log (and, the first time, the folder that names
+            // it: SQLite syncs the directory of a log it made).
+            try database.execute("""
+                PRAGMA synchronous=FULL; INSERT OR REPLACE INTO state(name, value) VALUES('clean', 0);
+                PRAGMA synchronous=NORMAL;
+                """)
             // Inodes whose last name went while a crashed daemon still had them open.
             for ino in try database.integers("SELECT ino FROM inodes WHERE links = 0") { orphans.insert(ino) }
             // fsynced writes of a daemon of schema 4 that were only in its fsync journal.
@@ -191,30 +198,60 @@ public final class CacheStore: @unchecked Sendable {
     }
 
     /// At unmount: every small file's buffer stored, every conversion recorded (its data
-    /// file synced first), every large file's row brought up to date, the store marked clean
-    /// (the next open skips the full check), everything checkpointed and the log truncated,
-    /// and the data files of deleted files removed.
+    /// file synced first), every large file's row brought up to date and its data file
+    /// synced, everything checkpointed (every commit durable), the data files of deleted
+    /// files removed and the folder synced — and only then the store marked clean, durably
+    /// (the next open skips the full check and trusts every row). A crash or a failed sync
+    /// anywhere before the mark leaves the store unclean: the next open checks and sweeps.
     public func close() throws(Errno) {
         // The checkpointer's connection first (its lock is taken before the store's); no
         // checkpoint opens another once `closed` is set.
         checkpointLock.withLock { checkpointer = nil }
         recordConversions(olderThan: nil)
-        let removable = try withLock { () throws(Errno) -> [Int64] in
+        let written = try withLock { () throws(Errno) -> [DataFile] in
             closed = true
             try change { () throws(Errno) in
                 try storeAllBuffers()
                 try refreshRows(Array(data.staleRows))
             }
             try commitBatch()
-            try exec("INSERT OR REPLACE INTO state(name, value) VALUES('clean', 1)")
+            return takeUnsyncedDataFiles()
+        }
+        var durable = true
+        for file in written {
+            do throws(Errno) {
+                try Syscall.fdatasync(file.fd)
+            } catch {
+                durable = false
+                Log.error("cache: the data file \(folder.name(file.key)) could not be synced at unmount (\(error)); the next mount checks the store")
+            }
+        }
+        let removable = try withLock { () throws(Errno) -> [Int64] in
+            // SQLite syncs the log before it copies it, and the database after: every commit
+            // (the deletions of rows among them) is durable once this returns.
             try exec("PRAGMA wal_checkpoint(TRUNCATE)")
             durableCommits = commits
-            if let fd = logDescriptor { Syscall.close(fd) }
-            logDescriptor = nil
             return takeRemovableDataFiles()
         }
         for key in removable { folder.remove(key) }
-        lock.withLock { data.files.removeAll() }
+        if !removable.isEmpty {
+            do throws(Errno) {
+                try folder.sync()
+            } catch {
+                durable = false
+                Log.error("cache: \(folder.path) could not be synced at unmount (\(error)); the next mount checks the store")
+            }
+        }
+        try withLock { () throws(Errno) in
+            defer {
+                if let fd = logDescriptor { Syscall.close(fd) }
+                logDescriptor = nil
+                data.files.removeAll()
+            }
+            guard durable else { return }
+            try exec("INSERT OR REPLACE INTO state(name, value) VALUES('clean', 1)")
+            try exec("PRAGMA wal_checkpoint(TRUNCATE)")
+        }
     }
 
     deinit {

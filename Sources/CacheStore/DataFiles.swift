@@ -120,6 +120,10 @@ struct DataFileState {
     /// blocks and times of their data file: open files (a reader gets those from the data
     /// file itself); their rows catch up at the last close.
     var staleRows: Set<Int64> = []
+    /// Large files whose data file was written (or cut, or allocated) since it was last
+    /// synced: an fsync of the file syncs it, and the unmount syncs all of them before it
+    /// marks the store clean (a clean mark trusts the sizes rows copied from data files).
+    var unsynced: Set<Int64> = []
     /// Data files whose rows were deleted, each with the commit that must be durable before
     /// it goes (the row could come back with a crash before that).
     var doomed: [(key: Int64, commit: Int)] = []
@@ -169,8 +173,13 @@ extension CacheStore {
         data.files.values.contains { $0.key == key } || data.unrecorded.values.contains { $0.key == key }
     }
 
-    /// A large file was written (lock held): its row is behind.
-    func noteWritten(_ ino: Int64) { data.staleRows.insert(ino) }
+    /// A large file was written (lock held): its row is behind, and its data file unsynced.
+    /// Called after the bytes went to the data file, so that a sync that takes the file off
+    /// `unsynced` before it starts covers every write noted before.
+    func noteWritten(_ ino: Int64) {
+        data.staleRows.insert(ino)
+        data.unsynced.insert(ino)
+    }
 
     /// Blocks that large files hold beyond what their rows say (lock held): files written
     /// since their row was brought up to date, and those whose conversion is unrecorded. The
@@ -272,6 +281,18 @@ extension CacheStore {
         }
     }
 
+    /// The data files written since they were last synced (lock held), taken off the list:
+    /// opened without being made again when missing (a row whose file is gone stays so).
+    func takeUnsyncedDataFiles() -> [DataFile] {
+        defer { data.unsynced.removeAll() }
+        return data.unsynced.compactMap { ino in
+            if let file = data.files[ino] { return file }
+            guard let row = try? storedInode(ino), let key = dataKey(row),
+                  let fd = try? Syscall.open(folder.name(key), O_RDONLY | O_CLOEXEC) else { return nil }
+            return DataFile(key: key, fd: fd)
+        }
+    }
+
     /// The rows of `inos` (large files) take their data files' size, blocks and times (lock
     /// held, inside a change). Not a change of the tree: the data files have it already.
     func refreshRows(_ inos: [Int64]) throws(Errno) {
@@ -295,6 +316,7 @@ extension CacheStore {
     func forgetDataFile(_ inode: CacheInode) {
         data.files[inode.ino] = nil
         data.staleRows.remove(inode.ino)
+        data.unsynced.remove(inode.ino)
         if let key = data.unrecorded.removeValue(forKey: inode.ino)?.key ?? inode.dataKey {
             data.doomed.append((key, commits + 1))
             backgroundWork?()

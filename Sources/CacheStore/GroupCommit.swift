@@ -341,10 +341,17 @@ extension CacheStore {
             guard let ino else { return nil }
             let inode = try storedInode(ino)
             if inline.files[ino] != nil { try change { () throws(Errno) in try storeBuffer(ino) } }
-            return try dataFile(inode)
+            let file = try dataFile(inode)
+            if file != nil { data.unsynced.remove(ino) }
+            return file
         }
         if let file, let ino {
-            try Syscall.fdatasync(file.fd)
+            do throws(Errno) {
+                try Syscall.fdatasync(file.fd)
+            } catch {
+                lock.withLock { _ = data.unsynced.insert(ino) }
+                throw error
+            }
             if lock.withLock({ data.unrecorded[ino] != nil }) {
                 recordConversions(olderThan: nil, only: ino)
                 guard lock.withLock({ data.unrecorded[ino] == nil }) else { throw .ioError }
