@@ -52,6 +52,11 @@ static inline int mtmfs_start_writeback(int fd, int64_t offset, int64_t length) 
     return (int)syscall(SYS_sync_file_range, fd, (long)offset, (long)length, 2U /* SYNC_FILE_RANGE_WRITE */);
 }
 
+/* syncfs(2): glibc declares it only with _GNU_SOURCE. */
+static inline int mtmfs_syncfs(int fd) {
+    return (int)syscall(SYS_syncfs, fd);
+}
+
 static inline int mtmfs_open(const char *path, int flags, unsigned int mode) {
     return open(path, flags, (mode_t)mode);
 }

@@ -146,6 +146,8 @@ public final class VaultFolder: @unchecked Sendable {
         var changed = false
         var present = Set<String>()
         var listed = Set<String>()
+        /// Other machines' folders that new files were loaded from (their names synced).
+        var arrived = Set<String>()
         let names: [String]
         do throws(Errno) { names = try Syscall.listDirectory(path) } catch { throw .io(error) }
         for name in names where name != Self.idFile && name != Self.keysFolder && !name.hasPrefix(".") {
@@ -169,7 +171,18 @@ public final class VaultFolder: @unchecked Sendable {
                 if skipped[relative] != nil, skippedStamps[relative] == stamp { continue }
                 skippedStamps[relative] = stamp
                 do throws(VaultError) {
-                    let bytes = try Self.read(path + "/" + relative)
+                    let foreign = device != self.device
+                    let bytes = try Self.read(path + "/" + relative, syncing: foreign)
+                    if foreign && !arrived.contains(name) {
+                        // Its name too, and its folder's (once a scan).
+                        do throws(Errno) {
+                            try AtomicFile.syncDirectory(path + "/" + name)
+                            if arrived.isEmpty { try AtomicFile.syncDirectory(path) }
+                        } catch {
+                            throw .io(error)
+                        }
+                        arrived.insert(name)
+                    }
                     let file = try ChangeFile.parse(bytes, device: device, clock: fileClock)
                     if isOpen {
                         // Only opened files join an open folder (a scan without the key
@@ -225,13 +238,16 @@ public final class VaultFolder: @unchecked Sendable {
         return "an unexpected name"
     }
 
-    static func read(_ path: String) throws(VaultError) -> [UInt8] {
+    /// A file's bytes; `syncing`: made durable first (a file another program brought —
+    /// git, a synchroniser — that nothing synced: a fold may drop what it supersedes).
+    static func read(_ path: String, syncing: Bool = false) throws(VaultError) -> [UInt8] {
         do {
             let fd = try Syscall.open(path, O_RDONLY | O_NOFOLLOW)
             defer { Syscall.close(fd) }
             var info = stat()
             _ = try Syscall.valueOrErrno { fstat(fd, &info) }
             guard info.st_size <= ChangeFile.maximumFileSize else { throw VaultError.damaged("larger than \(ChangeFile.maximumFileSize >> 20) MiB") }
+            if syncing { try Syscall.fsync(fd) }
             return try Syscall.readAll(fd)
         } catch let error as VaultError {
             throw error
@@ -284,10 +300,25 @@ public final class VaultFolder: @unchecked Sendable {
     /// writes them, and an old passphrase must stop opening them); needs the master key.
     public func removeRetiredSlots(key: SecureBytes) {
         var removed = false
+        var durable = Set<String>()
+        let keys = path + "/" + Self.keysFolder
         for (name, _) in slots {
-            let genuine = slots.contains { $0.value.retires.contains(name) && $0.value.proves(key: key, vaultID: vaultID, path: Self.keysFolder + "/" + $0.key) }
-            guard genuine else { continue }
-            try? Syscall.unlink(path + "/" + Self.keysFolder + "/" + name)
+            let retirers = slots.filter { $0.value.retires.contains(name) && $0.value.proves(key: key, vaultID: vaultID, path: Self.keysFolder + "/" + $0.key) }
+            guard !retirers.isEmpty else { continue }
+            // The slots that retire it are durable before it goes (another machine's came
+            // by git or a synchroniser, unsynced): never a moment with no slot that opens.
+            do throws(Errno) {
+                for retirer in retirers.keys where !durable.contains(retirer) {
+                    let fd = try Syscall.open(keys + "/" + retirer, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+                    defer { Syscall.close(fd) }
+                    try Syscall.fsync(fd)
+                    durable.insert(retirer)
+                }
+                try AtomicFile.syncDirectory(keys)
+            } catch {
+                continue
+            }
+            try? Syscall.unlink(keys + "/" + name)
             slots[name] = nil
             removed = true
         }

@@ -117,6 +117,14 @@ public enum Syscall {
         _ = try valueOrErrno { Glibc.fsync(fd) }
     }
 
+    /// Every file of the file system that holds `path` made durable (`syncfs`): for files
+    /// written by another program that did not sync them (git's checkout and objects).
+    public static func syncFileSystem(holding path: String) throws(Errno) {
+        let fd = try open(path, O_RDONLY | O_CLOEXEC)
+        defer { close(fd) }
+        _ = try valueOrErrno { mtmfs_syncfs(fd) }
+    }
+
     /// The data and what is needed to read it back (the size), not the times: a file
     /// overwritten in place is synced without a journal commit.
     public static func fdatasync(_ fd: Int32) throws(Errno) {

@@ -113,6 +113,11 @@ struct InitCommand: Command {
                         _ = repository.git(["checkout", "-q", "-B", String(branch.dropFirst("origin/".count)), "--track", branch])
                     }
                 }
+                // git syncs neither the files it checks out nor (by default) its objects.
+                if let problem = repository.makeDurable() {
+                    discard()
+                    throw .cannotCreate(directory.path, problem)
+                }
                 do throws(VaultError) {
                     guard Vault.isFolder(vaultPath), (try? Syscall.lstat(vaultPath + "/id")) != nil else {
                         throw .damaged("\(url) holds no mtmfs vault (no id file)")

@@ -20,7 +20,8 @@ struct VaultRepository {
     }
 
     /// Names git keeps out of the repository: a synchroniser's and an editor's files.
-    static let excluded = ["*.sync-conflict-*", ".syncthing.*", "*.tmp", "*~", ".stfolder", ".stignore", ".mtmfs-*"]
+    /// `.*.tmp-*`: `AtomicFile`'s temporary files, which a power cut can leave behind.
+    static let excluded = ["*.sync-conflict-*", ".syncthing.*", "*.tmp", ".*.tmp-*", "*~", ".stfolder", ".stignore", ".mtmfs-*"]
 
     static var gitIsInstalled: Bool { Spawn.exists("git") }
 
@@ -73,11 +74,13 @@ struct VaultRepository {
         try writeExclusions()
     }
 
+    static var exclusions: String { excluded.joined(separator: "\n") + "\n" }
+
     func writeExclusions() throws(CommandFailure) {
         let info = folder + "/.git/info"
         do throws(Errno) {
             do { try Syscall.mkdir(info, mode: 0o755) } catch where error == .fileExists {}
-            try AtomicFile.replace(info + "/exclude", with: Array((Self.excluded.joined(separator: "\n") + "\n").utf8), mode: 0o644)
+            try AtomicFile.replace(info + "/exclude", with: Array(Self.exclusions.utf8), mode: 0o644)
         } catch {
             throw CommandFailure("cannot write \(info)/exclude: \(error)")
         }
@@ -155,6 +158,8 @@ struct VaultRepository {
     /// Another machine's files enter only by merges: a file a killed merge left half
     /// written is never committed as this machine's. The message names no account and no value.
     func commitNewFiles(device: String) throws(CommandFailure) -> Int {
+        // (A repository made by an older mtmfs keeps an older list.)
+        if read(".git/info/exclude") != Self.exclusions { try writeExclusions() }
         let own = device.count == 16 ? [device, "keys", "id"].filter { (try? Syscall.lstat(folder + "/" + $0)) != nil } : []
         let added = git(["add", "-A", "--verbose", "--"] + (own.isEmpty ? ["."] : own))
         guard added.status == 0 else { throw CommandFailure("git add failed: \(Self.lastLine(added.output))") }
@@ -204,6 +209,10 @@ struct VaultRepository {
             return "the merge with \(remote)/\(branch) does not apply (was the vault's repository changed by hand?): "
                 + Self.lastLine(merged.output)
         }
+        // git syncs neither the files a merge checks out nor (by default) its objects and
+        // refs: made durable before anything relies on them (the mark below, the mount
+        // reading the files, a fold dropping what another machine's file superseded).
+        if let problem = makeDurable() { return problem }
         // What was merged, so that the next sync that fetches nothing new merges nothing.
         if let commit = ref("refs/remotes/\(remote)/\(branch)") {
             noteMerged(commit)
@@ -211,10 +220,21 @@ struct VaultRepository {
         return nil
     }
 
-    /// Notes the commit merged (or pushed) last, in `.git/mtmfs-merged`: whole (a new file
-    /// renamed over the old) but not synced, as git's own refs are not: it only spares the
-    /// next sync a merge that would change nothing, and lost, that merge runs (two fsyncs
-    /// were a fifth of a sync's own time).
+    /// The repository and its checked-out files made durable (`syncfs`: git syncs neither
+    /// by default); what went wrong, or nil.
+    func makeDurable() -> String? {
+        do throws(Errno) {
+            try Syscall.syncFileSystem(holding: folder)
+            return nil
+        } catch {
+            return "\(folder) could not be synced (\(error))"
+        }
+    }
+
+    /// Notes the commit merged (or pushed) last, in `.git/mtmfs-merged`, once what it names
+    /// is durable (`makeDurable`): whole (a new file renamed over the old) but not synced
+    /// itself: it only spares the next sync a merge that would change nothing, and lost,
+    /// that merge runs.
     func noteMerged(_ commit: String) {
         let path = folder + "/.git/mtmfs-merged", temporary = path + ".new"
         do throws(Errno) {
@@ -237,6 +257,7 @@ struct VaultRepository {
         var outcome = Outcome()
         guard let remote = try remote() else {
             outcome.sent = try commitNewFiles(device: device)
+            if let problem = makeDurable() { throw CommandFailure(problem) }
             return outcome
         }
         outcome.remote = remote
@@ -260,6 +281,7 @@ struct VaultRepository {
                 let pushed = Progress.whileWorking("pushing to \(remote)") { git(["push", "-q", remote, "HEAD:\(head)"]) }
                 if pushed.status == 0 {
                     packIfDue()
+                    if let problem = makeDurable() { throw CommandFailure(problem + " (the push landed; the next sync checks it)") }
                     if let pushedHead = ref(head) { noteMerged(pushedHead) }
                     return outcome
                 }
@@ -289,7 +311,10 @@ struct VaultRepository {
                 outcome.received += 1
             }
             ahead = ref(head) != nil && ref(head) != ref(tracking)
-            if !ahead { return outcome }
+            if !ahead {
+                if let problem = makeDurable() { throw CommandFailure(problem) }
+                return outcome
+            }
         }
         throw fail("push to \(remote) lost the race with other machines \(attempts) times: run mtmfs sync again")
     }

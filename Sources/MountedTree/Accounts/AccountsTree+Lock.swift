@@ -210,6 +210,13 @@ extension AccountsTree {
             }
             do throws(VaultError) {
                 try Vault.swapInConverted(at: path)
+                // The renames durable before a change is written to the folder: undone by a
+                // power cut, the next unlock would take the folder for a leftover.
+                do throws(Errno) {
+                    try AtomicFile.syncDirectory(AtomicFile.parentDirectory(of: path))
+                } catch {
+                    throw VaultError.io(error)
+                }
                 let folder = try Vault(path: path)
                 folder.defersWrites = true
                 s.fields.session.vault = folder
@@ -219,7 +226,6 @@ extension AccountsTree {
                 throw error.errno
             }
         }
-        try? AtomicFile.syncDirectory(AtomicFile.parentDirectory(of: path))
         Log.info("vault converted to a folder (format 3); the single file is kept as vault.v2 until a later unlock")
         return folder
     }

@@ -118,6 +118,7 @@ public struct DataDirectory: Hashable, Sendable {
         do {
             try AtomicFile.replace(settingsPath, with: DefaultSettings.propertyList(), mode: 0o600)
             try CacheDatabase.createEmpty(at: cachePath)
+            try AtomicFile.syncDirectory(path)
         } catch {
             try? Syscall.unlink(settingsPath)
             throw .cannotCreate(path, "\(error)")
@@ -148,16 +149,20 @@ public struct DataDirectory: Hashable, Sendable {
         }
     }
 
-    /// `mkdir -p`, the last component 0700, the ones it adds 0700 too.
+    /// `mkdir -p`, the last component 0700, the ones it adds 0700 too; each directory it
+    /// adds is made durable in its parent (a power cut never takes a data directory whose
+    /// `init` returned).
     static func makeDirectories(_ path: String) throws(Errno) {
         var current = path.hasPrefix("/") ? "" : "."
         for component in path.split(separator: "/") {
+            let parent = current.isEmpty ? "/" : current
             current += "/" + component
             do {
                 try Syscall.mkdir(current, mode: 0o700)
             } catch where error == .fileExists {
                 continue
             }
+            try AtomicFile.syncDirectory(parent)
         }
     }
 }
