@@ -197,6 +197,14 @@ public enum ProgramDigest {
         return out
     }
 
+    /// The digest of `bytes`.
+    public static func sha256(_ bytes: [UInt8]) -> [UInt8] {
+        Sodium.initialize()
+        var out = [UInt8](repeating: 0, count: Int(crypto_hash_sha256_BYTES))
+        crypto_hash_sha256(&out, bytes, UInt64(bytes.count))
+        return out
+    }
+
     public static func hex(_ bytes: [UInt8]) -> String {
         let digits = Array("0123456789abcdef".utf8)
         var out: [UInt8] = []

@@ -34,3 +34,26 @@ public enum ProcessState {
         return (try? Syscall.readAll(fd)).map { String(decoding: $0.prefix { $0 != UInt8(ascii: "\n") }, as: UTF8.self) }
     }
 }
+
+/// A process pinned by a pidfd, to learn when it has exited: its descriptor turns readable
+/// then (a `Wakeup` can watch it), and the number is never another process's meanwhile.
+///
+/// Thread-safety: immutable; the descriptor closes when the last reference goes.
+public final class PinnedProcess: Sendable {
+    public let fd: Int32
+
+    /// The process of thread `thread` (a request's pid is its thread's); nil when it is
+    /// gone already or cannot be pinned.
+    public init?(thread: pid_t) {
+        guard thread > 0 else { return nil }
+        let process = ProcessInspection.decisionStatus(of: thread)?.process ?? thread
+        let fd = mtmfs_pidfd_open(process)
+        guard fd >= 0 else { return nil }
+        self.fd = fd
+    }
+
+    deinit { Syscall.close(fd) }
+
+    /// Whether every thread of it has exited.
+    public var hasExited: Bool { !ProcessInspection.isRunning(pinned: fd) }
+}

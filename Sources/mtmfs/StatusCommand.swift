@@ -75,6 +75,9 @@ struct StatusCommand: Command {
             lines.append("  vault: \(skipped) file(s) of the vault folder skipped (damaged, half-synced, foreign or a "
                          + "synchroniser's own): `mtmfs check` names them")
         }
+        if let error = values["settings_error"] {
+            lines.append("  settings: \(error) — settings/ answers EIO; the file is left as it is")
+        }
         if let error = values["cache_error"] {
             lines.append("  cache: \(error)")
         } else if let files = values["cache_files"], let bytes = values["cache_bytes"] {

@@ -50,18 +50,29 @@ final class AttributeNames: @unchecked Sendable {
 /// Thread-safety: pure functions.
 enum AttributeFileName {
     static func fileName(of attribute: String) -> String? {
-        let shown: String
-        switch attribute {
-        case "": shown = "%"
-        case ".": shown = "%2E"
-        case "..": shown = "%2E%2E"
-        default: shown = attribute.replacingAll("%", with: "%25").replacingAll("/", with: "%2F")
-        }
+        let shown = escaped(attribute)
         return shown.utf8.count <= 255 ? shown : nil
     }
 
     /// The attribute a file name shows (nil: not one this rule makes).
     static func attribute(of fileName: String) -> String? {
+        guard let name = unescaped(fileName), Self.fileName(of: name) == fileName else { return nil }
+        return name
+    }
+
+    /// A name with the rule's escapes (of any length).
+    static func escaped(_ name: String) -> String {
+        switch name {
+        case "": "%"
+        case ".": "%2E"
+        case "..": "%2E%2E"
+        default: name.replacingAll("%", with: "%25").replacingAll("/", with: "%2F")
+        }
+    }
+
+    /// The name behind escapes (nil: an escape the rule never writes); the caller checks
+    /// that the rule writes the name back the same way.
+    static func unescaped(_ fileName: String) -> String? {
         switch fileName {
         case "%": return ""
         case "%2E": return "."
@@ -73,10 +84,9 @@ enum AttributeFileName {
             while index < bytes.count {
                 if bytes[index] == UInt8(ascii: "%") {
                     guard index + 2 < bytes.count else { return nil }
-                    let code = String(decoding: bytes[(index + 1)...(index + 2)], as: UTF8.self)
-                    switch code {
-                    case "25": out.append(UInt8(ascii: "%"))
-                    case "2F": out.append(UInt8(ascii: "/"))
+                    switch (bytes[index + 1], bytes[index + 2]) {
+                    case (UInt8(ascii: "2"), UInt8(ascii: "5")): out.append(UInt8(ascii: "%"))
+                    case (UInt8(ascii: "2"), UInt8(ascii: "F")): out.append(UInt8(ascii: "/"))
                     default: return nil
                     }
                     index += 3
@@ -85,8 +95,7 @@ enum AttributeFileName {
                     index += 1
                 }
             }
-            let name = String(decoding: out, as: UTF8.self)
-            return Self.fileName(of: name) == fileName ? name : nil
+            return String(decoding: out, as: UTF8.self)
         }
     }
 }
@@ -410,8 +419,27 @@ struct AccountFields: EditedStore, @unchecked Sendable {
         changedKeys += [key, target]
     }
 
-    func admitsScratch(in directory: LocalInode, count: Int, moved: Bool) throws(Errno) {
+    /// An account's directory takes only its fields and editor's files (a name that is
+    /// neither would be shown and never sealed): EINVAL for others; `attributes/` takes
+    /// every name its escape rule makes.
+    func admitsScratch(named name: String, in directory: LocalInode, count: Int, moved: Bool) throws(Errno) {
+        if directory != .top && !EditorNames.isEditorFile(name) { throw .invalidArgument }
         guard count < Self.maximumScratchFiles else { throw .noSpace }  // secure memory is precious
+    }
+
+    /// An editor's copy left in `attributes/` is an attribute; a field's never: plaintext
+    /// an editor left stays out of the vault (SPEC §2).
+    func settledKey(named name: String, in directory: LocalInode) -> FieldKey? {
+        guard let account = attributesOwner(directory), let attribute = AttributeFileName.attribute(of: name) else { return nil }
+        return attributeKey(account, attribute)
+    }
+
+    /// `url` is protocol, server, port and path: removing one changes the other.
+    func removalOverlaps(_ removed: FieldKey, _ written: FieldKey) -> Bool {
+        guard removed.account == written.account else { return false }
+        let parts: Set<AccountField> = [.protocol, .server, .port, .path]
+        return (removed.isURL && written.field.map(parts.contains) == true)
+            || (written.isURL && removed.field.map(parts.contains) == true)
     }
 
     func mayRenameAway(_ key: FieldKey, to directory: LocalInode) throws(Errno) {}

@@ -20,12 +20,14 @@ extension AccountsTree {
             // A folder's files brought by git or a synchroniser show while mounted (watched
             // from when the vault is a folder: a single file becomes one at its first unlock).
             var folderWatch: FolderWatch?
+            // The programs that made editor's files, watched for their exit (`settleScratch`).
+            var creators: [Int32] = []
             while true {
                 if folderWatch == nil, Vault.isFolder(path) {
                     folderWatch = FolderWatch.logging(path, otherwise: "files brought into the vault folder show only at the next unlock")
                 }
                 guard let deadline = self?.nextDeadline() else { return }
-                let ready = wakeup.wait(until: deadline, watching: [watch?.fd, folderWatch?.fd].compactMap { $0 })
+                let ready = wakeup.wait(until: deadline, watching: [watch?.fd, folderWatch?.fd].compactMap { $0 } + creators)
                 guard let self, self.running.load(ordering: .relaxed) else { return }
                 if let watch, ready.contains(watch.fd), watch.changed() { self.reloadIfReplaced() }
                 if let folderWatch, ready.contains(folderWatch.fd), folderWatch.changed() { self.folderChanged() }
@@ -35,9 +37,12 @@ extension AccountsTree {
                     let seconds = self.state.withLock { $0.fields.session.autoLockSeconds }
                     self.lock(reason: "auto-lock after \(seconds) s without a secret access")
                 } else {
-                    self.lockedAlways { s in
-                        guard s.fields.session.isOpen else { return }
+                    creators = self.lockedAlways { s -> [Int32] in
+                        s.engine.creatorsChanged = false
+                        guard s.fields.session.isOpen else { return [] }
                         s.engine.commitDueRemovals(before: .now, &s.fields)
+                        s.engine.settleScratch(&s.fields)
+                        return s.engine.creatorDescriptors
                     }
                     self.foldIfDue()
                 }

@@ -286,7 +286,7 @@ public final class AccountsTree: EditingTree {
             if ConflictNode(parentLocal) != nil { throw .permissionDenied }
             if parentLocal != .top && name == ConflictNode.name && (try? s.lookup(parentLocal, name)) != nil { throw .fileExists }
             if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: "files") }
-            let made = try s.makeSymbolicLink(target, in: parentLocal, name)
+            let made = try s.makeSymbolicLink(target, in: parentLocal, name, requester: context.pid)
             return try handOut(s, made)
         }
     }
@@ -321,7 +321,7 @@ public final class AccountsTree: EditingTree {
             }
             if from != .top { try requireTrust(&s, directory: from, requester, context: context, what: newName) }
             if to != .top && to != from { try requireTrust(&s, directory: to, requester, context: context, what: newName) }
-            try s.rename(from, name, to, newName, flags: flags)
+            try s.rename(from, name, to, newName, flags: flags, requester: context.pid)
         }
     }
 
@@ -407,7 +407,8 @@ public final class AccountsTree: EditingTree {
             if parentLocal != .top && name == ConflictNode.name && (try? s.lookup(parentLocal, name)) != nil { throw .fileExists }
             if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: name) }
             let handle = s.fields.session.newHandle()
-            let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle)
+            let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle,
+                                     requester: context.pid)
             s.fields.session.opened(handle, of: local)
             return (try handOut(s, local), OpenedFile(handle: handle.raw, directIO: true))
         }

@@ -232,7 +232,7 @@ extension AccountsTree {
         }
 
         mutating func create(_ parent: LocalInode, _ name: String, mode: mode_t, flags: Int32,
-                             handle: FileHandle) throws(Errno) -> LocalInode {
+                             handle: FileHandle, requester: pid_t) throws(Errno) -> LocalInode {
             if ViewNode(parent) != nil { throw .permissionDenied }
             if parent == .top && ViewNode.names[name] != nil { throw .fileExists }
             try fields.session.requireOpen()
@@ -240,10 +240,11 @@ extension AccountsTree {
             _ = try owner(at: parent)
             guard name.utf8.count <= 255 else { throw .nameTooLong }
             return try engine.create(name, in: parent, mode: mode, exclusive: flags & O_EXCL != 0,
-                                     truncate: flags & O_TRUNC != 0, handle: handle, fields)
+                                     truncate: flags & O_TRUNC != 0, handle: handle, requester: requester, fields)
         }
 
-        mutating func makeSymbolicLink(_ target: String, in parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
+        mutating func makeSymbolicLink(_ target: String, in parent: LocalInode, _ name: String,
+                                       requester: pid_t) throws(Errno) -> LocalInode {
             if ViewNode(parent) != nil { throw .permissionDenied }
             if parent == .top && ViewNode.names[name] != nil { throw .fileExists }
             if parent == .top {
@@ -252,7 +253,8 @@ extension AccountsTree {
                 try fields.session.requireOpen()
                 _ = try owner(at: parent)
             }
-            return try engine.makeSymbolicLink(target, named: name, in: parent, fields)
+            if parent != .top && !EditorNames.isEditorFile(name) { throw .notPermitted }  // a field is no link
+            return try engine.makeSymbolicLink(target, named: name, in: parent, requester: requester, fields)
         }
 
         mutating func unlink(_ parent: LocalInode, _ name: String) throws(Errno) {
@@ -270,7 +272,7 @@ extension AccountsTree {
         }
 
         mutating func rename(_ from: LocalInode, _ name: String, _ to: LocalInode, _ newName: String,
-                             flags: RenameFlags) throws(Errno) {
+                             flags: RenameFlags, requester: pid_t) throws(Errno) {
             if ViewNode(from) != nil || ViewNode(to) != nil { throw .permissionDenied }
             if (from == .top && ViewNode.names[name] != nil) || (to == .top && ViewNode.names[newName] != nil) {
                 throw .permissionDenied
@@ -284,7 +286,7 @@ extension AccountsTree {
             where fileName == AccountFields.attributesName && fields.account(at: directory) != nil {
                 throw .permissionDenied
             }
-            try engine.rename(name, in: from, to: newName, in: to, flags: flags, &fields)
+            try engine.rename(name, in: from, to: newName, in: to, flags: flags, requester: requester, &fields)
         }
     }
 }

@@ -39,6 +39,9 @@ struct EditedFile<Key: Hashable & Sendable, Buffer: EditBuffer, Note: Sendable> 
     /// An editor's file holding the old text of a key renamed to its name (`mv K K~`).
     var detachedFrom: Key?
     var symlinkTarget: String?
+    /// The program that made an editor's file (or renamed a key to one), pinned: once it
+    /// has exited, a file still linked is settled (`EditingEngine.settleScratch`).
+    var creator: PinnedProcess?
     /// Data was written since it was made (a file meant for a key commits only then).
     var written = false
     /// A file meant for a key had a write refused (EINVAL): closed with nothing written, it

@@ -47,14 +47,32 @@ protocol EditedStore {
     /// `rename` of a key's file onto another key's name: the target takes the value (kept
     /// type, position), the source's value goes.
     mutating func move(_ key: Key, onto target: Key) throws(Errno)
-    /// Whether an editor's file may be made (`moved`: renamed) in `directory`, which holds
-    /// `count` of them already.
-    func admitsScratch(in directory: LocalInode, count: Int, moved: Bool) throws(Errno)
+    /// Whether an editor's file `name` may be made (`moved`: renamed) in `directory`, which
+    /// holds `count` of them already; a name that is neither a key nor an editor's file
+    /// there (an array index past the end, a name no field has) is refused here.
+    func admitsScratch(named name: String, in directory: LocalInode, count: Int, moved: Bool) throws(Errno)
     /// Whether a key's file may be renamed to an editor's name in `directory` (`mv K K~`).
     func mayRenameAway(_ key: Key, to directory: LocalInode) throws(Errno)
-    /// Whether an unlinked key leaves at once rather than after the engine's delay (a
-    /// plist array element: the later ones renumber).
+    /// Whether an unlinked key leaves at once rather than after the engine's delay (an
+    /// attribute: the bus shows it gone).
     func removesAtOnce(_ key: Key) -> Bool
+    /// The key an editor's file named `name` in `directory` becomes when it is still there
+    /// after its creator exited (nil: no key can have that name there — it goes).
+    func settledKey(named name: String, in directory: LocalInode) -> Key?
+    /// Whether removing `removed` changes `written` too (a URL and its parts): a removal
+    /// waiting for its delay is carried out before such a write, so that it never undoes it.
+    func removalOverlaps(_ removed: Key, _ written: Key) -> Bool
+    /// Removals that renumber what follows them (plist array elements): every removal
+    /// waiting in the tree is carried out with such a one, in `removesBefore` order.
+    func renumbersOnRemoval(_ key: Key) -> Bool
+    /// The order removals carried out together take (later array elements, and deeper keys, first).
+    func removesBefore(_ a: Key, _ b: Key) -> Bool
+}
+
+extension EditedStore {
+    func removalOverlaps(_ removed: Key, _ written: Key) -> Bool { false }
+    func renumbersOnRemoval(_ key: Key) -> Bool { false }
+    func removesBefore(_ a: Key, _ b: Key) -> Bool { false }
 }
 
 /// What a commit changed, for the engine to show.

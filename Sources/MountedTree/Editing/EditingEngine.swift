@@ -50,6 +50,9 @@ struct EditingEngine<Store: EditedStore> {
     /// The kernel's references (counted by the tree, under its lock, for every file it
     /// hands out): a file the kernel holds is never freed.
     let nodes: SubtreeNodes
+    /// An editor's file was given a creator to watch since the tree's watcher last looked
+    /// (`creatorDescriptors`): the watcher must look again.
+    var creatorsChanged = false
 
     init(since: Timestamp, nodes: SubtreeNodes, removalDelay: Duration = .seconds(1)) {
         self.since = since
@@ -133,7 +136,7 @@ struct EditingEngine<Store: EditedStore> {
     /// name is a key with a value, else a new editor's file (meant for the key its name
     /// stands for, if any). Counts one open.
     mutating func create(_ name: String, in directory: LocalInode, mode: mode_t, exclusive: Bool, truncate: Bool,
-                         handle: FileHandle, _ store: Store) throws(Errno) -> LocalInode {
+                         handle: FileHandle, requester: pid_t, _ store: Store) throws(Errno) -> LocalInode {
         let inode: LocalInode
         if let existing = scratch(named: name, in: directory) {
             if exclusive { throw .fileExists }
@@ -143,12 +146,15 @@ struct EditingEngine<Store: EditedStore> {
             inode = file(for: key, store)
         } else {
             let key = addressedKey(name, in: directory, store)
-            if key == nil { try store.admitsScratch(in: directory, count: scratchIn[directory]?.count ?? 0, moved: false) }
+            if key == nil {
+                try store.admitsScratch(named: name, in: directory, count: scratchIn[directory]?.count ?? 0, moved: false)
+            }
             let now = Timestamp.now()
             var file = File(role: .scratch(directory: directory, name: name), mode: store.mode(forNewFile: mode & 0o7777),
                             modified: now, changed: now)
             file.content = Buffer()
             file.intendedKey = key
+            if key == nil { file.creator = watchCreator(requester) }
             inode = newFile(file)
             scratchIn[directory, default: [:]][name] = inode
         }
@@ -158,13 +164,14 @@ struct EditingEngine<Store: EditedStore> {
 
     /// A symbolic link: always an editor's file (emacs's `.#K` lock, `ln -s`).
     mutating func makeSymbolicLink(_ target: String, named name: String, in directory: LocalInode,
-                                   _ store: Store) throws(Errno) -> LocalInode {
+                                   requester: pid_t, _ store: Store) throws(Errno) -> LocalInode {
         if scratch(named: name, in: directory) != nil { throw .fileExists }
         if let key = addressedKey(name, in: directory, store), isVisible(key, store) { throw .fileExists }
-        try store.admitsScratch(in: directory, count: scratchIn[directory]?.count ?? 0, moved: false)
+        try store.admitsScratch(named: name, in: directory, count: scratchIn[directory]?.count ?? 0, moved: false)
         let now = Timestamp.now()
         var file = File(role: .scratch(directory: directory, name: name), mode: 0o777, modified: now, changed: now)
         file.symlinkTarget = target
+        file.creator = watchCreator(requester)
         let inode = newFile(file)
         scratchIn[directory, default: [:]][name] = inode
         return inode
@@ -235,7 +242,7 @@ struct EditingEngine<Store: EditedStore> {
 
     /// `rename(2)` of a file (the tree handles directories and moves between them).
     mutating func rename(_ name: String, in directory: LocalInode, to newName: String, in newDirectory: LocalInode,
-                         flags: RenameFlags, _ store: inout Store) throws(Errno) {
+                         flags: RenameFlags, requester: pid_t, _ store: inout Store) throws(Errno) {
         if flags.contains(.exchange) { throw .invalidArgument }
         let targetScratch = scratch(named: newName, in: newDirectory)
         let targetKey = addressedKey(newName, in: newDirectory, store)
@@ -247,18 +254,26 @@ struct EditingEngine<Store: EditedStore> {
             if let targetKey {
                 // sed -i, os.replace, `mv tmp K`, vim restoring its backup.
                 if files[source]!.symlinkTarget != nil { throw .invalidArgument }
+                let movedFrom = files[source]!.detachedFrom
                 try adopt(source, as: targetKey, &store)
                 if let targetScratch, targetScratch != source { unlinkScratch(targetScratch) }
+                // `mv K K~; mv K~ L`: the old text of K went on to L, and K with it.
+                if let movedFrom, movedFrom != targetKey, hidden[movedFrom] == .renamedAway,
+                   !isBeingRecreated(movedFrom, store), !holdsOldText(movedFrom, store) {
+                    hidden[movedFrom] = nil
+                    if store.hasValue(movedFrom) { try store.remove(movedFrom) }
+                }
                 return
             }
             let count = (scratchIn[newDirectory]?.count ?? 0) - (directory == newDirectory ? 1 : 0)
-            try store.admitsScratch(in: newDirectory, count: count, moved: true)
+            try store.admitsScratch(named: newName, in: newDirectory, count: count, moved: true)
             if let targetScratch { unlinkScratch(targetScratch) }
             scratchIn[directory]?[name] = nil
             if scratchIn[directory]?.isEmpty == true { scratchIn[directory] = nil }
             scratchIn[newDirectory, default: [:]][newName] = source
             files[source]!.role = .scratch(directory: newDirectory, name: newName)
             files[source]!.intendedKey = nil
+            files[source]!.creator = watchCreator(requester)
             files[source]!.changed = .now()
             return
         }
@@ -275,6 +290,8 @@ struct EditingEngine<Store: EditedStore> {
             file.content = text
             file.role = .scratch(directory: newDirectory, name: newName)
             file.detachedFrom = key
+            file.written = false
+            file.creator = watchCreator(requester)
             file.changed = .now()
             files[inode] = file
             byKey[key] = nil
@@ -287,6 +304,7 @@ struct EditingEngine<Store: EditedStore> {
             try store.remove(targetKey)
             hidden[targetKey] = nil
         }
+        carryOutRemovals(overlapping: targetKey, &store)
         try store.move(key, onto: targetKey)
         if let replaced = byKey[targetKey] { detach(replaced, store) }
         hidden[targetKey] = nil
@@ -305,9 +323,17 @@ struct EditingEngine<Store: EditedStore> {
     /// stands for the key from now on (the kernel moved the name to it).
     private mutating func adopt(_ inode: LocalInode, as key: Key, _ store: inout Store) throws(Errno) {
         var file = files[inode]!
+        carryOutRemovals(overlapping: key, &store)
         let saved = try store.commit(file.content ?? Buffer(), to: key, note: file.note)
-        hidden[key] = nil
         if let previous = byKey[key], previous != inode { detach(previous, store) }
+        bind(inode, as: key, shown: saved.shown)
+        changedWith(saved, inode)
+    }
+
+    /// The editor's file `inode` stands for `key` from now on (its value saved already).
+    private mutating func bind(_ inode: LocalInode, as key: Key, shown: Buffer?) {
+        var file = files[inode]!
+        hidden[key] = nil
         if case .scratch(let directory, let name) = file.role {
             scratchIn[directory]?[name] = nil
             if scratchIn[directory]?.isEmpty == true { scratchIn[directory] = nil }
@@ -316,14 +342,14 @@ struct EditingEngine<Store: EditedStore> {
         file.role = .key(key)
         file.intendedKey = nil
         file.detachedFrom = nil
+        file.creator = nil
         file.note = nil
         file.written = false
-        file.shown = saved.shown
+        file.shown = shown
         file.modified = .now()
         file.changed = file.modified
         files[inode] = file
         byKey[key] = inode
-        changedWith(saved, inode)
     }
 
     /// Marks the file and the keys that changed with it as modified.
@@ -339,16 +365,106 @@ struct EditingEngine<Store: EditedStore> {
         }
     }
 
-    /// Removes every unlinked key whose delay has passed (nil: all of them now).
+    /// Removes every unlinked key whose delay has passed (nil: all of them now). A removal
+    /// that renumbers what follows it (an array element) takes every waiting removal with
+    /// it, later elements and deeper keys first: each was asked for by the name it had
+    /// when `ls` showed it, and that name still means the same value until they are done.
     mutating func commitDueRemovals(before deadline: ContinuousClock.Instant?, _ store: inout Store) {
-        for (key, state) in hidden {
-            guard case .unlinked(let due) = state, deadline.map({ due <= $0 }) ?? true else { continue }
+        var due = hidden.compactMap { key, state -> Key? in
+            guard case .unlinked(let at) = state, deadline.map({ at <= $0 }) ?? true else { return nil }
+            return key
+        }
+        guard !due.isEmpty else { return }
+        if due.contains(where: { store.renumbersOnRemoval($0) }) {
+            due = hidden.compactMap { key, state in if case .unlinked = state { key } else { nil } }
+        }
+        removeNow(due, &store)
+    }
+
+    /// Carries out waiting removals of other keys whose removal would change `key` (before
+    /// `key` is written: a removal never undoes a later write).
+    private mutating func carryOutRemovals(overlapping key: Key, _ store: inout Store) {
+        let overlapping = hidden.compactMap { other, state -> Key? in
+            guard case .unlinked = state, other != key, store.removalOverlaps(other, key) else { return nil }
+            return other
+        }
+        if !overlapping.isEmpty { removeNow(overlapping, &store) }
+    }
+
+    private mutating func removeNow(_ keys: [Key], _ store: inout Store) {
+        for key in keys.sorted(by: { store.removesBefore($0, $1) }) {
             hidden[key] = nil
             guard store.hasValue(key) else { continue }
             do {
                 try store.remove(key)
             } catch {
                 Log.error("cannot remove an unlinked key: \(error)")
+            }
+        }
+    }
+
+    // MARK: Editor's files whose editor has gone
+
+    /// The pinned creator of a new editor's file (the tree's watcher learns of it).
+    private mutating func watchCreator(_ requester: pid_t) -> PinnedProcess? {
+        guard let creator = PinnedProcess(thread: requester) else { return nil }
+        creatorsChanged = true
+        return creator
+    }
+
+    /// The descriptors of the creators of linked editor's files (readable once they exit).
+    var creatorDescriptors: [Int32] {
+        var seen = Set<Int32>()
+        for inodes in scratchIn.values {
+            for inode in inodes.values {
+                if let fd = files[inode]?.creator?.fd { seen.insert(fd) }
+            }
+        }
+        return Array(seen)
+    }
+
+    /// Editor's files whose creator has exited, settled (SPEC §0: what `ls` shows is stored,
+    /// or an editor's while its save is under way): the editor's own state (a swap file, a
+    /// probe, a lock) goes; a copy becomes the key its name is — the key renamed to it
+    /// moves there (`mv K K~` with no editor behind it) — or, where no key can have its
+    /// name, goes (said in the log) and a key renamed to it shows again.
+    mutating func settleScratch(_ store: inout Store) {
+        for (directory, names) in scratchIn {
+            for (name, inode) in names {
+                guard let file = files[inode], let creator = file.creator, creator.hasExited else { continue }
+                files[inode]!.creator = nil
+                let from = file.detachedFrom.flatMap { hidden[$0] == .renamedAway ? $0 : nil }
+                let kind = EditorNames.kind(of: name)
+                guard kind != .state || from != nil, file.symlinkTarget == nil,
+                      let key = store.settledKey(named: name, in: directory) else {
+                    if let from { hidden[from] = nil; invalidations.append(inode) }
+                    if kind != .state && file.symlinkTarget == nil {
+                        Log.info("an editor's file that its program left behind is not kept: no key can have its name")
+                    }
+                    unlinkScratch(inode, tellKernel: true)
+                    continue
+                }
+                do {
+                    if let from, from != key, !file.written, !isBeingRecreated(from, store) {
+                        // A rename with no editor behind it: the value moves, its type kept.
+                        hidden[from] = nil
+                        carryOutRemovals(overlapping: key, &store)
+                        try store.move(from, onto: key)
+                        if let previous = byKey[key], previous != inode { detach(previous, store) }
+                        bind(inode, as: key, shown: nil)
+                        changedWith(Committed(shown: nil), inode)
+                        continue
+                    }
+                    try adopt(inode, as: key, &store)
+                    if let from, from != key, hidden[from] == .renamedAway, !isBeingRecreated(from, store) {
+                        hidden[from] = nil
+                        if store.hasValue(from) { try store.remove(from) }
+                    }
+                } catch {
+                    Log.error("an editor's file that its program left behind could not be kept as a key: \(error)")
+                    if let from { hidden[from] = nil }
+                    unlinkScratch(inode, tellKernel: true)
+                }
             }
         }
     }
@@ -546,6 +662,7 @@ struct EditingEngine<Store: EditedStore> {
             var text = pending.text
             defer { text.wipe() }
             if pending.rejected { throw .invalidArgument }
+            carryOutRemovals(overlapping: key, &store)
             let saved = try store.commit(text, to: key, note: nil)
             // (The store may have re-read its file: only a file still bound shows the text.)
             if files[inode]?.key == key {
@@ -555,7 +672,9 @@ struct EditingEngine<Store: EditedStore> {
             }
             changedWith(saved, inode)
         case .scratch:
-            guard let key = file.intendedKey, file.written else { return }
+            // Written, or closed for the last time (`touch K`, an editor saving an empty
+            // buffer): a new name closed is a key, never a file that vanishes later.
+            guard let key = file.intendedKey, file.written || (finalClose && !file.refused && file.opens <= 1) else { return }
             do {
                 try adopt(inode, as: key, &store)
             } catch {

@@ -66,7 +66,7 @@ extension EditingTree {
                 try s.admit()
                 return try body(&s)
             }
-            return (result, s.takeInvalidations(), s.engine.removalComesSooner(than: due), s.takeSaves())
+            return (result, s.takeInvalidations(), s.engine.removalComesSooner(than: due) || s.engine.creatorsChanged, s.takeSaves())
         }
         send(outcome.1)
         if outcome.2 { wakeup.wake() }
@@ -93,16 +93,19 @@ extension EditingTree {
 
     /// As `locked`, for what must happen even when requests are refused (a release lets its
     /// open go).
-    func lockedAlways(_ body: (inout State) -> Void) {
-        let (invalidations, sooner, saves) = state.withLock { (s) -> ([Invalidation], Bool, [any DeferredSave]) in
+    @discardableResult
+    func lockedAlways<T>(_ body: (inout State) -> T) -> T {
+        let (invalidations, sooner, saves, result) = state.withLock { (s) -> ([Invalidation], Bool, [any DeferredSave], T) in
             let due = s.engine.nextRemovalDue
-            body(&s)
-            return (s.takeInvalidations(), s.engine.removalComesSooner(than: due), s.takeSaves())
+            let result = body(&s)
+            return (s.takeInvalidations(), s.engine.removalComesSooner(than: due) || s.engine.creatorsChanged, s.takeSaves(), result)
         }
         send(invalidations)
         if sooner { wakeup.wake() }
         _ = writeOutside(saves)  // a release cannot fail: the log says it (see SettingsDocument.Save)
+        return result
     }
+
 
     /// Sends the invalidations of a change (after the lock); any change also closes the
     /// page cache gate, so the next open of any file checks its pages.

@@ -50,6 +50,9 @@ public final class MtmfsMount: Sendable {
         let nodes = NodeTable()
         let settings = SettingsTree(plistPath: dataDirectory.settingsPath, ownership: ownership, notifier: notifier,
                                     nodes: nodes)
+        if let problem = settings.problem {
+            progress("\(problem): settings/ answers EIO until it can be read; the file is left as it is")
+        }
         let activeKey = "ActiveServiceAccountUUID"
         let accounts = AccountsTree(
             vaultPath: dataDirectory.vaultPath, ownership: ownership, notifier: notifier,
@@ -59,7 +62,8 @@ public final class MtmfsMount: Sendable {
             prompts: Self.prompts(pinentry, mountPoint: mountPoint), nodes: nodes)
         let cache = CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership, notifier: notifier, limit: cacheLimit,
                               nodes: nodes, progress: progress)
-        let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts, cache: cache)
+        let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts,
+                                       settings: settings, cache: cache)
         let control = ControlTree(files: [
             ControlTree.File(name: "status", mode: 0o444, contents: { statusLines.render() }),
             ControlTree.File(name: "unlock", mode: 0o200, command: { (bytes) throws(Errno) in
@@ -205,10 +209,11 @@ struct StatusReport: Sendable {
     let dataDirectory: DataDirectory
     let mountPoint: String
     let accounts: AccountsTree
+    let settings: SettingsTree
     let cache: CacheTree
 
     func render() -> String {
-        let lines = accounts.statusLines() + cache.statusLines() + [
+        let lines = accounts.statusLines() + settings.statusLines() + cache.statusLines() + [
             "version=\(MtmfsVersion.string)",
             "data_dir=\(dataDirectory.path)",
             "mount_point=\(mountPoint)",

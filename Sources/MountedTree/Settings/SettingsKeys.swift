@@ -1,9 +1,45 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CredentialVault
 import FuseLowLevel
 import Posix
 import SettingsStore
+
+/// How a key of a dictionary is named in `settings/` (SPEC §4), so that every key is a
+/// file: as it is, but `%` is `%25` and `/` is `%2F`, a key `.` or `..` is `%2E` or
+/// `%2E%2E` and the empty key `%` (the rule of `attributes/`, `AttributeFileName`); a name
+/// over 255 bytes is cut at a character boundary and ends with `~` and the first 8 hex
+/// digits of the SHA-256 of the key's UTF-8 bytes. A name the rule does not make (`a%2Eb`,
+/// `50%`) names no key: creating it is EINVAL.
+///
+/// Thread-safety: pure functions.
+enum SettingsKeyName {
+    static let suffixLength = 9  // "~" and 8 hex digits
+
+    static func fileName(of key: String) -> String {
+        let escaped = AttributeFileName.escaped(key)
+        guard escaped.utf8.count > 255 else { return escaped }
+        var cut = Substring(escaped)
+        while cut.utf8.count > 255 - suffixLength { cut = cut.dropLast() }
+        return String(cut) + "~" + ProgramDigest.hex(Array(ProgramDigest.sha256(Array(key.utf8)).prefix(4)))
+    }
+
+    /// The key `name` shows among `keys` (nil: none; a cut name only names a key there is).
+    static func key(of name: String, among keys: () -> [String]) -> String? {
+        if name.utf8.count > 255 - suffixLength, name.utf8.count <= 255, isCut(name) {
+            if let key = keys().first(where: { fileName(of: $0) == name }) { return key }
+        }
+        guard let key = AttributeFileName.unescaped(name), fileName(of: key) == name else { return nil }
+        return key
+    }
+
+    private static func isCut(_ name: String) -> Bool {
+        let bytes = Array(name.utf8)
+        guard bytes.count > suffixLength, bytes[bytes.count - suffixLength] == UInt8(ascii: "~") else { return false }
+        return bytes.suffix(8).allSatisfy { ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }
+    }
+}
 
 /// The keys of `Settings.plist` as the editing engine sees them (its `EditedStore`), and the
 /// directories of `settings/` (dictionaries and arrays) with their inode numbers.
@@ -201,7 +237,7 @@ struct SettingsKeys: EditedStore {
             removedDirectories.append(inode)
             directoryFor[node.path] = nil
             if let parent = directoryFor[Array(node.path.dropLast())] {
-                entryInvalidations.append((parent, node.path.last!))
+                entryInvalidations.append((parent, fileName(of: node.path)))
             }
             if !nodes.isReferenced(inode) { directories[inode] = nil }
         }
@@ -234,15 +270,25 @@ struct SettingsKeys: EditedStore {
     // MARK: Names
 
     static func checkName(_ name: String) throws(Errno) {
+        guard name.utf8.count <= 255 else { throw .nameTooLong }
         guard !name.isEmpty, name != ".", name != "..", !name.contains("/"), PlistText.isXMLText(name) else {
             throw .invalidArgument
         }
-        guard name.utf8.count <= 255 else { throw .nameTooLong }
     }
 
-    /// A key the kernel can show as a file name (others are left out of listings).
-    static func isListable(_ name: String) -> Bool {
-        !name.isEmpty && name != "." && name != ".." && !name.contains("/") && !name.contains("\0") && name.utf8.count <= 255
+    /// The key a name in the directory at `path` stands for: an array's index as it is, a
+    /// dictionary's key by `SettingsKeyName` (nil: a name the rule does not make).
+    func component(_ name: String, at path: [String]) -> String? {
+        if case .array? = value(at: path) { return name }
+        return SettingsKeyName.key(of: name) {
+            if case .dictionary(let dictionary)? = value(at: path) { return dictionary.keys }
+            return []
+        }
+    }
+
+    /// The file name of the last component of `key` in its directory.
+    func fileName(of key: [String]) -> String {
+        isArray(Array(key.dropLast())) ? key.last! : SettingsKeyName.fileName(of: key.last!)
     }
 
     func isArray(_ path: [String]) -> Bool {
@@ -253,12 +299,13 @@ struct SettingsKeys: EditedStore {
 
     func key(named name: String, in directory: LocalInode, isHidden: ([String]) -> Bool) -> [String]? {
         guard let node = directories[directory], !node.removed else { return nil }
-        let path = node.path + [name]
         switch value(at: node.path) {
         case .array(let items)?:
             guard let index = PlistPath.arrayIndex(name), index <= items.count else { return nil }
-            return path
+            return node.path + [name]
         case .dictionary?:
+            guard let component = component(name, at: node.path) else { return nil }
+            let path = node.path + [component]
             let isKey = value(at: path) != nil || isHidden(path) || tombstones[path] != nil
                 || !EditorNames.isEditorFile(name)
             return isKey ? path : nil
@@ -364,15 +411,42 @@ struct SettingsKeys: EditedStore {
         unbury(to)
     }
 
-    func admitsScratch(in directory: LocalInode, count: Int, moved: Bool) throws(Errno) {
+    /// An editor's file may be made anywhere; any other name that is no key is refused:
+    /// in an array an index past the end (or not an index: `List/x`, `List/02`), in a
+    /// dictionary a name the naming rule does not make — EINVAL, never a file that vanishes.
+    func admitsScratch(named name: String, in directory: LocalInode, count: Int, moved: Bool) throws(Errno) {
         let path = try path(of: directory)
+        guard EditorNames.isEditorFile(name) else { throw .invalidArgument }
         if moved && isArray(path) { throw .invalidArgument }
     }
 
+    /// `mv K K~` (vim, emacs): also an array's element, within its array (its value stays
+    /// in place while the editor writes the new one).
     func mayRenameAway(_ key: [String], to directory: LocalInode) throws(Errno) {
         let target = try path(of: directory)
-        if isArray(Array(key.dropLast())) || isArray(target) { throw .invalidArgument }
+        let parent = Array(key.dropLast())
+        if (isArray(parent) || isArray(target)) && parent != target { throw .invalidArgument }
     }
 
-    func removesAtOnce(_ key: [String]) -> Bool { isArray(Array(key.dropLast())) }
+    func removesAtOnce(_ key: [String]) -> Bool { false }
+
+    func settledKey(named name: String, in directory: LocalInode) -> [String]? {
+        guard let node = directories[directory], !node.removed, case .dictionary? = value(at: node.path),
+              let component = component(name, at: node.path), (try? Self.checkName(component)) != nil else { return nil }
+        return node.path + [component]
+    }
+
+    /// An array's element (or a key below one): its removal renumbers the later elements.
+    func renumbersOnRemoval(_ key: [String]) -> Bool {
+        (1..<max(1, key.count)).contains { isArray(Array(key.prefix($0))) }
+    }
+
+    /// Later elements first, deeper keys before the keys above them.
+    func removesBefore(_ a: [String], _ b: [String]) -> Bool {
+        for (x, y) in zip(a, b) where x != y {
+            if let i = PlistPath.arrayIndex(x), let j = PlistPath.arrayIndex(y) { return i > j }
+            return x > y
+        }
+        return a.count > b.count
+    }
 }

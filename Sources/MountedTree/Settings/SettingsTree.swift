@@ -49,13 +49,19 @@ public final class SettingsTree: EditingTree {
         let watch = FileWatch.logging(plistPath, otherwise: "outside changes of the settings show every second instead")
         Threads.detach { [weak self] in
             var due: ContinuousClock.Instant? = nil
+            var creators: [Int32] = []
             while true {
-                let ready = wakeup.wait(until: watch == nil ? .now + .seconds(1) : due, watching: watch.map { [$0.fd] } ?? [])
+                let ready = wakeup.wait(until: watch == nil ? .now + .seconds(1) : due,
+                                        watching: (watch.map { [$0.fd] } ?? []) + creators)
                 guard let self, self.watching.load(ordering: .relaxed) else { return }
-                let changed = watch.map { !ready.isEmpty && $0.changed() } ?? true
+                let changed = watch.map { ready.contains($0.fd) && $0.changed() } ?? true
                 let (invalidations, saves) = self.state.withLock { s in
                     s.engine.commitDueRemovals(before: .now, &s.keys)
                     if changed { s.keys.refreshFromDisk() }
+                    // Editor's files whose program exited (their creators' pidfds turned readable).
+                    s.engine.settleScratch(&s.keys)
+                    s.engine.creatorsChanged = false
+                    creators = s.engine.creatorDescriptors
                     due = s.engine.nextRemovalDue
                     return (s.takeInvalidations(), s.takeSaves())
                 }
@@ -64,6 +70,17 @@ public final class SettingsTree: EditingTree {
             }
         }
     }
+
+    /// For `.mtmfs/status`: `settings_error=…` while `Settings.plist` cannot be read.
+    public func statusLines() -> [String] {
+        state.withLock { s in
+            if s.keys.document == nil { s.keys.refreshFromDisk() }
+            return s.keys.damage.map { ["settings_error=\($0)"] } ?? []
+        }
+    }
+
+    /// Why `Settings.plist` cannot be read now (nil: it can), for the mount to say at start.
+    public var problem: String? { state.withLock { $0.keys.damage } }
 
     deinit {
         watching.store(false, ordering: .relaxed)
@@ -162,7 +179,8 @@ public final class SettingsTree: EditingTree {
         guard mode & S_IFMT == S_IFREG else { throw .notPermitted }
         return try locked { (s) throws(Errno) in
             let handle = s.newHandle()
-            let local = try s.create(space.local(of: parent), name, mode: mode, flags: O_CREAT | O_EXCL, handle: handle)
+            let local = try s.create(space.local(of: parent), name, mode: mode, flags: O_CREAT | O_EXCL, handle: handle,
+                                     requester: context.pid)
             try s.engine.release(local, handle: handle, &s.keys)
             return try handOut(s, local)
         }
@@ -187,7 +205,7 @@ public final class SettingsTree: EditingTree {
     public func makeSymbolicLink(target: String, parent: InodeNumber, name: String,
                                  context: RequestContext) throws(Errno) -> Entry {
         try locked { (s) throws(Errno) in
-            let made = try s.makeSymbolicLink(target, in: space.local(of: parent), name)
+            let made = try s.makeSymbolicLink(target, in: space.local(of: parent), name, requester: context.pid)
             return try handOut(s, made)
         }
     }
@@ -195,7 +213,7 @@ public final class SettingsTree: EditingTree {
     public func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String,
                        flags: RenameFlags, context: RequestContext) throws(Errno) {
         try locked { (s) throws(Errno) in
-            try s.rename(space.local(of: parent), name, space.local(of: newParent), newName, flags: flags)
+            try s.rename(space.local(of: parent), name, space.local(of: newParent), newName, flags: flags, requester: context.pid)
         }
     }
 
@@ -223,7 +241,8 @@ public final class SettingsTree: EditingTree {
                        context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
         try locked { (s) throws(Errno) in
             let handle = s.newHandle()
-            let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle)
+            let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle,
+                                     requester: context.pid)
             return (try handOut(s, local), OpenedFile(handle: handle.raw))
         }
     }

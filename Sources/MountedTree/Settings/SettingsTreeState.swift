@@ -35,7 +35,7 @@ extension SettingsTree {
                 // Gone, or now a container (or a container gone or retyped): every key file
                 // at or below it stops being its key.
                 for bound in Array(engine.boundKeys) where PlistPath.isWithin(bound, key) {
-                    if let parent = keys.directory(of: bound) { keys.entryInvalidations.append((parent, bound.last!)) }
+                    if let parent = keys.directory(of: bound) { keys.entryInvalidations.append((parent, keys.fileName(of: bound))) }
                     engine.keyGone(bound, keys)
                 }
             }
@@ -86,11 +86,32 @@ extension SettingsTree {
             return keys.ownership.directory(space.inode(local), mode: directory.mode)
         }
 
-        /// The container at `path + [name]` when there is one (and no editor's file shadows it).
+        /// The container named `name` in the directory at `path` when there is one (and no
+        /// editor's file shadows it).
         func container(_ name: String, in parent: LocalInode, path: [String]) -> PlistValue? {
-            guard engine.scratch(named: name, in: parent) == nil, !engine.isHidden(path + [name]),
-                  let value = keys.value(at: path + [name]), value.isContainer else { return nil }
+            guard engine.scratch(named: name, in: parent) == nil, let component = keys.component(name, at: path),
+                  !engine.isHidden(path + [component]), let value = keys.value(at: path + [component]),
+                  value.isContainer else { return nil }
             return value
+        }
+
+        /// A name a file may be made under in the directory at `path`: an editor's file's
+        /// name as it is, a key's by the naming rule, the key an XML plist can hold.
+        func checkName(_ name: String, at path: [String]) throws(Errno) {
+            guard name.utf8.count <= 255 else { throw .nameTooLong }
+            guard name != ".", name != "..", !name.isEmpty, !name.contains("/") else { throw .invalidArgument }
+            if let component = keys.component(name, at: path) {
+                guard PlistText.isXMLText(component) else { throw .invalidArgument }
+            } else if !EditorNames.isEditorFile(name) {
+                throw .invalidArgument
+            }
+        }
+
+        /// The key path `name` names in the directory at `path` (EINVAL: a name the naming
+        /// rule does not make, `SettingsKeyName`).
+        func keyPath(_ name: String, at path: [String]) throws(Errno) -> [String] {
+            guard let component = keys.component(name, at: path) else { throw .invalidArgument }
+            return path + [component]
         }
 
         // MARK: Names
@@ -98,7 +119,7 @@ extension SettingsTree {
         mutating func lookup(_ parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
             let path = try keys.path(of: parent)
             if container(name, in: parent, path: path) != nil {
-                return keys.directory(at: path + [name])
+                return keys.directory(at: try keyPath(name, at: path))
             }
             return try engine.lookup(name, in: parent, keys)
         }
@@ -106,44 +127,48 @@ extension SettingsTree {
         /// Names of a directory with their inodes (made on first sight, not counted).
         mutating func list(_ local: LocalInode) throws(Errno) -> [(String, LocalInode)] {
             let path = try keys.path(of: local)
-            var names: [String] = []
+            var names: [(component: String, name: String)] = []
             switch keys.value(at: path) {
-            case .dictionary(let dictionary)?: names = dictionary.keys.filter(SettingsKeys.isListable)
-            case .array(let items)?: names = items.indices.map(String.init)
+            case .dictionary(let dictionary)?: names = dictionary.keys.map { ($0, SettingsKeyName.fileName(of: $0)) }
+            case .array(let items)?: names = items.indices.map { (String($0), String($0)) }
             default: throw .noSuchFileOrDirectory
             }
             var entries: [(String, LocalInode)] = []
-            for name in names where !engine.isHidden(path + [name]) {
-                guard let value = keys.value(at: path + [name]) else { continue }
+            for (component, name) in names where !engine.isHidden(path + [component]) {
+                let key = path + [component]
+                guard let value = keys.value(at: key) else { continue }
                 if engine.scratch(named: name, in: local) != nil { continue }
-                entries.append((name, value.isContainer ? keys.directory(at: path + [name]) : engine.file(for: path + [name], keys)))
+                entries.append((name, value.isContainer ? keys.directory(at: key) : engine.file(for: key, keys)))
             }
             entries += engine.scratchFiles(in: local).map { ($0.name, $0.inode) }
             return entries
         }
 
         mutating func create(_ parent: LocalInode, _ name: String, mode: mode_t, flags: Int32,
-                             handle: FileHandle) throws(Errno) -> LocalInode {
-            try SettingsKeys.checkName(name)
+                             handle: FileHandle, requester: pid_t) throws(Errno) -> LocalInode {
             let path = try keys.path(of: parent)
+            try checkName(name, at: path)
             if container(name, in: parent, path: path) != nil {
                 throw flags & O_EXCL != 0 ? .fileExists : .isDirectory
             }
             return try engine.create(name, in: parent, mode: mode, exclusive: flags & O_EXCL != 0,
-                                     truncate: flags & O_TRUNC != 0, handle: handle, keys)
+                                     truncate: flags & O_TRUNC != 0, handle: handle, requester: requester, keys)
         }
 
-        mutating func makeSymbolicLink(_ target: String, in parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
-            try SettingsKeys.checkName(name)
+        mutating func makeSymbolicLink(_ target: String, in parent: LocalInode, _ name: String,
+                                       requester: pid_t) throws(Errno) -> LocalInode {
             let path = try keys.path(of: parent)
+            try checkName(name, at: path)
             if container(name, in: parent, path: path) != nil { throw .fileExists }
-            return try engine.makeSymbolicLink(target, named: name, in: parent, keys)
+            // A key is no link: only an editor's (emacs's lock) may be one.
+            if !EditorNames.isEditorFile(name) && engine.scratch(named: name, in: parent) == nil { throw .notPermitted }
+            return try engine.makeSymbolicLink(target, named: name, in: parent, requester: requester, keys)
         }
 
         mutating func makeDirectory(_ parent: LocalInode, _ name: String) throws(Errno) -> LocalInode {
-            try SettingsKeys.checkName(name)
             let path = try keys.path(of: parent)
-            let keyPath = path + [name]
+            try checkName(name, at: path)
+            let keyPath = try self.keyPath(name, at: path)
             guard engine.scratch(named: name, in: parent) == nil, keys.value(at: keyPath) == nil || engine.isHidden(keyPath) else {
                 throw .fileExists
             }
@@ -163,7 +188,10 @@ extension SettingsTree {
         }
 
         mutating func removeDirectory(_ parent: LocalInode, _ name: String) throws(Errno) {
-            let path = try keys.path(of: parent) + [name]
+            guard let path = try? keyPath(name, at: try keys.path(of: parent)) else {
+                if engine.scratch(named: name, in: parent) != nil { throw .notDirectory }
+                throw .noSuchFileOrDirectory
+            }
             guard let value = keys.value(at: path), !engine.isHidden(path) else {
                 if engine.scratch(named: name, in: parent) != nil { throw .notDirectory }
                 throw .noSuchFileOrDirectory
@@ -173,7 +201,9 @@ extension SettingsTree {
             case .dictionary(let dictionary):
                 // Keys unlinked a moment ago are still in the plist, waiting to leave it.
                 if dictionary.keys.contains(where: { !engine.isLeaving(path + [$0]) }) { throw .directoryNotEmpty }
-            case .array(let items): if !items.isEmpty { throw .directoryNotEmpty }
+            case .array(let items):
+                // Elements unlinked a moment ago are still in the plist, waiting to leave it.
+                if items.indices.contains(where: { !engine.isLeaving(path + [String($0)]) }) { throw .directoryNotEmpty }
             default: throw .notDirectory
             }
             if let directory = keys.existingDirectory(at: path), engine.hasScratchFiles(in: directory) {
@@ -190,14 +220,14 @@ extension SettingsTree {
         }
 
         mutating func rename(_ parent: LocalInode, _ name: String, _ newParent: LocalInode, _ newName: String,
-                             flags: RenameFlags) throws(Errno) {
-            try SettingsKeys.checkName(newName)
+                             flags: RenameFlags, requester: pid_t) throws(Errno) {
             let fromDirectory = try keys.path(of: parent)
             let toDirectory = try keys.path(of: newParent)
+            try checkName(newName, at: toDirectory)
             if container(name, in: parent, path: fromDirectory) != nil {
                 // A dictionary or array moves with everything below it.
                 if flags.contains(.exchange) { throw .invalidArgument }
-                let from = fromDirectory + [name], to = toDirectory + [newName]
+                let from = try keyPath(name, at: fromDirectory), to = try keyPath(newName, at: toDirectory)
                 if engine.scratch(named: newName, in: newParent) != nil { throw .notDirectory }
                 let targetExists = keys.value(at: to) != nil && !engine.isHidden(to)
                 if flags.contains(.noReplace) && targetExists { throw .fileExists }
@@ -216,12 +246,13 @@ extension SettingsTree {
                 return
             }
             if container(newName, in: newParent, path: toDirectory) != nil {
-                if engine.scratch(named: name, in: parent) == nil && keys.value(at: fromDirectory + [name]) == nil {
+                if engine.scratch(named: name, in: parent) == nil
+                    && (try? keyPath(name, at: fromDirectory)).flatMap({ keys.value(at: $0) }) == nil {
                     throw .noSuchFileOrDirectory
                 }
                 throw .isDirectory
             }
-            try engine.rename(name, in: parent, to: newName, in: newParent, flags: flags, &keys)
+            try engine.rename(name, in: parent, to: newName, in: newParent, flags: flags, requester: requester, &keys)
         }
 
         // MARK: Attributes
