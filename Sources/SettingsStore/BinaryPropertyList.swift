@@ -2,6 +2,12 @@
 /// 32-byte trailer. The reader checks every offset, reference and length against the file
 /// and refuses reference cycles and excessive nesting.
 ///
+/// Read as Core Foundation reads it: offsets and object references of any size from 1 to 8
+/// bytes (the trailer says which; encoders in the wild use 3, 5, 6 and 7); integers of 1, 2
+/// and 4 bytes unsigned, 8 bytes signed, 16 bytes (marker 0x14) signed and within
+/// −2^63…2^64−1; strings in ASCII (0x5_) or UTF-16 (0x6_). Objects a settings file cannot
+/// show are refused with their name: keyed-archiver UIDs (0x8_), sets (0xC_), null (0x00).
+///
 /// Thread-safety: pure functions; each read has its own `Reader`.
 enum BinaryPropertyList {
     // MARK: Reading
@@ -14,8 +20,8 @@ enum BinaryPropertyList {
         let objectCount = readUnsigned(bytes, trailer + 8, 8)
         let topObject = readUnsigned(bytes, trailer + 16, 8)
         let tableOffset = readUnsigned(bytes, trailer + 24, 8)
-        guard [1, 2, 4, 8].contains(offsetSize), [1, 2, 4, 8].contains(referenceSize) else {
-            throw PlistError("a binary plist trailer with bad integer sizes")
+        guard (1...8).contains(offsetSize), (1...8).contains(referenceSize) else {
+            throw PlistError("a binary plist trailer with offset size \(offsetSize) and reference size \(referenceSize) (each must be 1 to 8)")
         }
         guard objectCount > 0, objectCount < UInt64(bytes.count), topObject < objectCount,
               tableOffset >= 8, tableOffset <= UInt64(trailer),
@@ -85,6 +91,29 @@ enum BinaryPropertyList {
             return Int(value)
         }
 
+        /// The integer object of `width` bytes at `at`: 1, 2 and 4 bytes unsigned, 8 and 16
+        /// signed; a 16-byte value outside −2^63…2^64−1 is damage.
+        func integer(width: PlistInteger.Width, at: Int) throws(PlistError) -> PlistInteger {
+            try need(at, width.rawValue)
+            let value: PlistInteger
+            switch width {
+            case .one, .two, .four:
+                value = PlistInteger(readUnsigned(bytes, at, width.rawValue))
+            case .eight:
+                value = PlistInteger(Int64(bitPattern: readUnsigned(bytes, at, 8)))
+            case .sixteen:
+                let high = readUnsigned(bytes, at, 8), low = readUnsigned(bytes, at + 8, 8)
+                if high == 0 {
+                    value = PlistInteger(low)
+                } else if high == UInt64.max && low > UInt64(Int64.max) {
+                    value = PlistInteger(Int64(bitPattern: low))
+                } else {
+                    throw PlistError("a 16-byte integer outside −2^63…2^64−1")
+                }
+            }
+            return value.with(width: width)
+        }
+
         mutating func object(_ index: Int, depth: Int) throws(PlistError) -> PlistValue {
             guard depth < PropertyList.maximumDepth else { throw PlistError("nesting deeper than \(PropertyList.maximumDepth)") }
             produced += 1
@@ -98,22 +127,12 @@ enum BinaryPropertyList {
                 switch marker {
                 case 0x08: return .bool(false)
                 case 0x09: return .bool(true)
+                case 0x00: throw PlistError("a null object (0x00), which a settings file cannot show")
                 default: throw PlistError("an unsupported object 0x\(String(marker, radix: 16))")
                 }
             case 0x1:
-                let size = 1 << Int(marker & 0x0F)
-                try need(position, size)
-                switch size {
-                case 1, 2, 4: return .integer(Int64(readUnsigned(bytes, position, size)))
-                case 8: return .integer(Int64(bitPattern: readUnsigned(bytes, position, 8)))
-                case 16:
-                    let high = readUnsigned(bytes, position, 8), low = readUnsigned(bytes, position + 8, 8)
-                    guard (high == 0 && low <= UInt64(Int64.max)) || (high == UInt64.max && low > UInt64(Int64.max)) else {
-                        throw PlistError("an integer outside the 64-bit range")
-                    }
-                    return .integer(Int64(bitPattern: low))
-                default: throw PlistError("an integer of \(size) bytes")
-                }
+                guard marker & 0x0F <= 4 else { throw PlistError("an integer of \(1 << Int(marker & 0x0F)) bytes") }
+                return .integer(try integer(width: PlistInteger.Width(rawValue: 1 << Int(marker & 0x0F))!, at: position))
             case 0x2:
                 let size = 1 << Int(marker & 0x0F)
                 try need(position, size)
@@ -172,6 +191,10 @@ enum BinaryPropertyList {
                     dictionary[name] = value
                 }
                 return .dictionary(dictionary)
+            case 0x8:
+                throw PlistError("a keyed-archiver UID (marker 0x\(String(marker, radix: 16))): NSKeyedArchiver data, not settings")
+            case 0xC:
+                throw PlistError("a set (marker 0x\(String(marker, radix: 16))), which a settings file cannot show")
             default:
                 throw PlistError("an unsupported object 0x\(String(marker, radix: 16))")
             }
@@ -210,23 +233,14 @@ enum BinaryPropertyList {
                 out.append(marker | UInt8(count))
             } else {
                 out.append(marker | 0x0F)
-                appendInteger(Int64(count))
+                appendInteger(PlistInteger(UInt64(count)))
             }
         }
-        func appendInteger(_ number: Int64) {
-            if number < 0 || number > Int64(UInt32.max) {
-                out.append(0x13)
-                appendBigEndian(UInt64(bitPattern: number), 8)
-            } else if number > Int64(UInt16.max) {
-                out.append(0x12)
-                appendBigEndian(UInt64(number), 4)
-            } else if number > Int64(UInt8.max) {
-                out.append(0x11)
-                appendBigEndian(UInt64(number), 2)
-            } else {
-                out.append(0x10)
-                out.append(UInt8(number))
-            }
+        func appendInteger(_ number: PlistInteger) {
+            let width = number.writtenWidth
+            out.append(0x10 | UInt8(width.rawValue.trailingZeroBitCount))
+            if width == .sixteen { appendBigEndian(number.isNegative ? UInt64.max : 0, 8) }
+            appendBigEndian(number.bitPattern, min(width.rawValue, 8))
         }
         func appendBigEndian(_ value: UInt64, _ size: Int) {
             for shift in stride(from: (size - 1) * 8, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }

@@ -3,7 +3,7 @@ import Posix
 /// The text form of each settings value (SPEC §4): what `cat` shows and what a write must be.
 ///
 /// - bool: reads `true`/`false`; accepts true/false, yes/no, 1/0, on/off in any case
-/// - integer: decimal only (`-12`, `0`; no `+`, no leading zeros), 64-bit signed
+/// - integer: decimal only (`-12`, `0`; no `+`, no leading zeros), from −2^63 to 2^64−1
 /// - real: the shortest text that reads back to the same double, with `.` or an exponent
 /// - string: the UTF-8 bytes as they are
 /// - date: `YYYY-MM-DDTHH:MM:SSZ` (accepts an offset such as `+02:00` and fractions; stored UTC)
@@ -20,7 +20,7 @@ public enum PlistText {
         let text: String
         switch value {
         case .bool(let flag): text = flag ? "true" : "false"
-        case .integer(let number): text = String(number)
+        case .integer(let number): text = number.description
         case .real(let number): text = realText(number)
         case .string(let string): text = string
         case .date(let seconds): text = dateText(seconds)
@@ -97,12 +97,14 @@ public enum PlistText {
         }
     }
 
-    /// Decimal only: an optional `-`, then `0` or digits without a leading zero.
-    public static func parseInteger(_ text: String) -> Int64? {
-        let digits = text.hasPrefix("-") ? text.dropFirst() : Substring(text)
+    /// Decimal only: an optional `-`, then `0` or digits without a leading zero; from −2^63
+    /// to 2^64−1 (nil outside: EINVAL for the writer).
+    public static func parseInteger(_ text: String) -> PlistInteger? {
+        let negative = text.hasPrefix("-")
+        let digits = negative ? text.dropFirst() : Substring(text)
         guard !digits.isEmpty, digits.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { return nil }
         if digits.count > 1 && digits.hasPrefix("0") { return nil }
-        return Int64(text)
+        return UInt64(digits).flatMap { PlistInteger(isNegative: negative, magnitude: $0) }
     }
 
     /// A decimal or exponent number, `inf`, `-inf` or `nan`; no hex forms, no spaces.

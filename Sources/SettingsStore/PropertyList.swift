@@ -1,12 +1,13 @@
 /// One property-list value, with dictionaries kept in file order.
 ///
-/// Booleans and integers are distinct cases (Foundation's NSNumber blurs them); dates keep
-/// their sub-second part as seconds since 2001-01-01 UTC, as the binary format stores them.
+/// Booleans and integers are distinct cases (Foundation's NSNumber blurs them); integers
+/// cover −2^63…2^64−1 and remember their binary width (`PlistInteger`); dates keep their
+/// sub-second part as seconds since 2001-01-01 UTC, as the binary format stores them.
 ///
 /// Thread-safety: a value; `Sendable`.
 public indirect enum PlistValue: Equatable, Sendable {
     case bool(Bool)
-    case integer(Int64)
+    case integer(PlistInteger)
     case real(Double)
     case string(String)
     /// Seconds since 2001-01-01T00:00:00Z (the Core Foundation reference date).
@@ -30,6 +31,28 @@ public indirect enum PlistValue: Equatable, Sendable {
 
     /// True for dictionaries and arrays (shown as directories).
     public var isContainer: Bool { type == .array || type == .dictionary }
+
+    /// This value, each integer without a remembered width taking the width of the integer
+    /// at the same place (key or index) in `old` when it fits: a changed key is written
+    /// back as wide as it was read (`PlistInteger.writtenWidth`).
+    func keepingIntegerWidths(of old: PlistValue) -> PlistValue {
+        switch (self, old) {
+        case (.integer(let new), .integer(let previous)) where new.width == nil && previous.width != nil:
+            return .integer(new.with(width: previous.width))
+        case (.array(let items), .array(let previous)):
+            return .array(items.enumerated().map { index, item in
+                index < previous.count ? item.keepingIntegerWidths(of: previous[index]) : item
+            })
+        case (.dictionary(let dictionary), .dictionary(let previous)):
+            var kept = dictionary
+            for (key, value) in dictionary.entries {
+                if let before = previous[key] { kept[key] = value.keepingIntegerWidths(of: before) }
+            }
+            return .dictionary(kept)
+        default:
+            return self
+        }
+    }
 }
 
 /// The type names shown in the `user.plist.type` extended attribute.
@@ -127,6 +150,17 @@ public enum PropertyList {
     public static func decode(_ bytes: [UInt8]) throws(PlistError) -> (PlistValue, PlistFormat) {
         if bytes.starts(with: Array("bplist00".utf8)) {
             return (try BinaryPropertyList.decode(bytes), .binary)
+        }
+        if bytes.starts(with: Array("bplist".utf8)) {
+            let version = String(decoding: bytes.prefix(8), as: UTF8.self).debugDescription
+            throw PlistError("a binary plist of version \(version): only bplist00, the property-list format, is read")
+        }
+        // XML starts with `<` (after a byte-order mark and space); OpenStep text with `{`,
+        // `(`, `"` or a word. Its form is not read (SPEC §4): say so rather than "bad XML".
+        let start = bytes.starts(with: [0xEF, 0xBB, 0xBF]) ? 3 : 0
+        if let first = bytes[start...].first(where: { ![0x20, 0x09, 0x0A, 0x0D].contains($0) }),
+           first != UInt8(ascii: "<"), first != 0xFE, first != 0xFF {
+            throw PlistError("an OpenStep (old-style text) property list, which is not read: save it as XML or binary (plutil -convert xml1)")
         }
         return (try XMLPropertyList.decode(bytes), .xml)
     }

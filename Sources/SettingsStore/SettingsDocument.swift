@@ -29,6 +29,11 @@ public enum SettingsError: Error, CustomStringConvertible, Sendable {
 /// `Settings.plist` on disk: its root dictionary in key order, the format it was found in,
 /// and the identity of the version read (to notice another program's change).
 ///
+/// The file is written only for a change: a save whose root equals the one on disk writes
+/// nothing, so an untouched plist stays byte-identical. A changed one keeps its format, its
+/// key order and each integer's width where the value still fits it
+/// (`PlistValue.keepingIntegerWidths`).
+///
 /// Saves are atomic and durable (`AtomicFile`), in the format found, and made in two
 /// halves so that no disk sync happens under the owner's lock: `prepare` (under it) takes
 /// the new root and encodes it; `write` (outside it, from any thread) writes and syncs;
@@ -64,12 +69,13 @@ public final class SettingsDocument: @unchecked Sendable {
     /// `finish`, which the caller orders (write, then finish).
     public final class Save: @unchecked Sendable {
         let sequence: UInt64
-        let bytes: [UInt8]
+        /// nil: nothing changed, nothing to write.
+        let bytes: [UInt8]?
         let mode: mode_t
         public fileprivate(set) var error: SettingsError?
         unowned let document: SettingsDocument
 
-        init(sequence: UInt64, bytes: [UInt8], mode: mode_t, document: SettingsDocument) {
+        init(sequence: UInt64, bytes: [UInt8]?, mode: mode_t, document: SettingsDocument) {
             (self.sequence, self.bytes, self.mode, self.document) = (sequence, bytes, mode, document)
         }
 
@@ -131,7 +137,7 @@ public final class SettingsDocument: @unchecked Sendable {
             throw .damaged(path: path, reason: error.description)
         }
         guard case .dictionary(let root) = decoded.0 else {
-            throw .damaged(path: path, reason: "the root is a \(decoded.0.type.rawValue), not a dict")
+            throw .damaged(path: path, reason: "the root is of type \(decoded.0.type.rawValue), not dict")
         }
         return (root, decoded.1, Stamp(st))
     }
@@ -167,12 +173,20 @@ public final class SettingsDocument: @unchecked Sendable {
     }
 
     /// Under the owner's lock: `newRoot` is the document's root from now on, and the
-    /// returned save (to `write` outside the lock, then `finish`) puts it on disk.
+    /// returned save (to `write` outside the lock, then `finish`) puts it on disk. Its
+    /// integers take the widths the file gave them where they still fit. When it equals
+    /// what is on disk (no save in flight or failed since the file was read) the save
+    /// writes nothing: the file stays byte for byte as it was.
     public func prepare(_ newRoot: PlistDictionary) -> Save {
-        root = newRoot
+        let unchanged = newRoot == root && inFlight == 0 && !failed
+        if case .dictionary(let widened) = PlistValue.dictionary(newRoot).keepingIntegerWidths(of: .dictionary(root)) {
+            root = widened
+        } else {
+            root = newRoot  // (a dictionary stays one: not reached)
+        }
         sequence += 1
         inFlight += 1
-        return Save(sequence: sequence, bytes: PropertyList.encode(.dictionary(newRoot), as: format),
+        return Save(sequence: sequence, bytes: unchanged ? nil : PropertyList.encode(.dictionary(root), as: format),
                     mode: Self.currentMode(path) ?? 0o600, document: self)
     }
 
@@ -181,11 +195,11 @@ public final class SettingsDocument: @unchecked Sendable {
     /// one before). Concurrent writes go one at a time.
     func write(_ save: Save) {
         writer.withLock { written in
-            guard save.sequence > written.sequence else { return }
+            guard let bytes = save.bytes, save.sequence > written.sequence else { return }
             do throws(Errno) {
-                try AtomicFile.replace(path, with: save.bytes, mode: save.mode)
+                try AtomicFile.replace(path, with: bytes, mode: save.mode)
                 written = Written(sequence: save.sequence, stamp: Stamp(try Syscall.stat(path)))
-                Log.debug("Settings.plist saved (\(save.bytes.count) bytes)")
+                Log.debug("Settings.plist saved (\(bytes.count) bytes)")
             } catch {
                 save.error = .io(path: path, error)
                 Log.error(SettingsError.io(path: path, error).description + "; the file is read again")
@@ -198,7 +212,8 @@ public final class SettingsDocument: @unchecked Sendable {
     public func finish(_ save: Save) {
         inFlight -= 1
         if save.error != nil { failed = true }
-        if let written = writer.withLock({ $0.stamp }) { stamp = written }
+        // A save that wrote nothing learns nothing: the stamp may be newer than any write of ours.
+        if save.bytes != nil, let written = writer.withLock({ $0.stamp }) { stamp = written }
     }
 
     static func currentMode(_ path: String) -> mode_t? {

@@ -40,7 +40,7 @@ sys.stdout.buffer.write(plistlib.dumps(d, fmt=fmt, sort_keys=False))
 
 @Suite struct PropertyListTests {
     static let expected: PlistValue = .dictionary(PlistDictionary([
-        ("Flag", .bool(true)), ("Off", .bool(false)), ("Count", .integer(-42)), ("Big", .integer(1 << 62)),
+        ("Flag", .bool(true)), ("Off", .bool(false)), ("Count", .integer(-42)), ("Big", .integer(4611686018427387904)),
         ("Ratio", .real(0.1)), ("Name", .string("café ☕")), ("Empty", .string("")),
         ("When", .date(PlistText.parseDate("2024-02-29T12:30:45Z")!)), ("Blob", .data(Array(0..<20))),
         ("List", .array([.integer(1), .string("two"), .array([.real(3.5)])])),
@@ -138,12 +138,21 @@ sys.stdout.buffer.write(plistlib.dumps(d, fmt=fmt, sort_keys=False))
         #expect(parse("42\n", .integer) == .integer(42))
         #expect(parse("-7", .integer) == .integer(-7))
         #expect(parse("0", .integer) == .integer(0))
-        #expect(parse("9223372036854775807", .integer) == .integer(.max))
+        #expect(parse("9223372036854775807", .integer) == .integer(9223372036854775807))
         #expect(parse(" 1\n\n", .integer) == .integer(1))
         #expect(parse("\t-3 ", .real) == .real(-3))
         #expect(parse(" AAEC/w==\n\n", .data) == .data([0, 1, 2, 255]))
         #expect(parse("\n2024-01-02T03:04:05Z \n", .date) != nil)
-        for bad in ["12abc", "060", "18446744073709551616", "9223372036854775808", "0x10", "+5", "", "1.0", "1 2"] {
+        // SPEC §4: −2^63…2^64−1, decimal, rendered in decimal over the whole range.
+        #expect(parse("9223372036854775808", .integer) == .integer(9223372036854775808))
+        #expect(parse("18446744073709551615\n", .integer) == .integer(18446744073709551615))
+        #expect(parse("-9223372036854775808", .integer) == .integer(-9223372036854775808))
+        #expect(PlistText.render(.integer(18446744073709551615)) == Array("18446744073709551615\n".utf8))
+        #expect(PlistText.render(.integer(-9223372036854775808)) == Array("-9223372036854775808\n".utf8))
+        #expect(PlistText.render(.integer(9223372036854775852)) == Array("9223372036854775852\n".utf8))
+        #expect(PlistText.inferType(of: Array("18446744073709551615\n".utf8)) == .integer)
+        for bad in ["12abc", "060", "18446744073709551616", "-9223372036854775809", "99999999999999999999999",
+                    "0x10", "+5", "", "1.0", "1 2", "-", "--1"] {
             #expect(parse(bad, .integer) == nil, "\(bad)")
         }
     }
