@@ -357,6 +357,13 @@ struct AccountFields: EditedStore, @unchecked Sendable {
             Log.debug("vault saved: an attribute of one account changed (values not logged)")
             return Committed(shown: nil, alsoChanged: [])
         }
+        // A URL written back as it reads (`cat url > u; cp u url`) changes nothing: with no
+        // server it reads empty, and an empty URL would clear the protocol and path.
+        if key.isURL, (try? withText(of: key, { current in
+            text.withUnsafeBytes { raw in Self.withoutNewline(raw).elementsEqual(Self.withoutNewline(current)) }
+        })) == true {
+            return Committed(shown: nil, alsoChanged: [])
+        }
         var changes: [AccountField: SecureBytes] = [:]
         defer { for (_, value) in changes { value.wipe() } }
         let ok: Bool = text.withUnsafeBytes { raw in

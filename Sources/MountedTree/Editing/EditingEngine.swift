@@ -558,6 +558,20 @@ struct EditingEngine<Store: EditedStore> {
         // after close has returned): the tool's next call already finds the old key.
         dropIfRefused(inode, openElsewhere: 1)
         try commit(inode, by: handle, finalClose: false, &store)
+        // A truncation is committed at the last close only (a shell closes the descriptor
+        // it truncated with before it writes through a copy); one its key cannot take is
+        // said here, where `truncate -s 0` hears it, and never committed.
+        if let file = files[inode], let key = file.key, let pending = file.pending, pending.owner == handle,
+           !pending.written, !pending.text.withUnsafeBytes({ store.accepts($0, for: key, note: nil) }) {
+            throw .invalidArgument
+        }
+        // Likewise a new file meant for a key, closed with nothing written (its last close
+        // makes it the key: an empty value the key's remembered type refuses is refused now).
+        if let file = files[inode], let key = file.intendedKey, file.isLinkedScratch, !file.written, !file.refused,
+           !(file.content ?? Buffer()).withUnsafeBytes({ store.accepts($0, for: key, note: file.note) }) {
+            files[inode]!.refused = true
+            throw .invalidArgument
+        }
     }
 
     /// A file meant for a key whose only writes were refused goes, and the key it was to

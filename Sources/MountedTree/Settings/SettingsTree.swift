@@ -91,6 +91,7 @@ public final class SettingsTree: EditingTree {
         watching.store(false, ordering: .relaxed)
         wakeup.wake()
         let saves = state.withLock { s in
+            s.engine.settleScratch(&s.keys)  // (copies whose program exited and the watcher has not seen yet)
             s.engine.commitDueRemovals(before: nil, &s.keys)
             _ = s.takeInvalidations()
             return s.takeSaves()
