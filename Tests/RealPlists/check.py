@@ -20,13 +20,13 @@ For each file in PLIST_DIR whose name ends in "plist" (.plist, .bplist):
     value, the key order and the format (XML or binary) as they were; in a binary file
     every integer keeps the width it had (a changed one too, if its new value fits).
 
-Keys that cannot be file names (empty, containing "/", "." or "..", over 255 bytes) get
-escaped names from another part of mtmfs (as do keys holding "%", escaped "%25"); they are
-skipped here and counted.
+Keys that cannot be file names (empty, containing "/", "." or "..", over 255 bytes) and
+keys holding "%" are compared under the names SPEC §4's rule gives them (`file_name`).
 Prints one line per plist and a final "N passed, M failed".
 """
 import argparse
 import base64
+import hashlib
 import copy
 import datetime
 import math
@@ -82,10 +82,22 @@ def unshowable(value, depth=0):
     return None
 
 
+def file_name(key):
+    """The file name mtmfs gives a dictionary key (SPEC §4): `%` as `%25`, `/` as `%2F`,
+    `.`/`..` as `%2E`/`%2E%2E`, the empty key `%`; over 255 bytes cut at a character
+    boundary, with `~` and the first 8 hex digits of the key's SHA-256."""
+    special = {'': '%', '.': '%2E', '..': '%2E%2E'}
+    name = special.get(key) or key.replace('%', '%25').replace('/', '%2F')
+    if len(name.encode('utf-8')) <= 255:
+        return name
+    while len(name.encode('utf-8')) > 255 - 9:
+        name = name[:-1]
+    return name + '~' + hashlib.sha256(key.encode('utf-8')).hexdigest()[:8]
+
+
 def valid_name(key):
-    """Whether the key is its own file name. The others (and keys holding `%`, which the
-    escape rule writes `%25`) get escaped names from another part of mtmfs: skipped here."""
-    return key not in ('', '.', '..') and '/' not in key and '%' not in key and len(key.encode('utf-8')) <= 255
+    """Whether the key is its own file name (the edits pick such keys: any would do)."""
+    return file_name(key) == key
 
 
 def render(value):
@@ -129,12 +141,12 @@ def compare_tree(path, value, counts, where):
     names = set(os.listdir(path))
     if isinstance(value, dict):
         items = [(k, v) for k, v in value.items()]
-        wanted = {k for k, _ in items if valid_name(k)}
-        counts.skipped += sum(1 for k, _ in items if not valid_name(k))
+        wanted = {file_name(k) for k, _ in items}
+        counts.skipped += sum(1 for k, _ in items if file_name(k) != k)  # (shown escaped)
         missing = wanted - names
         if missing:
             raise Failure('%s: keys not shown: %r' % (where or '/', sorted(missing)[:5]))
-        extra = {n for n in names - wanted if '%' not in n and '~' not in n}
+        extra = names - wanted
         if extra:
             raise Failure('%s: names that are not keys: %r' % (where or '/', sorted(extra)[:5]))
     else:
@@ -142,9 +154,8 @@ def compare_tree(path, value, counts, where):
         if names != {k for k, _ in items}:
             raise Failure('%s: array shows %r, not 0..%d' % (where, sorted(names)[:5], len(items) - 1))
     for key, item in items:
-        if not valid_name(key):
-            continue
-        child, at = os.path.join(path, key), where + '/' + key
+        name = file_name(key) if isinstance(value, dict) else key
+        child, at = os.path.join(path, name), where + '/' + key
         if isinstance(item, (dict, list)):
             if not os.path.isdir(child):
                 raise Failure('%s: a container that is not a directory' % at)
@@ -344,7 +355,7 @@ class Harness:
             mounted = False
             if open(settings, 'rb').read() != original:
                 raise Failure('the file changed though nothing was written')
-            summary = '%d values shown alike, %d key(s) with escaped names skipped' % (counts.compared, counts.skipped)
+            summary = '%d values shown alike, %d of them under escaped names' % (counts.compared, counts.skipped)
             return summary + self.edit(data, mnt, settings, original, value)
         finally:
             if mounted:
