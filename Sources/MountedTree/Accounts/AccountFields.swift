@@ -339,6 +339,12 @@ struct AccountFields: EditedStore, @unchecked Sendable {
 
     /// Validates and seals one field's text (`url`: its four parts at once).
     mutating func commit(_ text: SecureBytes, to key: FieldKey, note: Never?) throws(Errno) -> Committed<FieldKey, SecureBytes> {
+        try save(text, to: key, unlessReadBack: true)
+    }
+
+    /// Saves `text` as the key's value; `unlessReadBack`: a URL written back as it reads
+    /// changes nothing (a removal clears it whatever it reads).
+    private mutating func save(_ text: SecureBytes, to key: FieldKey, unlessReadBack: Bool) throws(Errno) -> Committed<FieldKey, SecureBytes> {
         try session.requireOpen()
         guard let vault, let uuid = uuids[key.account] else { throw .noSuchFileOrDirectory }
         if key.isTOTP { throw .permissionDenied }  // (made from `otp`: written there)
@@ -359,7 +365,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
         }
         // A URL written back as it reads (`cat url > u; cp u url`) changes nothing: with no
         // server it reads empty, and an empty URL would clear the protocol and path.
-        if key.isURL, (try? withText(of: key, { current in
+        if unlessReadBack, key.isURL, (try? withText(of: key, { current in
             text.withUnsafeBytes { raw in Self.withoutNewline(raw).elementsEqual(Self.withoutNewline(current)) }
         })) == true {
             return Committed(shown: nil, alsoChanged: [])
@@ -402,7 +408,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     mutating func remove(_ key: FieldKey) throws(Errno) {
         if key.isTOTP { return }  // (goes with `otp`: `rm -r` of an account unlinks it too)
         let empty = SecureBytes()
-        let saved = try commit(empty, to: key, note: nil)
+        let saved = try save(empty, to: key, unlessReadBack: false)
         changedKeys += [key] + saved.alsoChanged
     }
 
