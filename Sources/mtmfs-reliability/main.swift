@@ -12,10 +12,11 @@ import TestSupport
 let usage = """
 Usage: mtmfs-reliability [--short] [--seed N] [--keep] [--rounds N] [PART…]
 
-Parts: crash, full-disk, damage, concurrency, security, soak, differential, convergence (default: all).
+Parts: crash, power-cut, full-disk, damage, concurrency, security, soak, differential, convergence
+(default: all).
   --short    the CI form: 20 crashes, 8 processes × 6 s, fewer damage cases, 5,000 saves,
              6 differential sequences of 1,500 operations (60 of 3,000 without it), 3 convergence
-             seeds of 80 steps (20 of 200)
+             seeds of 80 steps (20 of 200), about 160 power-cut states (about 320)
   --saves N  soak: this many editor saves instead of 100,000 (5,000 with --short)
   --seed N   the random seed (printed at the start, to repeat a run)
   --rounds N crash: this many kills instead of 200 (20 with --short)
@@ -57,11 +58,14 @@ while let argument = arguments.first {
         seed = value
         arguments.removeFirst()
     case "-h", "--help": say(usage); exit(0)
-    case "crash", "full-disk", "damage", "concurrency", "security", "soak", "differential", "convergence": parts.append(argument)
+    case "crash", "power-cut", "full-disk", "damage", "concurrency", "security", "soak", "differential", "convergence":
+        parts.append(argument)
     default: complain("mtmfs-reliability: unknown argument \(argument)\n\(usage)"); exit(2)
     }
 }
-if parts.isEmpty { parts = ["differential", "damage", "full-disk", "security", "concurrency", "crash", "convergence", "soak"] }
+if parts.isEmpty {
+    parts = ["differential", "damage", "full-disk", "security", "concurrency", "crash", "power-cut", "convergence", "soak"]
+}
 if let problem = FuseAvailability.problem {
     // Every part mounts: without FUSE there is nothing to try, which is not a failure.
     say("mtmfs-reliability: skipped, FUSE cannot be used here (\(problem))")
@@ -76,6 +80,7 @@ for part in parts {
     let partTallies: [Tally]
     switch part {
     case "crash": partTallies = [CrashDriver(rounds: crashRounds ?? (short ? 20 : 200), seed: seed).run()]
+    case "power-cut": partTallies = [PowerCut(short: short, seed: seed).run()]
     case "full-disk": partTallies = [FullDisk().run()]
     case "damage": partTallies = DamagedStores(short: short, seed: seed).run()
     case "concurrency": partTallies = [ConcurrencyRun(processes: 8, seconds: short ? 6 : 60, seed: seed).run()]
