@@ -364,8 +364,10 @@ public final class Vault: @unchecked Sendable {
     /// Derives the key from `passphrase`, unwraps the master key, and authenticates and
     /// decrypts every record. On any failure the vault stays locked.
     /// A wrong passphrase while unlocked changes nothing (it does not lock).
-    public func unlock(passphrase: SecureBytes) throws(VaultError) {
-        try unlock(withPassphraseKey: try passphraseKey(passphrase))
+    /// `tidying`: slots a passphrase change retired are removed (not by `mtmfs check`,
+    /// which only reads).
+    public func unlock(passphrase: SecureBytes, tidying: Bool = true) throws(VaultError) {
+        try unlock(withPassphraseKey: try passphraseKey(passphrase), tidying: tidying)
     }
 
     /// The slow half of an unlock (Argon2id: 0.1 s interactive to seconds sensitive): reads
@@ -379,7 +381,7 @@ public final class Vault: @unchecked Sendable {
 
     /// The fast half of an unlock: unwraps the master key with `kek` (which it wipes) and
     /// opens every record.
-    public func unlock(withPassphraseKey kek: SecureBytes) throws(VaultError) {
+    public func unlock(withPassphraseKey kek: SecureBytes, tidying: Bool = true) throws(VaultError) {
         if let folder {
             if isUnlocked { lock() }
             do {
@@ -389,7 +391,7 @@ public final class Vault: @unchecked Sendable {
                 lock()
                 throw error
             }
-            folder.removeRetiredSlots(key: kek)
+            if tidying { folder.removeRetiredSlots(key: kek) }
             adoptKey(kek)
             return
         }

@@ -12,7 +12,7 @@ struct CheckCommand: Command {
     static let name = "check"
     static let abstract = "check every store of a data directory (also while mounted)"
     static let usage = """
-    Usage: mtmfs check [--repair] [--data-dir DIR]
+    Usage: mtmfs check [--repair] [--passphrase-file FILE] [--data-dir DIR]
 
     Checks the credential vault (a folder: its id, key slots and every change file's
     framing, naming each file that is skipped — damaged, half-synced, renamed, foreign or
@@ -22,24 +22,31 @@ struct CheckCommand: Command {
     cache.sqlite (SQLite's full integrity check, which reads every page: seconds per
     gigabyte) with its data files in cache.data/ (every large file's data file present;
     data files that no file names are said). Reads only; safe while the store is mounted.
-    One line per store; exit 1 if any is damaged. A mount runs the cache's full check by
-    itself after an unclean shutdown only.
+    With the passphrase (asked on a terminal, or --passphrase-file) every change file and
+    key slot is opened too, so that a damaged one is found by its seal; without it the
+    output says the seals were not checked. One line per store; exit 1 if any is damaged
+    (a change file or key slot skipped for damage counts; a synchroniser's or an editor's
+    own file is only named). A mount runs the cache's full check by itself after an
+    unclean shutdown only.
 
     Options:
       --repair         remove the data files that no file names (not while mounted; a
                        mount after an unclean shutdown does it too)
+      --passphrase-file FILE   the vault's passphrase, from FILE's first line
       --data-dir DIR   the data directory (default $XDG_DATA_HOME/mtmfs, else ~/.local/share/mtmfs)
     """
     static let flags: Set<String> = ["--repair"]
-    static let options: Set<String> = ["--data-dir"]
+    static let options: Set<String> = ["--data-dir", "--passphrase-file"]
 
     let dataDirectory: DataDirectory
     let repair: Bool
+    let passphraseFile: String?
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         _ = try arguments.positionals(0...0, named: "")
         dataDirectory = DataDirectory(path: Paths.dataDirectory(arguments.value("--data-dir")))
         repair = arguments.has("--repair")
+        passphraseFile = arguments.value("--passphrase-file")
     }
 
     func run() throws(CommandFailure) {
@@ -66,22 +73,46 @@ struct CheckCommand: Command {
         }
         do {
             let vault = try Vault(path: dataDirectory.vaultPath)
-            report("vault", nil)
-            // A folder: the files passed over are named (the rest loads; the vault is not damaged).
-            // Without the key a file of another vault looks whole: an unlocked mount of this
-            // data directory has told them apart, and its status names them.
+            // With the passphrase every file is opened (a flipped byte shows only to its seal).
+            var sealsChecked = false
+            var openedSkipped: [String: String] = [:]
+            if vault.folderFiles != nil, passphraseFile != nil || isatty(0) == 1 {
+                let passphrase = try? PassphraseInput.read(prompt: "Passphrase (every file's seal is checked with it): ",
+                                                          file: passphraseFile)
+                defer { passphrase?.wipe() }
+                if let passphrase {
+                    let opened = Result { () throws(VaultError) in try vault.unlock(passphrase: passphrase, tidying: false) }
+                    openedSkipped = vault.folderFiles?.skipped ?? [:]  // (what the key found, before the lock)
+                    vault.lock()
+                    switch opened {
+                    case .success: sealsChecked = true
+                    case .failure(.wrongPassphrase):
+                        throw VaultError.damaged("no key slot opens with this passphrase (a wrong passphrase, or damaged slots)")
+                    case .failure(let error): throw error
+                    }
+                }
+            }
+            // A folder: the files passed over are named (the rest loads). Without the key a
+            // file of another vault looks whole: an unlocked mount of this data directory has
+            // told them apart, and its status names them.
             if let files = vault.folderFiles {
-                var skipped = files.skipped
+                var skipped = files.skipped.merging(openedSkipped) { first, _ in first }
                 for (relative, why) in Self.skippedByTheMount(of: dataDirectory.path) where skipped[relative] == nil {
                     skipped[relative] = why
                 }
+                // A synchroniser's or an editor's file is only named; a damaged one is damage.
+                let damage = skipped.filter { !$0.value.hasPrefix("not a ") }
+                report("vault", damage.isEmpty ? nil : "\(damage.count) damaged file(s), skipped (the others load)")
                 if !skipped.isEmpty {
-                    print("vault: \(files.loaded + files.skipped.count - skipped.count) change file(s) load, \(skipped.count) skipped")
+                    print("vault: \(skipped.count) file(s) skipped, every other file loads")
                     for (relative, why) in skipped.sorted(by: { $0.key < $1.key }) { print("vault: skipped \(relative): \(why)") }
                 }
+                if !sealsChecked { print("vault: the files' seals were not checked (they need the passphrase: --passphrase-file FILE)") }
+            } else {
+                report("vault", nil)
             }
         } catch {
-            report("vault", error.description)
+            report("vault", (error as? VaultError)?.description ?? "\(error)")
         }
         do {
             _ = try SettingsDocument(path: dataDirectory.settingsPath)

@@ -37,7 +37,7 @@ enum CommandLineTool {
 
         """
         for command in commands {
-            text += "  " + command.name + String(repeating: " ", count: max(0, 10 - command.name.count)) + command.abstract + "\n"
+            text += "  " + command.name + String(repeating: " ", count: max(1, 11 - command.name.count)) + command.abstract + "\n"
         }
         text += "\nRun `mtmfs COMMAND --help` for a command's options; `mtmfs --version` prints the version."
         return text

@@ -90,6 +90,8 @@ enum Daemon {
             _ = fcntl(readyFD, F_SETFD, FD_CLOEXEC)
             Log.use(.syslog)
         }
+        // Besides syslog (or the terminal): a file in the data directory a user can always read.
+        Log.alsoWrite(to: Paths.absolute(dataDirectory) + "/mtmfs.log")
         chdir("/")
         Syscall.limitHeapArenas(2)
         try? Syscall.forbidCoreDumps()

@@ -6,6 +6,16 @@ enum ExitCode {
     static let failure: Int32 = 1
     /// The command line is wrong: an unknown option, a missing argument.
     static let usage: Int32 = 2
+    /// `find`, `read`: no account matches.
+    static let noMatch: Int32 = 3
+    /// `find --print`: several accounts match where one is needed.
+    static let ambiguous: Int32 = 4
+    /// The accounts are locked: run `mtmfs unlock`.
+    static let locked: Int32 = 5
+    /// No mount: none is up, the one named is not an mtmfs mount, or it is stale.
+    static let noMount: Int32 = 6
+    /// Guarding refused the program that asked (not trusted, or denied at the prompt).
+    static let refused: Int32 = 7
 }
 
 /// A failure the user can act on: one line saying what went wrong and what to do.

@@ -64,10 +64,13 @@ struct FindCommand: Command {
     Lookups go through the vault's index of server, username and label: as fast with
     10,000 accounts as with 10.
 
-    Exit status: 0 found; 1 no account matches, several match --print, locked, or no
-    mount; 2 wrong command line.
+    --json prints a JSON array of the matches (path, uuid and the fields that are no
+    secret), or with --print one object (path and the field).
+
+    Exit status: 0 found; 3 no account matches; 4 several match --print; 5 locked; 6 no
+    mount; 7 guarding refused this program; 1 anything else; 2 wrong command line.
     """
-    static let flags: Set<String> = []
+    static let flags: Set<String> = ["--json"]
     static let filters = ["server", "protocol", "port", "path", "username", "label", "comment"]
     static let options: Set<String> = Set(filters.map { "--" + $0 } + ["--print"])
     static let printable = ["label", "protocol", "server", "port", "path", "comment", "username", "password", "otp", "url", "totp"]
@@ -75,6 +78,7 @@ struct FindCommand: Command {
     let mountPoint: String
     let criteria: [(String, String)]
     let print: String?
+    let json: Bool
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         criteria = Self.filters.compactMap { name in arguments.value("--" + name).map { (name, $0) } }
@@ -86,10 +90,23 @@ struct FindCommand: Command {
             throw .usage("a value cannot hold a newline", command: Self.name)
         }
         print = arguments.value("--print")
+        json = arguments.has("--json")
         if let print, !Self.printable.contains(print) {
             throw .usage("--print takes one of \(Self.printable.joined(separator: ", "))", command: Self.name)
         }
         mountPoint = try MountChoice.resolve(try arguments.positionals(0...1, named: "").first)
+    }
+
+    /// The matches as JSON: their path and UUID, and the fields that are no secret.
+    static func json(_ names: [String], in mountPoint: String) -> String {
+        let objects = names.map { name -> String in
+            let fields = ["label", "protocol", "server", "port", "path", "username", "comment"].compactMap { field in
+                (try? AccountSearch.field(field, of: name, in: mountPoint)).map { (field, $0) }
+            }
+            return "{\"path\": \(JSONText.string(mountPoint + "/accounts/" + name)), \"uuid\": \(JSONText.string(name)), "
+                + "\"fields\": \(JSONText.object(fields))}"
+        }
+        return "[" + objects.joined(separator: ",\n ") + "]"
     }
 
     func run() throws(CommandFailure) {
@@ -98,22 +115,30 @@ struct FindCommand: Command {
             names = try AccountSearch.names(in: mountPoint, matching: criteria)
         } catch {
             switch error {
-            case .locked: throw CommandFailure("the accounts of \(mountPoint) are locked: run `mtmfs unlock \(mountPoint)`")
+            case .locked: throw CommandFailure("the accounts of \(mountPoint) are locked: run `mtmfs unlock \(mountPoint)`",
+                                               exitCode: ExitCode.locked)
             case .unusable(let message): throw CommandFailure(message)
             }
         }
-        guard !names.isEmpty else { throw CommandFailure("no account matches") }
+        guard !names.isEmpty else {
+            if json { Swift.print("[]") }
+            throw CommandFailure("no account matches", exitCode: ExitCode.noMatch)
+        }
         guard let field = print else {
+            if json { return Swift.print(Self.json(names, in: mountPoint)) }
             for name in names { Swift.print(mountPoint + "/accounts/" + name) }
             return
         }
         guard names.count == 1 else {
-            throw CommandFailure("\(names.count) accounts match; --print needs one: narrow it (--username, --label, …)")
+            throw CommandFailure("\(names.count) accounts match; --print needs one: narrow it (--username, --label, …)",
+                                 exitCode: ExitCode.ambiguous)
         }
         do {
-            Swift.print(try AccountSearch.field(field, of: names[0], in: mountPoint))
+            let value = try AccountSearch.field(field, of: names[0], in: mountPoint)
+            Swift.print(json ? "{\"path\": \(JSONText.string(mountPoint + "/accounts/" + names[0])), \(JSONText.string(field)): \(JSONText.string(value))}" : value)
         } catch {
-            throw CommandFailure("cannot read \(field) of \(mountPoint)/accounts/\(names[0]): \(error)")
+            throw CommandFailure("cannot read \(field) of \(mountPoint)/accounts/\(names[0]): \(error)",
+                                 exitCode: error == .permissionDenied ? ExitCode.refused : ExitCode.failure)
         }
     }
 }

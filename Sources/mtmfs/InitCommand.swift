@@ -57,6 +57,8 @@ struct InitCommand: Command {
     }
 
     func run() throws(CommandFailure) {
+        // Before any passphrase is asked: a store already there (or mounted) is refused now.
+        do { try dataDirectory.checkInitializable() } catch { throw CommandFailure(error.description) }
         if let from { return try clone(from) }
         let passphrase = try PassphraseInput.readNew(file: passphraseFile)
         defer { passphrase.wipe() }

@@ -124,7 +124,12 @@ struct MountCommand: Command {
             do {
                 try PassphraseInput.unlock(mountPoint: mountPoint, with: passphrase)
             } catch {
-                throw CommandFailure("mounted \(mountPoint), but \(error.description): run `mtmfs unlock \(mountPoint)`")
+                // `mount --unlock M && …` must not go on with a mount it did not unlock: the
+                // mount goes again, and nothing is left to clean up.
+                let unmounted = (try? UnmountCommand(Arguments([mountPoint], command: UnmountCommand.name, flags: UnmountCommand.flags,
+                                                               options: UnmountCommand.options)).run()) != nil
+                throw CommandFailure("\(error.description); " + (unmounted ? "\(mountPoint) was unmounted again"
+                                                                  : "\(mountPoint) stays mounted: `mtmfs unlock \(mountPoint)`"))
             }
         }
     }

@@ -107,7 +107,7 @@ enum MountChoice {
         if let given {
             let path = Paths.resolved(Paths.absolute(given)) ?? Paths.absolute(given)
             guard MountTable.mtmfsMount(at: path) != nil else {
-                throw CommandFailure("\(given) is not an mtmfs mount (see `mtmfs status`)")
+                throw CommandFailure("\(given) is not an mtmfs mount (see `mtmfs status`)", exitCode: ExitCode.noMount)
             }
             return path
         }
@@ -115,7 +115,8 @@ enum MountChoice {
         let mounts = MountTable.ownMtmfsMounts()
         guard mounts.count == 1 else {
             throw CommandFailure(mounts.isEmpty ? "no mtmfs mount is up: mount one with `mtmfs mount MOUNT`"
-                                                : "several mtmfs mounts are up: name one (see `mtmfs status`)")
+                                                : "several mtmfs mounts are up: name one (see `mtmfs status`)",
+                                 exitCode: mounts.isEmpty ? ExitCode.noMount : ExitCode.failure)
         }
         return mounts[0].mountPoint
     }

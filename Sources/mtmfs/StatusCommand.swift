@@ -8,19 +8,25 @@ struct StatusCommand: Command {
     static let name = "status"
     static let abstract = "show mounts: locked or not, auto-lock countdown, store sizes"
     static let usage = """
-    Usage: mtmfs status [MOUNT]
+    Usage: mtmfs status [--json] [MOUNT]
 
-    Prints one summary per mtmfs mount of yours (or for MOUNT only). Exit 1 when MOUNT is
-    not an mtmfs mount of yours, or when you have no mtmfs mount up. The raw key=value form
-    is MOUNT/.mtmfs/status.
+    Prints one summary per mtmfs mount of yours (or for MOUNT only); --json prints a JSON
+    array of objects, one a mount: mount_point, mounted (yes or stale) and every key of
+    MOUNT/.mtmfs/status (the raw key=value form), as strings.
+
+    Exit status: 0 every mount up; 6 no mount of yours, MOUNT not one, or a mount stale
+    (its daemon is gone); 1 MOUNT is another user's.
     """
-    static let flags: Set<String> = []
+    static let flags: Set<String> = ["--json"]
     static let options: Set<String> = []
 
     let mountPoint: String?
 
+    let json: Bool
+
     init(_ arguments: Arguments) throws(CommandFailure) {
         mountPoint = try arguments.positionals(0...1, named: "").first
+        json = arguments.has("--json")
     }
 
     func run() throws(CommandFailure) {
@@ -28,7 +34,7 @@ struct StatusCommand: Command {
         if let mountPoint {
             let path = Paths.resolved(Paths.absolute(mountPoint)) ?? Paths.absolute(mountPoint)
             guard let mount = MountTable.mtmfsMount(at: path) else {
-                throw CommandFailure("\(mountPoint) is not an mtmfs mount: mount one with `mtmfs mount MOUNT`")
+                throw CommandFailure("\(mountPoint) is not an mtmfs mount: mount one with `mtmfs mount MOUNT`", exitCode: ExitCode.noMount)
             }
             guard mount.owner == nil || mount.owner == getuid() else {
                 throw CommandFailure("\(mountPoint) is another user's mtmfs mount (uid \(mount.owner!)): only they can see its status")
@@ -36,10 +42,28 @@ struct StatusCommand: Command {
             mounts = [path]
         } else {
             mounts = MountTable.ownMtmfsMounts().map(\.mountPoint)
-            guard !mounts.isEmpty else { throw CommandFailure("you have no mtmfs mount up: start one with `mtmfs mount MOUNT`") }
+            guard !mounts.isEmpty else {
+                if json { print("[]") }
+                throw CommandFailure("you have no mtmfs mount up: start one with `mtmfs mount MOUNT`", exitCode: ExitCode.noMount)
+            }
         }
+        var stale: [String] = []
+        var objects: [String] = []
         for path in mounts {
-            print(Self.summary(path: path, values: StatusFile.read(mountPoint: path), stale: MountTable.isStale(path)))
+            let isStale = MountTable.isStale(path)
+            if isStale { stale.append(path) }
+            let values = StatusFile.read(mountPoint: path)
+            if json {
+                objects.append(JSONText.object([("mount_point", path), ("mounted", isStale ? "stale" : "yes")]
+                                               + values.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }))
+            } else {
+                print(Self.summary(path: path, values: values, stale: isStale))
+            }
+        }
+        if json { print("[" + objects.joined(separator: ",\n ") + "]") }
+        // A stale mount is a mount no more: said in the exit status too (a script's `status && …`).
+        if !stale.isEmpty {
+            throw CommandFailure("\(stale.joined(separator: ", ")): stale; run `mtmfs unmount` on it", exitCode: ExitCode.noMount)
         }
     }
 
@@ -75,6 +99,7 @@ struct StatusCommand: Command {
             lines.append("  vault: \(skipped) file(s) of the vault folder skipped (damaged, half-synced, foreign or a "
                          + "synchroniser's own): `mtmfs check` names them")
         }
+        if let log = values["log"] { lines.append("  log: \(log)") }
         if let error = values["settings_error"] {
             lines.append("  settings: \(error) — settings/ answers EIO; the file is left as it is")
         }

@@ -62,8 +62,14 @@ struct VaultRepository {
     }
 
     /// git's last line of output (what it said went wrong).
+    /// What git said went wrong: its first `fatal:` or `error:` line (git's advice follows
+    /// on lines of its own: "Please make sure … and the repository exists."), else its last.
     static func lastLine(_ output: String) -> String {
-        output.split(separator: "\n").last.map { trimmed(String($0)) } ?? "no output"
+        let lines = output.split(separator: "\n").map { trimmed(String($0)) }.filter { !$0.isEmpty }
+        for prefix in ["fatal: ", "error: "] {
+            if let line = lines.first(where: { $0.hasPrefix(prefix) }) { return String(line.dropFirst(prefix.count)) }
+        }
+        return lines.last ?? "no output"
     }
 
     /// Makes the folder a repository (branch `main`, no sample hooks), with the names to

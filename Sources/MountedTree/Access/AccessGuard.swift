@@ -63,6 +63,52 @@ public struct PromptSettings: Sendable {
             return kept.contains(name) && name != "PATH"
         }
         out.append("PATH=" + systemPath)
+        return withUTF8Locale(out)
+    }
+
+    /// A pinentry refuses text it cannot show in its locale ("ERR 83886246 A locale function
+    /// failed" for `…` and `←`): a daemon started from a login shell after `su -`, a systemd
+    /// unit or cron has none. The locale's character type is made UTF-8 (`C.UTF-8`, which
+    /// glibc always has; the language of messages is left as it was).
+    static func withUTF8Locale(_ environment: [String]) -> [String] {
+        func value(_ name: String) -> String? {
+            environment.first { $0.hasPrefix(name + "=") }.map { String($0.dropFirst(name.count + 1)) }.flatMap { $0.isEmpty ? nil : $0 }
+        }
+        let effective = value("LC_ALL") ?? value("LC_CTYPE") ?? value("LANG") ?? "C"
+        let lowered = effective.lowercased()
+        guard !lowered.contains("utf-8") && !lowered.contains("utf8"), utf8LocaleExists else { return environment }
+        var out = environment.filter { !$0.hasPrefix("LC_ALL=") && !$0.hasPrefix("LC_CTYPE=") }
+        // LC_ALL would override LC_CTYPE: its other parts move to their own variables.
+        if let all = value("LC_ALL"), value("LC_MESSAGES") == nil { out.append("LC_MESSAGES=" + all) }
+        out.append("LC_CTYPE=C.UTF-8")
+        return out
+    }
+
+    /// Whether this system has a UTF-8 locale to give a pinentry (else prompts are ASCII).
+    static let utf8LocaleExists: Bool = {
+        guard let locale = newlocale(LC_CTYPE_MASK, "C.UTF-8", nil) else { return false }
+        freelocale(locale)
+        return true
+    }()
+
+    /// The prompt's text as a pinentry in `environment` can show it: as it is in a UTF-8
+    /// locale, else with `…`, `←`, `—` and other non-ASCII characters written in ASCII.
+    static func displayable(_ text: String, in environment: [String]) -> String {
+        let locale = (environment.first { $0.hasPrefix("LC_ALL=") } ?? environment.first { $0.hasPrefix("LC_CTYPE=") }
+                      ?? environment.first { $0.hasPrefix("LANG=") } ?? "").lowercased()
+        if locale.contains("utf-8") || locale.contains("utf8") { return text }
+        var out = ""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "…": out += "..."
+            case "←": out += "<-"
+            case "→": out += "->"
+            case "—", "–": out += "-"
+            case "“", "”": out += "\""
+            case "‘", "’": out += "'"
+            default: out += scalar.isASCII ? String(scalar) : "?"
+            }
+        }
         return out
     }
 
@@ -235,7 +281,7 @@ final class AccessGuard: Sendable {
     /// The question put to the person.
     func promptText(_ requester: Requester, _ access: Access) -> (title: String, description: String) {
         let program = requester.program.map { "\(requester.path) (SHA-256 \(String($0.hexDigest.prefix(16)))…)" } ?? requester.path
-        var lines = ["\(program), pid \(requester.process),"]
+        var lines = ["\(program), pid \(requester.viaCaller ?? requester.process),"]
         if let via = requester.via { lines.append("through \(via),") }
         if case .connection(let connection) = access.scope { lines.append("on the Secret Service (bus connection \(connection)),") }
         lines += [

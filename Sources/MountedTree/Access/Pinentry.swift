@@ -50,9 +50,10 @@ final class PinentryDialog: Sendable {
     /// Shows the dialog and waits for the answer, at most `timeout` seconds.
     func ask(program: String, terminal: String?, environment: [String], title: String, description: String,
              timeout: Double, alwaysAllowText: String, unavailable: String? = nil) -> PinentryAnswer {
-        converse(program: program, terminal: terminal, environment: environment, timeout: timeout, unavailable: unavailable) { c in
-            let answer = c.run(title: title, description: description, timeout: timeout)
-            if case .alwaysAllow = answer { return c.passphrase(alwaysAllowText) }
+        let shown = { (text: String) in PromptSettings.displayable(text, in: environment) }
+        return converse(program: program, terminal: terminal, environment: environment, timeout: timeout, unavailable: unavailable) { c in
+            let answer = c.run(title: shown(title), description: shown(description), timeout: timeout)
+            if case .alwaysAllow = answer { return c.passphrase(shown(alwaysAllowText)) }
             return answer
         }
     }
@@ -62,10 +63,11 @@ final class PinentryDialog: Sendable {
     /// the question (a wrong passphrase before).
     func askPassphrase(program: String, terminal: String?, environment: [String], title: String, description: String,
                        error: String?, timeout: Double, unavailable: String? = nil) -> PinentryAnswer {
-        converse(program: program, terminal: terminal, environment: environment, timeout: timeout, unavailable: unavailable) { c in
-            if case .failure(let failure) = c.greet(title: title, timeout: timeout) { return failure.answer }
-            if let error, case .failure(let failure) = c.exchange("SETERROR " + Conversation.escape(error)) { return failure.answer }
-            return c.passphrase(description, ok: "_Unlock", cancel: "_Cancel")
+        let shown = { (text: String) in PromptSettings.displayable(text, in: environment) }
+        return converse(program: program, terminal: terminal, environment: environment, timeout: timeout, unavailable: unavailable) { c in
+            if case .failure(let failure) = c.greet(title: shown(title), timeout: timeout) { return failure.answer }
+            if let error, case .failure(let failure) = c.exchange("SETERROR " + Conversation.escape(shown(error))) { return failure.answer }
+            return c.passphrase(shown(description), ok: "_Unlock", cancel: "_Cancel")
         }
     }
 

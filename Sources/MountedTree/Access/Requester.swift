@@ -28,6 +28,9 @@ struct Requester: Sendable {
     /// `git-credential-mtmfs`): that command, "PATH (pid N)". The program decided on is
     /// then its caller: trusting mtmfs would trust every script that runs it.
     var via: String? = nil
+    /// The caller's own process when the request came `via` mtmfs's command line (`process`
+    /// stays the one whose request waits), for the prompt to name.
+    var viaCaller: pid_t? = nil
 
     /// The program's path as shown (control characters made visible).
     var path: String { Requester.printable(program?.path ?? "(unknown program)") }
@@ -186,6 +189,7 @@ final class RequesterInspector: Sendable {
                            refusal: requester.refusal ?? caller.refusal.map { "its caller: " + $0 },
                            parent: caller.parent, isMtmfs: false)
         caller.via = "\(requester.path) (pid \(requester.process))"
+        caller.viaCaller = requester.parent
         return caller
     }
 

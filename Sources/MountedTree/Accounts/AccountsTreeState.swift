@@ -185,7 +185,8 @@ extension AccountsTree {
         mutating func makeAccount(_ name: String, trusting creator: TrustedProgram?) throws(Errno) -> LocalInode {
             if ViewNode.names[name] != nil { throw .fileExists }
             try fields.session.requireOpen()
-            guard let uuid = AccountName.uuidBytes(name) else { throw .invalidArgument }
+            // (The nil UUID is the vault's own: its guarding flag lives there, docs/vault-format-3.md.)
+            guard let uuid = AccountName.uuidBytes(name), uuid.contains(where: { $0 != 0 }) else { throw .invalidArgument }
             guard let vault = fields.vault else { throw .ioError }
             if vault.hasAccount(uuid: uuid) || engine.scratch(named: name, in: .top) != nil { throw .fileExists }
             do {

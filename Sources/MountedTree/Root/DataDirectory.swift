@@ -88,6 +88,18 @@ public struct DataDirectory: Hashable, Sendable {
         }
     }
 
+    /// Whether `init` can make a store here, checked before it asks for a passphrase: EEXIST
+    /// for a data directory that holds one (and the mount that holds it, if any).
+    public func checkInitializable() throws(DataDirectoryError) {
+        guard let st = try? Syscall.stat(path) else { return }
+        guard st.st_mode & S_IFMT == S_IFDIR else { throw DataDirectoryError.notADirectory(path) }
+        let claim = try DataDirectoryClaim(self, holder: .command("mtmfs init"))
+        defer { withExtendedLifetime(claim) {} }
+        if FileExistence.exists(settingsPath) || FileExistence.exists(cachePath) || FileExistence.exists(vaultPath) {
+            throw DataDirectoryError.alreadyInitialized(path)
+        }
+    }
+
     /// As `initialize(passphrase:…)`, with the vault that `makeVault` puts at the path it is
     /// given (`mtmfs init --from`: a clone of another machine's, checked with its passphrase);
     /// when it throws, nothing of the new stores is left.

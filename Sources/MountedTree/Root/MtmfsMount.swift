@@ -216,6 +216,7 @@ struct StatusReport: Sendable {
         let lines = accounts.statusLines() + settings.statusLines() + cache.statusLines() + [
             "version=\(MtmfsVersion.string)",
             "data_dir=\(dataDirectory.path)",
+            "log=\(Log.filePath ?? "syslog")",
             "mount_point=\(mountPoint)",
             "pid=\(getpid())",
         ]
