@@ -182,7 +182,7 @@ final class CrashDriver {
         nodes = []
         attemptedFiles = []
         let expectedData: Set<String> = ["vault", "device", "Settings.plist", "cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm",
-                                         "cache.data", "mtmfs.lock"]
+                                         "cache.data", "mtmfs.lock", "mtmfs.log", "mtmfs.log.1"]
         let data = Set(listing(store.dataDirectory) ?? [])
         if !data.isSubset(of: expectedData) {
             problems.append("data directory holds \(data.subtracting(expectedData).sorted())")

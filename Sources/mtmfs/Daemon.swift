@@ -16,7 +16,7 @@ enum Daemon {
     /// Starts the daemon and waits for its word; returns its pid once the mount is ready.
     static func start(dataDirectory: String, mountPoint: String, options: [String],
                       autoLockSeconds: Int = 900, cacheLimit: Int64? = nil, pinentry: String = "pinentry",
-                      debug: Bool = false) throws(CommandFailure) -> pid_t {
+                      debug: Bool = false, discardDataDirectory: Bool = false) throws(CommandFailure) -> pid_t {
         if let problem = FuseDevice.problem() { throw CommandFailure("cannot mount on \(mountPoint): \(problem)") }
         let pipe: (read: Int32, write: Int32)
         do {
@@ -28,6 +28,7 @@ enum Daemon {
                          "--auto-lock", String(autoLockSeconds)]
         if let cacheLimit { arguments += ["--cache-limit", String(cacheLimit)] }
         if debug { arguments.append("--debug") }
+        if discardDataDirectory { arguments.append("--discard-data-dir") }
         // A relative path means the caller's directory; the daemon runs in /.
         arguments += ["--pinentry", pinentry.contains("/") ? Paths.absolute(pinentry) : pinentry]
         for option in options { arguments += ["-o", option] }

@@ -51,7 +51,7 @@ struct DemoCommand: Command {
         } catch {
             throw CommandFailure("cannot write the demo stores: \(error)")
         }
-        _ = try Daemon.start(dataDirectory: dataDirectory.path, mountPoint: mountPoint, options: [])
+        _ = try Daemon.start(dataDirectory: dataDirectory.path, mountPoint: mountPoint, options: [], discardDataDirectory: true)
         Self.addSampleCacheFiles(mountPoint + "/cache")
         let locked = tour(mountPoint: mountPoint, dataDirectory: dataDirectory.path)
         try PassphraseInput.unlock(mountPoint: mountPoint, with: passphrase)
@@ -200,6 +200,7 @@ struct DemoCommand: Command {
           \(shown)/.mtmfs/     status and control files
 
         Look around with ls and cat; `\(Self.command) status` summarizes every mount.
+        The demo's data directory goes with its mount.
         When done: \(Self.command) unmount \(shown)\(Self.pathHint)
         """
     }

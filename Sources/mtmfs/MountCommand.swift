@@ -33,7 +33,9 @@ struct MountCommand: Command {
       --debug          log every request (operation, inode, caller, result) and
                        store event; names and values are never logged
     """
-    static let flags: Set<String> = ["-f", "--foreground", "--unlock", "--debug", "--secret-service"]
+    /// (`--discard-data-dir`: the demo's daemon removes its throwaway data directory when
+    /// the mount ends; set only by `mtmfs demo`.)
+    static let flags: Set<String> = ["-f", "--foreground", "--unlock", "--debug", "--secret-service", "--discard-data-dir"]
     static let options: Set<String> = ["--data-dir", "-o", "--ready-fd", "--auto-lock", "--passphrase-file", "--cache-limit", "--pinentry",
                                        "--secret-service"]
 
@@ -44,6 +46,7 @@ struct MountCommand: Command {
     /// Set only in the daemon that `mtmfs mount` starts (see `Daemon`).
     let readyFD: Int32?
     let autoLockSeconds: Int
+    let discardDataDirectory: Bool
     let unlock: Bool
     let passphraseFile: String?
     let cacheLimit: Int64?
@@ -70,6 +73,7 @@ struct MountCommand: Command {
             throw .usage("--auto-lock takes a number of seconds (0: never)", command: Self.name)
         }
         autoLockSeconds = seconds
+        discardDataDirectory = arguments.has("--discard-data-dir")
         unlock = arguments.has("--unlock")
         debug = arguments.has("--debug")
         pinentry = arguments.value("--pinentry") ?? "pinentry"
@@ -101,6 +105,12 @@ struct MountCommand: Command {
                     try DataDirectory(path: dataDirectory).check()
                 } catch {
                     throw CommandFailure(error.description)
+                }
+            }
+            defer {
+                // The demo's data directory goes with its mount (never another: /tmp's demo names only).
+                if discardDataDirectory, dataDirectory.hasPrefix("/tmp/mtmfs-demo-data.") {
+                    _ = Spawn.run("rm", ["-rf", "--", dataDirectory])
                 }
             }
             try Daemon.serve(dataDirectory: dataDirectory, mountPoint: mountPoint, options: options,

@@ -33,7 +33,7 @@ struct UnmountCommand: Command {
 
     func run() throws(CommandFailure) {
         guard MountTable.mtmfsMount(at: path) != nil else {
-            throw CommandFailure("\(given) is not an mtmfs mount (see `mtmfs status`)")
+            throw CommandFailure("\(given) is not an mtmfs mount (see `mtmfs status`)", exitCode: ExitCode.noMount)
         }
         let stale = MountTable.isStale(path)
         let pid = StatusFile.read(mountPoint: path)["pid"].flatMap { pid_t($0) }

@@ -180,18 +180,18 @@ import Glibc
         #expect(find("--label", "Work mail", "--print", "url").stdout == "https://mail.example.com/owa\n")
 
         let none = find("--server", "nowhere.example.com")
-        #expect(none.status == 1 && none.stdout.isEmpty && none.stderr.contains("no account matches"), "\(none)")
+        #expect(none.status == 3 && none.stdout.isEmpty && none.stderr.contains("no account matches"), "\(none)")
         let several = find("--protocol", "https", "--print", "password")
-        #expect(several.status == 1 && several.stdout.isEmpty && several.stderr.contains("2 accounts match"), "\(several)")
+        #expect(several.status == 4 && several.stdout.isEmpty && several.stderr.contains("2 accounts match"), "\(several)")
         #expect(find("--port", "http").status == 2)
         #expect(find("--print", "secret").status == 2)
         #expect(find("--bogus", "x").status == 2)
         let noMount = Run.mtmfs("find", store.scratch.path, "--server", "mail.example.com")
-        #expect(noMount.status == 1 && noMount.stderr.contains("is not an mtmfs mount"), "\(noMount)")
+        #expect(noMount.status == 6 && noMount.stderr.contains("is not an mtmfs mount"), "\(noMount)")
 
         #expect(Run.mtmfs("lock", m).status == 0)
         let locked = find("--server", "mail.example.com")
-        #expect(locked.status == 1 && locked.stderr.contains("locked"), "\(locked)")
+        #expect(locked.status == 5 && locked.stderr.contains("locked"), "\(locked)")
         // The control file itself: one question, its answer on the same descriptor.
         let fd = open(store.path(".mtmfs/find"), O_RDWR | O_CLOEXEC)
         #expect(fd >= 0)

@@ -144,7 +144,7 @@ import Glibc
         try TestFile.write("bob:second\n", to: world.scratch.sub("expected"))
         #expect(world.clone().status != 0)
         let erased = world.find()
-        #expect(erased.status == 1 && erased.stdout.isEmpty, "the account store made is removed: \(erased)")
+        #expect(erased.status == 3 && erased.stdout.isEmpty, "the account store made is removed: \(erased)")  // 3: no match
     }
 
     /// The helper's matching and checks, without git: path (decoded by git, a URL path in
@@ -181,7 +181,7 @@ import Glibc
         #expect(helper("erase", "protocol=https", "host=git.example.org", "username=bob", "password=pw").status == 0)
         #expect(helper("get", "protocol=https", "host=git.example.org").stdout == "username=bob\npassword=pw2\n")
         #expect(helper("erase", "protocol=https", "host=git.example.org", "username=bob", "password=pw2").status == 0)
-        #expect(Run.mtmfs("find", store.mountPoint).status == 1, "the account store made is gone")
+        #expect(Run.mtmfs("find", store.mountPoint).status == 3, "the account store made is gone")
         #expect(helper("get", "protocol=https", "host=git.example.org").stdout.isEmpty)
         let unknown = helper("bogus")
         #expect(unknown.status == 0 && unknown.stdout.isEmpty, "an action git may add later is ignored: \(unknown)")

@@ -195,10 +195,10 @@ import Glibc
         let scratch = Scratch()
         defer { scratch.remove() }
         let unmount = Run.mtmfs("unmount", scratch.path)
-        #expect(unmount.status == 1)
+        #expect(unmount.status == 6)  // no mount (mtmfs(1), EXIT STATUS)
         #expect(unmount.stderr.contains("is not an mtmfs mount"), "\(unmount)")
         let status = Run.mtmfs("status", scratch.path)
-        #expect(status.status == 1)
+        #expect(status.status == 6)
         #expect(status.stderr.contains("is not an mtmfs mount"), "\(status)")
     }
 

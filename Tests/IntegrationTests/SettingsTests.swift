@@ -362,10 +362,10 @@ import Glibc
 
 enum DataFiles {
     /// The files of a data directory, less the companions of the open cache database
-    /// (SQLite's -wal and -shm, and the folder of large files' data).
+    /// (SQLite's -wal and -shm, and the folder of large files' data) and the daemon's log.
     static func names(in path: String) throws -> [String] {
         try FileManager.default.contentsOfDirectory(atPath: path)
-            .filter { !["cache.sqlite-wal", "cache.sqlite-shm", "cache.data"].contains($0) }
+            .filter { !["cache.sqlite-wal", "cache.sqlite-shm", "cache.data", "mtmfs.log", "mtmfs.log.1"].contains($0) }
     }
 }
 
