@@ -102,10 +102,16 @@ public final class FuseMount: @unchecked Sendable {
             reference.release()
             throw MountError("FUSE rejected the options \(options.joined(separator: ","))")
         }
-        guard fuse_session_mount(created, mountPoint) == 0 else {
+        // libfuse and fusermount3 say why a mount is refused on standard error, which is
+        // /dev/null in a daemon: it is caught here and said in the error.
+        let said = StandardErrorCapture()
+        let mounted = fuse_session_mount(created, mountPoint) == 0
+        let message = said.end()
+        guard mounted else {
             fuse_session_destroy(created)
             reference.release()
-            throw MountError("cannot mount on \(mountPoint): " + (FuseDevice.problem() ?? "FUSE refused the mount (its message is above)"))
+            let reason = FuseDevice.problem() ?? (message.isEmpty ? "FUSE refused the mount" : message)
+            throw MountError("cannot mount on \(mountPoint): " + reason)
         }
         bridge.session.store(UInt(bitPattern: created), ordering: .releasing)
         // Our own writev and read on the same descriptor (see `SetIDKill`).
@@ -281,5 +287,50 @@ enum WorkerWakeUp {
         sigemptyset(&set)
         sigaddset(&set, SIGUSR2)
         pthread_sigmask(SIG_UNBLOCK, &set, nil)
+    }
+}
+
+/// Standard error caught for a while (libfuse's and fusermount3's words about a refused
+/// mount): a pipe in place of descriptor 2, put back by `end`, which returns what was
+/// written, on one line. Without a pipe, nothing is caught.
+///
+/// Thread-safety: for one thread, around one call (other threads' lines meanwhile are
+/// caught too, and end up in the message).
+final class StandardErrorCapture {
+    private var saved: Int32 = -1
+    private var pipe: (read: Int32, write: Int32)?
+
+    init() {
+        guard let made = try? Syscall.pipe() else { return }
+        saved = dup(2)
+        guard saved >= 0, dup2(made.write, 2) >= 0 else {
+            Syscall.close(made.read)
+            Syscall.close(made.write)
+            if saved >= 0 { Syscall.close(saved) }
+            saved = -1
+            return
+        }
+        Syscall.close(made.write)
+        pipe = (made.read, -1)
+    }
+
+    func end() -> String {
+        guard let pipe, saved >= 0 else { return "" }
+        dup2(saved, 2)
+        Syscall.close(saved)
+        _ = fcntl(pipe.read, F_SETFL, fcntl(pipe.read, F_GETFL) | O_NONBLOCK)
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while bytes.count < 65536 {
+            let n = buffer.withUnsafeMutableBytes { read(pipe.read, $0.baseAddress, $0.count) }
+            if n <= 0 { break }
+            bytes += buffer[0..<n]
+        }
+        Syscall.close(pipe.read)
+        self.pipe = nil
+        let text = String(decoding: bytes, as: UTF8.self)
+        return text.split(separator: "\n").map { line in
+            String(line.drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" || $0 == "\r" }.reversed())
+        }.filter { !$0.isEmpty }.joined(separator: "; ")
     }
 }

@@ -81,6 +81,8 @@ struct StatusCommand: Command {
         if state == "unlocked", let seconds = values["auto_lock_in"], seconds != "0" {
             accounts += ", auto-lock in \(seconds) s"
         }
+        // A damaged vault cannot be unlocked: say so where the state is, not "locked" alone.
+        if values["vault_error"] != nil { accounts = "  accounts: unavailable (the vault is damaged, below: no unlock helps)" }
         lines.append(accounts)
         if let guarding = values["guard"], guarding != "unknown" {
             lines.append(guarding == "on" ? "  guard: on — a password goes only to the programs trusted with its account"

@@ -112,7 +112,8 @@ extension AccountsTree.State {
         let files = conflictFiles(of: node.account)
         guard !files.isEmpty else { throw .noSuchFileOrDirectory }
         switch node {
-        case .directory: return ownership.directory(space.inode(node.local), mode: 0o500)
+        // 0700 (its files are read only): `rm -r` of the account descends without asking.
+        case .directory: return ownership.directory(space.inode(node.local), mode: 0o700)
         case .file:
             guard files.contains(where: { $0.1 == node.local }) else { throw .noSuchFileOrDirectory }
             return ownership.file(space.inode(node.local), mode: 0o400, size: 0)

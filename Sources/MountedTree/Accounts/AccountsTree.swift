@@ -218,10 +218,11 @@ public final class AccountsTree: EditingTree {
         let parentLocal = space.local(of: parent)
         if ViewNode(parentLocal) != nil || ConflictNode(parentLocal) != nil { throw .permissionDenied }
         if parentLocal != .top && name == ConflictNode.name {
-            // `rm -r` of an account: its conflicts go with it (nothing to remove here).
+            // `rm -r` of an account: its conflicts go with it (nothing to remove here). By then
+            // the fields it cleared may have resolved them, and the directory gone: still done.
             try locked { (s) throws(Errno) in
                 try s.fields.session.requireOpen()
-                _ = try s.lookup(parentLocal, name)
+                guard s.fields.account(at: parentLocal) != nil else { throw .noSuchFileOrDirectory }
             }
             return
         }

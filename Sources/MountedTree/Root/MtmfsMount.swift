@@ -60,6 +60,10 @@ public final class MtmfsMount: Sendable {
                                       set: { (value) throws(Errno) in try settings.setString(value, forKey: activeKey) }),
             autoLockSeconds: autoLockSeconds,
             prompts: Self.prompts(pinentry, mountPoint: mountPoint), nodes: nodes)
+        if let problem = accounts.statusLines().first(where: { $0.hasPrefix("vault_error=") }) {
+            progress(String(problem.dropFirst("vault_error=".count)) + ": accounts/ cannot be unlocked; the vault is left as it is "
+                     + "(`mtmfs check` names what is wrong)")
+        }
         let cache = CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership, notifier: notifier, limit: cacheLimit,
                               nodes: nodes, progress: progress)
         let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts,
@@ -110,7 +114,14 @@ public final class MtmfsMount: Sendable {
         let serviceOption = options.last { $0 == "secret_service" || $0.hasPrefix("secret_service=") }
         let fuseOptions = ["fsname=" + Self.escapeOption(dataDirectory.path), "subtype=mtmfs",
                            "default_permissions"] + options.filter { !$0.hasPrefix("secret_service") } + ["nosuid", "nodev"]
-        self.fuse = try FuseMount(fileSystem: root, mountPoint: mountPoint, options: fuseOptions)
+        do {
+            self.fuse = try FuseMount(fileSystem: root, mountPoint: mountPoint, options: fuseOptions)
+        } catch {
+            // Never served: the stores close cleanly (the cache's mark says so, and the next
+            // mount runs no check for an unclean shutdown that never was).
+            root.shutDown()
+            throw error
+        }
         notifier.attach(fuse)
         // On the session bus once mounted (this is the daemon's own process); a name that
         // another program holds is said in one line, and the files are served without it.
