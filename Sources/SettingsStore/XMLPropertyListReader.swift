@@ -158,7 +158,12 @@ extension XMLPropertyList {
         mutating func text() throws(PlistError) -> String {
             var out: [UInt8] = []
             func appendNormalizingLineEnds(_ slice: ArraySlice<UInt8>) {
-                guard slice.contains(0x0D) else { out += slice; return }
+                // (memchr: a 64 MiB value is one scan, also in a debug build.)
+                let hasCR = slice.withUnsafeBytes { raw in raw.baseAddress.map { memchr($0, 0x0D, raw.count) != nil } ?? false }
+                guard hasCR else {
+                    slice.withUnsafeBytes { raw in out.append(contentsOf: raw.bindMemory(to: UInt8.self)) }
+                    return
+                }
                 var previous: UInt8 = 0
                 for byte in slice {
                     if byte == 0x0A && previous == 0x0D { previous = byte; continue }

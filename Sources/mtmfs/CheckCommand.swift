@@ -107,7 +107,9 @@ struct CheckCommand: Command {
                     print("vault: \(skipped.count) file(s) skipped, every other file loads")
                     for (relative, why) in skipped.sorted(by: { $0.key < $1.key }) { print("vault: skipped \(relative): \(why)") }
                 }
-                if !sealsChecked { print("vault: the files' seals were not checked (they need the passphrase: --passphrase-file FILE)") }
+                if !sealsChecked {
+                    Terminal.error("mtmfs check: note: the vault's seals were not checked (they need the passphrase: --passphrase-file FILE)")
+                }
             } else {
                 report("vault", nil)
             }

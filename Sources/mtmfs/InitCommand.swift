@@ -11,13 +11,16 @@ struct InitCommand: Command {
     static let abstract = "create a data directory with empty stores"
     static let usage = """
     Usage: mtmfs init [--data-dir DIR] [--kdf interactive|moderate|sensitive] [--guard] [--passphrase-file FILE]
+                      [--weak-passphrase]
            mtmfs init --from URL [--data-dir DIR] [--passphrase-file FILE]
 
     Creates DIR (mode 0700) with an empty credential vault (a folder, made a git repository
     when git is installed: see `mtmfs sync`), the default Settings.plist and an empty
     cache.sqlite. Asks for the vault's new passphrase twice without echo on a terminal,
     reads one line from standard input otherwise, or the first line of FILE. A directory
-    that already holds a store is left alone (exit 1).
+    that already holds a store is left alone (exit 1). A weak passphrase (under 2^27
+    guesses by a zxcvbn-like estimate: common passwords and words, years, runs, repeats) is
+    refused unless --weak-passphrase is given.
 
     With --from, the vault is a clone of the git repository at URL (another machine's,
     after its `mtmfs sync`): the passphrase asked for, once, is that vault's, and is
@@ -31,8 +34,9 @@ struct InitCommand: Command {
                               to the programs trusted with its account (mtmfs guard)
       --passphrase-file FILE  read the passphrase from FILE's first line
       --from URL              clone the vault of another machine from its git remote
+      --weak-passphrase       take a passphrase the estimate finds weak
     """
-    static let flags: Set<String> = ["--guard"]
+    static let flags: Set<String> = ["--guard", "--weak-passphrase"]
     static let options: Set<String> = ["--data-dir", "--kdf", "--passphrase-file", "--from"]
 
     let dataDirectory: DataDirectory
@@ -40,6 +44,7 @@ struct InitCommand: Command {
     let passphraseFile: String?
     let guarded: Bool
     let from: String?
+    let weakAllowed: Bool
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         _ = try arguments.positionals(0...0, named: "")
@@ -51,6 +56,7 @@ struct InitCommand: Command {
         passphraseFile = arguments.value("--passphrase-file")
         guarded = arguments.has("--guard")
         from = arguments.value("--from")
+        weakAllowed = arguments.has("--weak-passphrase")
         if from != nil, arguments.value("--kdf") != nil || guarded {
             throw .usage("--from takes the vault as it is: no --kdf or --guard", command: Self.name)
         }
@@ -62,6 +68,7 @@ struct InitCommand: Command {
         if let from { return try clone(from) }
         let passphrase = try PassphraseInput.readNew(file: passphraseFile)
         defer { passphrase.wipe() }
+        try PassphraseStrength.require(passphrase, allowed: weakAllowed)
         let result = Progress.whileWorking("deriving the key from the passphrase") {
             Result { () throws(DataDirectoryError) in try dataDirectory.initialize(passphrase: passphrase, kdf: kdf, guarded: guarded) }
         }

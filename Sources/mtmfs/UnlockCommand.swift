@@ -82,21 +82,24 @@ struct PasswdCommand: Command {
     static let abstract = "change the vault's passphrase (re-wraps the master key only)"
     static let usage = """
     Usage: mtmfs passwd [--data-dir DIR] [--kdf interactive|moderate|sensitive]
-                        [--passphrase-file FILE --new-passphrase-file FILE]
+                        [--passphrase-file FILE --new-passphrase-file FILE] [--weak-passphrase]
 
     Asks for the current passphrase, then the new one twice. The data directory must not
-    be mounted. The records are not re-encrypted: only the wrapped master key changes.
+    be mounted. The records are not re-encrypted: only the wrapped master key changes. A
+    weak new passphrase is refused unless --weak-passphrase is given (see `mtmfs init`).
     """
-    static let flags: Set<String> = []
+    static let flags: Set<String> = ["--weak-passphrase"]
     static let options: Set<String> = ["--data-dir", "--kdf", "--passphrase-file", "--new-passphrase-file"]
 
     let dataDirectory: String
     let kdf: KDFParameters?
     let currentFile: String?
     let newFile: String?
+    let weakAllowed: Bool
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         _ = try arguments.positionals(0...0, named: "")
+        weakAllowed = arguments.has("--weak-passphrase")
         dataDirectory = Paths.dataDirectory(arguments.value("--data-dir"))
         if let name = arguments.value("--kdf") {
             guard let kdf = KDFParameters.named(name) else { throw .usage("--kdf takes interactive, moderate or sensitive", command: Self.name) }
@@ -138,6 +141,7 @@ struct PasswdCommand: Command {
         defer { vault.lock() }
         let new = try PassphraseInput.readNew(file: newFile)
         defer { new.wipe() }
+        try PassphraseStrength.require(new, allowed: weakAllowed)
         do {
             try vault.changePassphrase(to: new, parameters: kdf ?? vault.kdfParameters)
         } catch {
