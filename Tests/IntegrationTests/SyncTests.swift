@@ -121,6 +121,8 @@ import TestSupport
         let failed = Run.mtmfs("sync", m.b.mountPoint)
         #expect(failed.status == 1 && failed.stderr.contains("cannot reach origin"), "\(failed)")
         #expect(failed.stderr.split(separator: "\n").count == 1, "one line: \(failed.stderr)")
+        // git's own words, not its advice's last line ("and the repository exists.").
+        #expect(failed.stderr.contains("does not appear to be a git repository") && !failed.stderr.contains("exists."), "\(failed)")
         #expect(Run.program("git", ["-C", vault, "rev-parse", "HEAD"]).stdout == head, "nothing committed")
         #expect(cat(m.b, "accounts/\(Self.uuid)/comment") == "kept\n")
         // A remote that holds another vault is refused.
