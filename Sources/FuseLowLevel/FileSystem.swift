@@ -329,6 +329,11 @@ public protocol FileSystem: AnyObject, Sendable {
                    length: Int, context: RequestContext) throws(Errno) -> Int
     /// Called once, when the loop has ended (unmount or signal): flush everything.
     func shutDown()
+    /// How long the kernel may remember that a name is absent from `parent` (0: not at all).
+    /// Only where every name comes through the kernel (it then replaces the negative entry
+    /// itself at a create): never where names appear from outside (a synced vault, another
+    /// program's plist).
+    func absentNameTimeout(parent: InodeNumber) -> Double
 }
 
 public extension FileSystem {
@@ -432,4 +437,5 @@ public extension FileSystem {
     func removeExtendedAttribute(_ inode: InodeNumber, name: String,
                                  context: RequestContext) throws(Errno) { throw .noData }
     func shutDown() {}
+    func absentNameTimeout(parent: InodeNumber) -> Double { 0 }
 }

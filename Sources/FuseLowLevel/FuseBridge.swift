@@ -143,7 +143,18 @@ final class FuseBridge: Sendable {
         }
         ops.lookup = { req, parent, name in
             FuseBridge.respond(req, "lookup", parent) { fs, context throws(Errno) in
-                FuseBridge.replyEntry(req, fs, try fs.lookup(parent: parent, name: try FuseBridge.decode(name), context: context))
+                do throws(Errno) {
+                    FuseBridge.replyEntry(req, fs, try fs.lookup(parent: parent, name: try FuseBridge.decode(name), context: context))
+                } catch where error == .noSuchFileOrDirectory {
+                    // A negative entry the kernel keeps (as libfuse's passthrough_hp does), where
+                    // the tree allows it: the next stat of the name sends no LOOKUP.
+                    let timeout = fs.absentNameTimeout(parent: parent)
+                    guard timeout > 0 else { throw error }
+                    var parameters = fuse_entry_param()
+                    parameters.ino = 0
+                    parameters.entry_timeout = timeout
+                    _ = fuse_reply_entry(req, &parameters)
+                }
             }
         }
         ops.forget = { req, inode, lookups in
@@ -375,15 +386,19 @@ final class FuseBridge: Sendable {
         }
         ops.setxattr = { req, inode, name, value, size, flags in
             FuseBridge.respond(req, "setxattr", inode) { fs, context throws(Errno) in
+                let decoded = try FuseBridge.decode(name)
+                try FuseBridge.requireKeptNamespace(decoded)
                 let bytes = value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
-                try fs.setExtendedAttribute(inode, name: try FuseBridge.decode(name), value: bytes, flags: flags,
+                try fs.setExtendedAttribute(inode, name: decoded, value: bytes, flags: flags,
                                             context: context)
                 fuse_reply_err(req, 0)
             }
         }
         ops.getxattr = { req, inode, name, size in
             FuseBridge.respond(req, "getxattr", inode) { fs, context throws(Errno) in
-                let value = try fs.extendedAttribute(inode, name: try FuseBridge.decode(name), context: context)
+                let decoded = try FuseBridge.decode(name)
+                try FuseBridge.requireKeptNamespace(decoded)
+                let value = try fs.extendedAttribute(inode, name: decoded, context: context)
                 try FuseBridge.replySized(req, value, limit: size)
             }
         }
@@ -398,7 +413,9 @@ final class FuseBridge: Sendable {
         }
         ops.removexattr = { req, inode, name in
             FuseBridge.respond(req, "removexattr", inode) { fs, context throws(Errno) in
-                try fs.removeExtendedAttribute(inode, name: try FuseBridge.decode(name), context: context)
+                let decoded = try FuseBridge.decode(name)
+                try FuseBridge.requireKeptNamespace(decoded)
+                try fs.removeExtendedAttribute(inode, name: decoded, context: context)
                 fuse_reply_err(req, 0)
             }
         }
@@ -468,6 +485,15 @@ final class FuseBridge: Sendable {
             if Log.isDebugging { Log.debug("\(operation) inode \(inode) from pid \(context.pid): \(error)") }
             fuse_reply_err(req, error.rawValue)
         }
+    }
+
+    /// mtmfs keeps `user.*` attributes only: the namespaces of features it does not have —
+    /// SELinux labels (`security.*`), POSIX ACLs (`system.posix_acl_*`), `trusted.*` — get
+    /// what a local file system without them answers, EOPNOTSUPP, so that callers that
+    /// remember it (coreutils' `ls -l` asks every entry for `security.selinux` and its
+    /// ACL, and stops asking a device that said "not supported") send no more.
+    static func requireKeptNamespace(_ name: String) throws(Errno) {
+        if name.hasPrefix("security.") || name.hasPrefix("system.") || name.hasPrefix("trusted.") { throw .notSupported }
     }
 
     /// A name from the kernel; names that are not UTF-8 are refused with EILSEQ.

@@ -336,6 +336,11 @@ public final class CacheTree: Subtree {
         return try storeOrEIO().extendedAttribute(ino(inode), name: name)
     }
 
+    /// Every name of cache/ comes through the kernel (no other program writes the tree,
+    /// and the daemon's own removals only take names away): an absent name is remembered
+    /// as long as a present one.
+    public func absentNameTimeout(parent: InodeNumber) -> Double { Self.cache.entryTimeout }
+
     public func extendedAttributeNames(_ inode: InodeNumber, context: RequestContext) throws(Errno) -> [String] {
         try storeOrEIO().extendedAttributeNames(ino(inode))
     }

@@ -54,6 +54,11 @@ public final class RootTree: FileSystem {
         return try owner(of: parent).lookup(parent: parent, name: name, context: context)
     }
 
+    public func absentNameTimeout(parent: InodeNumber) -> Double {
+        guard parent != Self.rootInode else { return 0 }
+        return (try? owner(of: parent))?.absentNameTimeout(parent: parent) ?? 0
+    }
+
     public func forget(inode: InodeNumber, lookups: UInt64) {
         guard inode != Self.rootInode, let subtree = try? owner(of: inode) else { return }
         subtree.forget(inode: inode, lookups: lookups)
