@@ -254,7 +254,7 @@ struct EditingEngine<Store: EditedStore> {
             if let targetKey {
                 // sed -i, os.replace, `mv tmp K`, vim restoring its backup.
                 if files[source]!.symlinkTarget != nil { throw .invalidArgument }
-                let movedFrom = files[source]!.detachedFrom
+                let movedFrom = files[source]?.detachedFrom
                 try adopt(source, as: targetKey, &store)
                 if let targetScratch, targetScratch != source { unlinkScratch(targetScratch) }
                 // `mv K K~; mv K~ L`: the old text of K went on to L, and K with it.
@@ -273,7 +273,8 @@ struct EditingEngine<Store: EditedStore> {
             scratchIn[newDirectory, default: [:]][newName] = source
             files[source]!.role = .scratch(directory: newDirectory, name: newName)
             files[source]!.intendedKey = nil
-            files[source]!.creator = watchCreator(requester)
+            let creator = watchCreator(requester)
+            files[source]?.creator = creator
             files[source]!.changed = .now()
             return
         }
@@ -322,7 +323,7 @@ struct EditingEngine<Store: EditedStore> {
     /// An editor's file becomes `key`: its text is validated and saved, and its inode
     /// stands for the key from now on (the kernel moved the name to it).
     private mutating func adopt(_ inode: LocalInode, as key: Key, _ store: inout Store) throws(Errno) {
-        var file = files[inode]!
+        guard let file = files[inode] else { throw .noSuchFileOrDirectory }
         carryOutRemovals(overlapping: key, &store)
         let saved = try store.commit(file.content ?? Buffer(), to: key, note: file.note)
         if let previous = byKey[key], previous != inode { detach(previous, store) }
@@ -332,7 +333,7 @@ struct EditingEngine<Store: EditedStore> {
 
     /// The editor's file `inode` stands for `key` from now on (its value saved already).
     private mutating func bind(_ inode: LocalInode, as key: Key, shown: Buffer?) {
-        var file = files[inode]!
+        guard var file = files[inode] else { return }
         hidden[key] = nil
         if case .scratch(let directory, let name) = file.role {
             scratchIn[directory]?[name] = nil
@@ -432,7 +433,7 @@ struct EditingEngine<Store: EditedStore> {
         for (directory, names) in scratchIn {
             for (name, inode) in names {
                 guard let file = files[inode], let creator = file.creator, creator.hasExited else { continue }
-                files[inode]!.creator = nil
+                files[inode]?.creator = nil
                 let from = file.detachedFrom.flatMap { hidden[$0] == .renamedAway ? $0 : nil }
                 let kind = EditorNames.kind(of: name)
                 guard kind != .state || from != nil, file.symlinkTarget == nil,
@@ -569,7 +570,7 @@ struct EditingEngine<Store: EditedStore> {
         // makes it the key: an empty value the key's remembered type refuses is refused now).
         if let file = files[inode], let key = file.intendedKey, file.isLinkedScratch, !file.written, !file.refused,
            !(file.content ?? Buffer()).withUnsafeBytes({ store.accepts($0, for: key, note: file.note) }) {
-            files[inode]!.refused = true
+            files[inode]?.refused = true
             throw .invalidArgument
         }
     }
