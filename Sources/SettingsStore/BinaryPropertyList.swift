@@ -131,8 +131,10 @@ enum BinaryPropertyList {
                 default: throw PlistError("an unsupported object 0x\(String(marker, radix: 16))")
                 }
             case 0x1:
-                guard marker & 0x0F <= 4 else { throw PlistError("an integer of \(1 << Int(marker & 0x0F)) bytes") }
-                return .integer(try integer(width: PlistInteger.Width(rawValue: 1 << Int(marker & 0x0F))!, at: position))
+                guard marker & 0x0F <= 4, let width = PlistInteger.Width(rawValue: 1 << Int(marker & 0x0F)) else {
+                    throw PlistError("an integer of \(1 << Int(marker & 0x0F)) bytes")
+                }
+                return .integer(try integer(width: width, at: position))
             case 0x2:
                 let size = 1 << Int(marker & 0x0F)
                 try need(position, size)

@@ -52,7 +52,9 @@ public struct PlistInteger: Hashable, Sendable, CustomStringConvertible, Express
         let negative = literal.signum() < 0
         precondition(literal.bitWidth <= (negative ? 64 : 65), "a plist integer is −2^63…2^64−1")
         let word = UInt64(literal[0])
-        self.init(isNegative: negative, magnitude: negative ? word.twosComplementNegated : word)!
+        // (Within −2^63 by the bit width checked above: no magnitude here needs the failable init.)
+        magnitude = negative ? word.twosComplementNegated : word
+        isNegative = negative && magnitude != 0
     }
 
     /// The value as an `Int64`, or nil above `Int64.max`.
@@ -83,7 +85,7 @@ public struct PlistInteger: Hashable, Sendable, CustomStringConvertible, Express
 
     /// What Core Foundation writes: the smallest unsigned width for small values, 8 bytes
     /// for negative ones and up to `Int64.max`, the 16-byte object above.
-    public var smallestWidth: Width { Width.allCases.first(where: fits)! }
+    public var smallestWidth: Width { Width.allCases.first(where: fits) ?? .sixteen }
 
     /// The width a writer uses: the remembered one while the value fits it, else the smallest.
     public var writtenWidth: Width {

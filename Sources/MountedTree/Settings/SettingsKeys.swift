@@ -288,7 +288,8 @@ struct SettingsKeys: EditedStore {
 
     /// The file name of the last component of `key` in its directory.
     func fileName(of key: [String]) -> String {
-        isArray(Array(key.dropLast())) ? key.last! : SettingsKeyName.fileName(of: key.last!)
+        guard let last = key.last else { return "" }
+        return isArray(Array(key.dropLast())) ? last : SettingsKeyName.fileName(of: last)
     }
 
     func isArray(_ path: [String]) -> Bool {
