@@ -39,30 +39,32 @@ let package = Package(
         // Stores, each usable without a mount.
         .target(name: "SettingsStore", dependencies: ["Posix"]),
         .target(name: "CacheStore", dependencies: ["CSQLite", "Posix"]),
-        .target(name: "CredentialVault", dependencies: ["CSodium", "CCrypto", "Posix"]),
+        // Memory for secrets (sodium_malloc), under one budget: beneath the vault and the bus.
+        .target(name: "SecureMemory", dependencies: ["CSodium", "Posix"]),
+        .target(name: "CredentialVault", dependencies: ["CSodium", "CCrypto", "Posix", "SecureMemory"]),
         // The Secret Service (org.freedesktop.secrets) on the session bus, over a store of
         // items it is given (the mounted tree's accounts).
-        .target(name: "SecretService", dependencies: ["CSDBus", "CCrypto", "CredentialVault", "Posix"]),
+        .target(name: "SecretService", dependencies: ["CSDBus", "CCrypto", "SecureMemory", "Posix"]),
         // The mounted tree: root, control files, and the routing to each store.
         .target(name: "MountedTree",
-                dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "CredentialVault", "SecretService"]),
+                dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "SecureMemory", "CredentialVault", "SecretService"]),
         // Command line only.
-        .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "SettingsStore", "CacheStore", "CredentialVault", "Posix"]),
+        .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "FuseLowLevel", "SettingsStore", "CacheStore", "SecureMemory", "CredentialVault", "Posix"]),
         // Side-by-side measurements against a native directory and peers.
-        .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "CredentialVault", "CSQLite"]),
+        .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "SecureMemory", "CredentialVault", "CSQLite"]),
         // The benchmark's floor, in C: the least a libfuse low-level daemon does (a tree in
         // memory, cache/'s kernel-cache settings), mounted by mtmfs-bench beside mtmfs.
         // CFuse brings fuse3's pkg-config flags; floor.c includes <fuse_lowlevel.h> itself.
         .executableTarget(name: "mtmfs-floor", dependencies: ["CFuse"]),
         // Faults, bad input and attackers: crash, full disk, damaged stores, concurrency, security.
         .executableTarget(name: "mtmfs-reliability",
-                          dependencies: ["Posix", "CPosixShims", "CSodium", "CredentialVault", "SettingsStore", "TestSupport"]),
+                          dependencies: ["Posix", "CPosixShims", "CSodium", "SecureMemory", "CredentialVault", "SettingsStore", "TestSupport"]),
         // Shared by the integration tests and the reliability suite: programs, scratch, mounts.
         .target(name: "TestSupport", dependencies: ["Posix"]),
 
         // Parsers of untrusted bytes as fuzzing entry points, and their libFuzzer driver
         // (mount-helpers/fuzz builds it with -sanitize=fuzzer; a normal build replays inputs).
-        .target(name: "FuzzTargets", dependencies: ["CredentialVault", "SettingsStore", "CSodium"]),
+        .target(name: "FuzzTargets", dependencies: ["SecureMemory", "CredentialVault", "SettingsStore", "CSodium"]),
         .executableTarget(name: "mtmfs-fuzz", dependencies: ["FuzzTargets", "CPosixShims"]),
 
         .testTarget(name: "FuzzTargetsTests", dependencies: ["FuzzTargets"], exclude: ["Corpus"]),
@@ -70,9 +72,10 @@ let package = Package(
         .testTarget(name: "FuseLowLevelTests", dependencies: ["FuseLowLevel", "CFuse", "Posix"]),
         .testTarget(name: "SettingsStoreTests", dependencies: ["SettingsStore"]),
         .testTarget(name: "CacheStoreTests", dependencies: ["CacheStore", "Posix", "TestSupport"]),
-        .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault", "Posix", "TestSupport"]),
-        .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "CCrypto", "CredentialVault"]),
-        .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "CredentialVault", "TestSupport"]),
-        .testTarget(name: "IntegrationTests", dependencies: ["Posix", "TestSupport", "CredentialVault"]),
+        .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory", "Posix"]),
+        .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault", "SecureMemory", "Posix", "TestSupport"]),
+        .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "CCrypto", "SecureMemory", "CredentialVault", "Posix"]),
+        .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "SecureMemory", "CredentialVault", "TestSupport"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["Posix", "TestSupport", "SecureMemory", "CredentialVault"]),
     ]
 )

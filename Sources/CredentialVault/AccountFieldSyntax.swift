@@ -1,3 +1,5 @@
+import SecureMemory
+import Posix
 /// What each account field may hold, and the `url` field that is derived from four of them.
 /// Everything works on bytes (values are secrets; no `String` copies are made).
 ///
@@ -113,20 +115,21 @@ public enum AccountFieldSyntax {
         return parts
     }
 
-    /// Writes `protocol://server[:port]path` into `out` (nothing when there is no server).
+    /// Writes `protocol://server[:port]path` into `out` (nothing when there is no server;
+    /// ENOMEM when `out` cannot grow).
     public static func composeURL(protocol scheme: UnsafeRawBufferPointer, server: UnsafeRawBufferPointer,
-                                  port: UnsafeRawBufferPointer, path: UnsafeRawBufferPointer, into out: SecureBytes) {
-        out.resize(to: 0)
+                                  port: UnsafeRawBufferPointer, path: UnsafeRawBufferPointer, into out: SecureBytes) throws(Errno) {
+        try out.resize(to: 0)
         guard !server.isEmpty else { return }
         if !scheme.isEmpty {
-            out.write(scheme, at: out.count)
-            "://".utf8.withContiguousStorageIfAvailable { out.write(UnsafeRawBufferPointer($0), at: out.count) }
+            try out.append(scheme)
+            try out.append(Array("://".utf8))
         }
-        out.write(server, at: out.count)
+        try out.append(server)
         if !port.isEmpty {
-            ":".utf8.withContiguousStorageIfAvailable { out.write(UnsafeRawBufferPointer($0), at: out.count) }
-            out.write(port, at: out.count)
+            try out.append(Array(":".utf8))
+            try out.append(port)
         }
-        out.write(path, at: out.count)
+        try out.append(path)
     }
 }

@@ -1,3 +1,5 @@
+import SecureMemory
+import Posix
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -55,9 +57,16 @@ struct AccountIndex {
         case named(IndexDigest)
     }
 
-    init() {
-        key = SecureBytes(count: Int(crypto_generichash_KEYBYTES))
-        key.withUnsafeMutableBytes { randombytes_buf($0.baseAddress!, $0.count) }
+    init() throws(Errno) {
+        key = try SecureBytes(count: Int(crypto_generichash_KEYBYTES))
+        key.withUnsafeMutableBytes { if let base = $0.baseAddress { randombytes_buf(base, $0.count) } }
+    }
+
+    /// Forgets every account, keeping the key (digests made before still name the same values).
+    mutating func removeAll() {
+        groups.removeAll()
+        slotsOfAccount.removeAll()
+        byPrefix.removeAll()
     }
 
     /// Zeroes the key: every digest made with it now names nothing.

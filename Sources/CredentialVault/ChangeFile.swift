@@ -3,6 +3,7 @@ import Glibc
 #endif
 import CSodium
 import Posix
+import SecureMemory
 
 /// One change of one account, as a change file of vault format 3 holds it
 /// (`docs/vault-format-3.md`).
@@ -129,32 +130,34 @@ public enum ChangeFile {
 
     /// The file's bytes: header, nonce, and the sealed, padded fields of every change.
     static func encode(device: UInt64, clock: UInt64, changes: [AccountChange], vaultID: [UInt8], path: String,
-                       key: SecureBytes, nonce: [UInt8]) -> [UInt8] {
+                       key: SecureBytes, nonce: [UInt8]) throws(Errno) -> [UInt8] {
         let header = header(device: device, clock: clock, changes: changes)
         let plaintext = SecureBytes()
         defer { plaintext.wipe() }
-        func append(_ bytes: [UInt8]) { bytes.withUnsafeBytes { plaintext.write($0, at: plaintext.count) } }
+        func append(_ bytes: [UInt8]) throws(Errno) { try plaintext.append(bytes) }
         for change in changes {
             let fields = change.fields ?? []
-            append(VaultFormat.bigEndian(UInt64(fields.count), 2))
+            try append(VaultFormat.bigEndian(UInt64(fields.count), 2))
             for field in fields {
                 let name = Array(field.name.utf8)
-                append([UInt8(name.count)] + name + [UInt8(field.seen.count)])
+                try append([UInt8(name.count)] + name + [UInt8(field.seen.count)])
                 for (device, clock) in field.seen.sorted(by: { $0.key < $1.key }) {
-                    append(VaultFormat.bigEndian(device, 8) + VaultFormat.bigEndian(clock, 8))
+                    try append(VaultFormat.bigEndian(device, 8) + VaultFormat.bigEndian(clock, 8))
                 }
-                append(VaultFormat.bigEndian(UInt64(field.value.count), 4))
-                field.value.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
+                try append(VaultFormat.bigEndian(UInt64(field.value.count), 4))
+                try field.value.withUnsafeBytes { (raw) throws(Errno) in try plaintext.append(raw) }
             }
         }
         // sodium_pad needs room for one more block than the unpadded length.
         let unpadded = plaintext.count
-        plaintext.resize(to: unpadded + paddingBlock)
+        try plaintext.resize(to: unpadded + paddingBlock)
         var padded = 0
-        _ = plaintext.withUnsafeMutableBytes { buffer in
-            sodium_pad(&padded, buffer.baseAddress!.assumingMemoryBound(to: UInt8.self), unpadded, paddingBlock, buffer.count)
+        let status = plaintext.withUnsafeMutableBytes { buffer in
+            guard let base = buffer.baseAddress else { return Int32(-1) }
+            return sodium_pad(&padded, base.assumingMemoryBound(to: UInt8.self), unpadded, paddingBlock, buffer.count)
         }
-        plaintext.resize(to: padded)
+        guard status == 0 else { throw .invalidArgument }
+        try plaintext.resize(to: padded)
         return header + nonce + Sealing.seal(plaintext, associatedData: associatedData(vaultID: vaultID, path: path, header: header),
                                              nonce: nonce, key: key)
     }
@@ -210,8 +213,14 @@ public enum ChangeFile {
     /// from another vault).
     static func open(_ parsed: Parsed, vaultID: [UInt8], path: String, key: SecureBytes,
                      arena: SecureArena) throws(VaultError) -> [AccountChange] {
-        guard let plaintext = Sealing.unseal(parsed.sealed, associatedData: associatedData(vaultID: vaultID, path: path, header: parsed.header),
-                                             nonce: parsed.nonce, key: key) else {
+        let unsealed: SecureBytes?
+        do throws(Errno) {
+            unsealed = try Sealing.unseal(parsed.sealed, associatedData: associatedData(vaultID: vaultID, path: path, header: parsed.header),
+                                          nonce: parsed.nonce, key: key)
+        } catch {
+            throw .io(error)
+        }
+        guard let plaintext = unsealed else {
             throw .damaged("fails authentication (altered, truncated, renamed or from another vault)")
         }
         defer { plaintext.wipe() }
@@ -244,8 +253,8 @@ public enum ChangeFile {
                         seen[device] = clock
                     }
                     guard let length = integer(4), bytes.count - position >= Int(length) else { return false }
-                    guard let value = SecureBytes.allocate(copying: UnsafeRawBufferPointer(rebasing: bytes[position..<position + Int(length)]),
-                                                           in: arena) else {
+                    guard let value = try? SecureBytes.allocate(copying: UnsafeRawBufferPointer(rebasing: bytes[position..<position + Int(length)]),
+                                                                in: arena) else {
                         outOfMemory = true
                         return true
                     }
@@ -283,9 +292,12 @@ enum Sealing {
         return out
     }
 
-    static func unseal(_ ciphertext: [UInt8], associatedData: [UInt8], nonce: [UInt8], key: SecureBytes) -> SecureBytes? {
+    /// The plaintext, or nil when the bytes are not what `key` sealed with `associatedData`
+    /// (ENOMEM when there is no secure memory for it).
+    static func unseal(_ ciphertext: [UInt8], associatedData: [UInt8], nonce: [UInt8], key: SecureBytes) throws(Errno) -> SecureBytes? {
         guard ciphertext.count >= VaultFormat.tagSize, nonce.count == VaultFormat.nonceSize else { return nil }
-        let plaintext = SecureBytes(count: ciphertext.count - VaultFormat.tagSize)
+        // (An empty plaintext — a key slot's proof — takes no memory.)
+        let plaintext = ciphertext.count == VaultFormat.tagSize ? SecureBytes() : try SecureBytes(count: ciphertext.count - VaultFormat.tagSize)
         let rc = plaintext.withUnsafeMutableBytes { out in
             key.withUnsafeBytes { k in
                 crypto_aead_xchacha20poly1305_ietf_decrypt(

@@ -3,6 +3,7 @@ import Glibc
 #endif
 import CSodium
 import Posix
+import SecureMemory
 
 /// Argon2id of a passphrase (`crypto_pwhash`), in this process or in a child process made
 /// for it.
@@ -48,7 +49,8 @@ public enum KeyDerivation {
 
     /// `crypto_pwhash` in this process.
     static func here(_ passphrase: SecureBytes, salt: [UInt8], parameters: KDFParameters) throws(VaultError) -> SecureBytes {
-        let key = SecureBytes(count: VaultFormat.keySize)
+        let key: SecureBytes
+        do throws(Errno) { key = try SecureBytes(count: VaultFormat.keySize) } catch { throw .io(error) }
         let rc = passphrase.withUnsafeBytes { secret in
             key.withUnsafeMutableBytes { out in
                 crypto_pwhash(out.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(out.count),
@@ -95,7 +97,7 @@ public enum KeyDerivation {
                 && passphrase.withUnsafeBytes { (try? Syscall.writeAll(toChild.write, $0)) != nil }
         }
         Syscall.close(toChild.write)
-        let key = SecureBytes(count: VaultFormat.keySize)
+        guard let key = try? SecureBytes(count: VaultFormat.keySize) else { return nil }
         let received = sent && key.withUnsafeMutableBytes { readExactly(fromChild.read, into: $0) }
         let status = Spawn.wait(pid)
         guard received, status == 0 else {
@@ -121,7 +123,7 @@ public enum KeyDerivation {
         var length: UInt32 = 0
         guard salt.withUnsafeMutableBytes({ readExactly(0, into: $0) }),
               withUnsafeMutableBytes(of: &length, { readExactly(0, into: $0) }) else { return 1 }
-        let passphrase = SecureBytes(count: Int(UInt32(littleEndian: length)))
+        guard let passphrase = try? SecureBytes(count: Int(UInt32(littleEndian: length))) else { return 1 }
         defer { passphrase.wipe() }
         guard passphrase.withUnsafeMutableBytes({ readExactly(0, into: $0) }),
               let key = try? here(passphrase, salt: salt, parameters: KDFParameters(operations: operations, memoryBytes: memory))

@@ -1,3 +1,5 @@
+import Posix
+import SecureMemory
 import CCrypto
 import CSodium
 
@@ -80,9 +82,9 @@ public enum OneTimeCode {
     }
 
     /// The code at `unixTime` (seconds), as ASCII digits.
-    public static func code(secret: SecureBytes, parameters: Parameters, at unixTime: UInt64) -> [UInt8] {
+    public static func code(secret: SecureBytes, parameters: Parameters, at unixTime: UInt64) throws(Errno) -> [UInt8] {
         let counter = VaultFormat.bigEndian(unixTime / parameters.period, 8)
-        let mac = SecureBytes(count: 64)
+        let mac = try SecureBytes(count: 64)
         defer { mac.wipe() }
         var length = 0
         secret.withUnsafeBytes { key in
@@ -140,9 +142,11 @@ public enum OneTimeCode {
         return bytes.reduce(0) { $0 * 10 + UInt64($1 - 0x30) }
     }
 
-    /// `%XX` decoded into secure memory (nil: a malformed escape).
+    /// `%XX` decoded into secure memory (nil: a malformed escape, or no secure memory).
     static func percentDecoded(_ bytes: UnsafeRawBufferPointer) -> SecureBytes? {
-        let out = SecureBytes(count: 0)
+        // Room for all of it at once: the appends below never allocate.
+        guard let out = try? SecureBytes(count: bytes.count) else { return nil }
+        try? out.resize(to: 0)
         var index = bytes.startIndex
         while index < bytes.endIndex {
             var byte = bytes[index]
@@ -154,26 +158,21 @@ public enum OneTimeCode {
                 byte = high << 4 | low
                 index += 2
             }
-            withUnsafeBytes(of: byte) { out.write($0, at: out.count) }
+            withUnsafeBytes(of: byte) { try? out.append($0) }
             index += 1
         }
         return out
     }
 
-    static func hexValue(_ c: UInt8) -> UInt8? {
-        switch c {
-        case 0x30...0x39: c - 0x30
-        case 0x41...0x46: c - 0x41 + 10
-        case 0x61...0x66: c - 0x61 + 10
-        default: nil
-        }
-    }
+    static func hexValue(_ c: UInt8) -> UInt8? { ASCIIHex.value(c) }
 
     /// RFC 4648 base32 (any case; `=` padding optional, only at the end; spaces allowed in a
     /// bare secret, as apps show it in groups) into secure memory; nil when not base32 or
     /// shorter than one byte.
     static func base32(_ text: UnsafeRawBufferPointer, allowingSpaces: Bool) -> SecureBytes? {
-        let out = SecureBytes(count: 0)
+        // Room for all of it at once (5 bits a symbol): the appends below never allocate.
+        guard let out = try? SecureBytes(count: text.count) else { return nil }
+        try? out.resize(to: 0)
         var buffer: UInt64 = 0, bits = 0, symbols = 0
         var padding = false
         for c in text {
@@ -201,7 +200,7 @@ public enum OneTimeCode {
             if bits >= 8 {
                 bits -= 8
                 var byte = UInt8(truncatingIfNeeded: buffer >> UInt64(bits))
-                withUnsafeBytes(of: &byte) { out.write($0, at: out.count) }
+                withUnsafeBytes(of: byte) { try? out.append($0) }
                 byte = 0
             }
         }

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Posix
+import SecureMemory
 
 /// A single-file vault (format 1 or 2) converted to a folder of format 3 (SPEC §2b: at its
 /// first unlock). The folder is written under a name of its own beside the file; the caller

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Posix
+import SecureMemory
 
 /// A vault kept as a folder of format 3 (`VaultFolder`, `docs/vault-format-3.md`) behind the
 /// same `Vault` API: each change is one new change file, the accounts are the merge of all
@@ -21,7 +22,7 @@ extension Vault {
         let (folder, key) = try VaultFolder.create(at: path, deviceFile: deviceFile(for: path), passphrase: passphrase,
                                                    parameters: parameters, random: random)
         let vault = Vault(folder: folder, random: random, parameters: parameters)
-        vault.adoptKey(key)
+        try vault.adoptKey(key)
         if guarded { try vault.setGuarded(true) }
         return vault
     }
@@ -56,7 +57,9 @@ extension Vault {
         named.removeAll()
         for (uuid, account) in merged where uuid != Self.vaultRecord { adopt(account) }
         guarded = merged[Self.vaultRecord]?.fields["guard"].map { $0.shown.value.count == 1 && $0.shown.value.withUnsafeBytes { $0[0] } == UInt8(ascii: "1") } ?? false
-        index = AccountIndex()
+        // The index's key stays for as long as the vault is unlocked (its digests name the
+        // same values before and after); an unlock made it.
+        index?.removeAll()
         for record in records { reindexAccount(record.uuid) }
     }
 
@@ -174,7 +177,7 @@ extension Vault {
         let current = VaultMerge.account(uuid, folder.changes(of: uuid))
         var written: [AccountChange.FieldValue] = []
         for (field, value) in values {
-            guard let copy = value.withUnsafeBytes({ SecureBytes.allocate(copying: $0, in: arena) }) else {
+            guard let copy = value.withUnsafeBytes({ try? SecureBytes.allocate(copying: $0, in: arena) }) else {
                 written.forEach { $0.value.wipe() }
                 throw .io(.noMemory)
             }
@@ -200,7 +203,7 @@ extension Vault {
         for account in accounts {
             var values: [AccountChange.FieldValue] = []
             for (field, value) in account.fields.sorted(by: { $0.key.rawValue < $1.key.rawValue }) where value.count > 0 {
-                guard let copy = value.withUnsafeBytes({ SecureBytes.allocate(copying: $0, in: arena) }) else {
+                guard let copy = value.withUnsafeBytes({ try? SecureBytes.allocate(copying: $0, in: arena) }) else {
                     copies.forEach { $0.wipe() }
                     throw .io(.noMemory)
                 }
@@ -208,7 +211,8 @@ extension Vault {
                 values.append(AccountChange.FieldValue(name: field.rawValue, seen: [:], value: copy))
             }
             if !account.trusting.isEmpty {
-                let list = Self.encodeTrusted(account.trusting)
+                let list: SecureBytes
+                do throws(Errno) { list = try Self.encodeTrusted(account.trusting) } catch { copies.forEach { $0.wipe() }; throw .io(error) }
                 copies.append(list)
                 values.append(AccountChange.FieldValue(name: "trusted", seen: [:], value: list))
             }
@@ -306,13 +310,13 @@ extension Vault {
 
     // MARK: Trusted lists, as format 2 encodes them
 
-    static func encodeTrusted(_ programs: [TrustedProgram]) -> SecureBytes {
+    static func encodeTrusted(_ programs: [TrustedProgram]) throws(Errno) -> SecureBytes {
         var list = VaultFormat.bigEndian(UInt64(programs.count), 2)
         for program in programs {
             let path = Array(program.path.utf8.prefix(Int(UInt16.max)))
             list += program.sha256 + VaultFormat.bigEndian(UInt64(path.count), 2) + path
         }
-        return list.withUnsafeBytes { SecureBytes(copying: $0) }
+        return try SecureBytes(copying: list)
     }
 
     static func decodeTrusted(_ value: SecureBytes) -> [TrustedProgram] {

@@ -3,6 +3,7 @@ import Glibc
 #endif
 import CSodium
 import Posix
+import SecureMemory
 
 /// The fields of one service account (Keychain attribute in parentheses).
 public enum AccountField: String, CaseIterable, Sendable {
@@ -134,7 +135,7 @@ public final class Vault: @unchecked Sendable {
     public var accounts: [(uuid: [UInt8], name: String)] { records.map { ($0.uuid, $0.name) } }
 
     /// Bytes of locked memory the unlocked plaintext takes (the arena's slabs; 0 locked).
-    public var secureMemoryBytes: Int { arena.slabCount * SecureArena.slabSize }
+    public var secureMemoryBytes: Int { arena.bytesHeld }
 
     /// How many accounts there are (no copy of the list).
     public var accountCount: Int { records.count }
@@ -222,14 +223,13 @@ public final class Vault: @unchecked Sendable {
                               random: RandomSource = SystemRandom()) throws(VaultError) -> Vault {
         guard parameters.isStrongEnough else { throw .weakParameters }
         Sodium.initialize()
-        let masterKey = SecureBytes(count: VaultFormat.keySize)
-        let keyBytes = random.bytes(VaultFormat.keySize)
-        keyBytes.withUnsafeBytes { masterKey.write($0, at: 0) }
+        let masterKey: SecureBytes
+        do throws(Errno) { masterKey = try SecureBytes(copying: random.bytes(VaultFormat.keySize)) } catch { throw .io(error) }
         let vault = Vault(path: path, random: random, parameters: parameters,
                           salt: random.bytes(VaultFormat.saltSize), storeID: random.bytes(VaultFormat.storeIDSize))
         vault.masterKey = masterKey
         vault.guarded = guarded
-        vault.index = AccountIndex()
+        do throws(Errno) { vault.index = try AccountIndex() } catch { throw .io(error) }
         try vault.wrap(with: passphrase)
         try vault.sealManifest()
         try vault.save(exclusive: true)
@@ -258,8 +258,14 @@ public final class Vault: @unchecked Sendable {
         refreshFromFolder()
     }
 
-    /// Unlocked with `key`, the folder's master key (just made).
-    func adoptKey(_ key: SecureBytes) {
+    /// Unlocked with `key`, the folder's master key (just made); the index gets its key
+    /// (ENOMEM when there is no secure memory for it: the vault stays locked).
+    func adoptKey(_ key: SecureBytes) throws(VaultError) {
+        do throws(Errno) { index = try AccountIndex() } catch {
+            key.wipe()
+            lock()
+            throw .io(error)
+        }
         masterKey = key
         refreshFromFolder()
     }
@@ -392,7 +398,7 @@ public final class Vault: @unchecked Sendable {
                 throw error
             }
             if tidying { folder.removeRetiredSlots(key: kek) }
-            adoptKey(kek)
+            try adoptKey(kek)
             return
         }
         guard let key = unwrapMasterKey(with: kek) else {
@@ -407,14 +413,14 @@ public final class Vault: @unchecked Sendable {
         kek.wipe()
         if isUnlocked { lock() }
         masterKey = key
-        do {
+        do throws(VaultError) {
             try verifyManifest()
             for record in records {
                 let opened = try open(record)
                 fields[record.uuid] = opened.fields
                 if !opened.trusted.isEmpty { trusted[record.uuid] = opened.trusted }
             }
-            index = AccountIndex()
+            do throws(Errno) { index = try AccountIndex() } catch { throw VaultError.io(error) }
             for record in records { reindex(record.uuid) }
         } catch {
             lock()
@@ -439,7 +445,7 @@ public final class Vault: @unchecked Sendable {
     /// The master key, unwrapped with a passphrase's key; nil when it does not open (a
     /// wrong passphrase: the checksum already ruled out damage).
     private func unwrapMasterKey(with kek: SecureBytes) -> SecureBytes? {
-        let key = SecureBytes(count: VaultFormat.keySize)
+        guard let key = try? SecureBytes(count: VaultFormat.keySize) else { return nil }
         let unwrapped = wrappedKey.withUnsafeBytes { sealed in
             key.withUnsafeMutableBytes { out in
                 kek.withUnsafeBytes { k in
@@ -553,7 +559,7 @@ public final class Vault: @unchecked Sendable {
                 var values: [AccountField: SecureBytes] = [:]
                 fields[account.uuid] = values  // (before a throw below, so that it is undone)
                 for (field, value) in account.fields where value.count > 0 {
-                    guard let copy = value.withUnsafeBytes({ SecureBytes.allocate(copying: $0, in: arena) }) else {
+                    guard let copy = value.withUnsafeBytes({ try? SecureBytes.allocate(copying: $0, in: arena) }) else {
                         throw VaultError.io(.noMemory)
                     }
                     values[field] = copy
@@ -612,7 +618,7 @@ public final class Vault: @unchecked Sendable {
         var new = old
         for (field, value) in changes {
             guard value.count > 0 else { new[field] = nil; continue }
-            guard let copy = value.withUnsafeBytes({ SecureBytes.allocate(copying: $0, in: arena) }) else {
+            guard let copy = value.withUnsafeBytes({ try? SecureBytes.allocate(copying: $0, in: arena) }) else {
                 for (changed, _) in changes where new[changed] !== old[changed] { new[changed]?.wipe() }
                 throw .io(.noMemory)
             }
@@ -646,7 +652,8 @@ public final class Vault: @unchecked Sendable {
         _ = try requireKey()
         guard on != guarded else { return }
         if folder != nil {
-            let flag = Array((on ? "1" : "0").utf8).withUnsafeBytes { SecureBytes(copying: $0) }
+            let flag: SecureBytes
+            do throws(Errno) { flag = try SecureBytes(copying: Array((on ? "1" : "0").utf8)) } catch { throw .io(error) }
             defer { flag.wipe() }
             return try writeFields([("guard", flag)], of: Self.vaultRecord, name: Self.vaultRecordName)
         }
@@ -674,7 +681,8 @@ public final class Vault: @unchecked Sendable {
         _ = try requireKey()
         guard fields[uuid] != nil else { throw .noSuchAccount }
         if folder != nil {
-            let list = programs.isEmpty ? SecureBytes() : Self.encodeTrusted(programs)
+            let list: SecureBytes
+            do throws(Errno) { list = programs.isEmpty ? SecureBytes() : try Self.encodeTrusted(programs) } catch { throw .io(error) }
             defer { list.wipe() }
             return try writeFields([("trusted", list)], of: uuid, name: name(of: uuid) ?? AccountName.string(uuid))
         }
@@ -752,34 +760,16 @@ public final class Vault: @unchecked Sendable {
     }
 
     private func seal(_ plaintext: SecureBytes, associatedData: [UInt8], nonce: [UInt8], key: SecureBytes) -> [UInt8] {
-        var out = [UInt8](repeating: 0, count: plaintext.count + VaultFormat.tagSize)
-        var written: UInt64 = 0
-        plaintext.withUnsafeBytes { message in
-            key.withUnsafeBytes { k in
-                _ = crypto_aead_xchacha20poly1305_ietf_encrypt(
-                    &out, &written, message.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(message.count),
-                    associatedData, UInt64(associatedData.count), nil, nonce, k.baseAddress!.assumingMemoryBound(to: UInt8.self))
-            }
-        }
-        return out
+        Sealing.seal(plaintext, associatedData: associatedData, nonce: nonce, key: key)
     }
 
     private func unseal(_ ciphertext: [UInt8], associatedData: [UInt8], nonce: [UInt8]) throws(VaultError) -> SecureBytes? {
         let key = try requireKey()
-        guard ciphertext.count >= VaultFormat.tagSize else { return nil }
-        let plaintext = SecureBytes(count: ciphertext.count - VaultFormat.tagSize)
-        let rc = plaintext.withUnsafeMutableBytes { out in
-            key.withUnsafeBytes { k in
-                crypto_aead_xchacha20poly1305_ietf_decrypt(
-                    out.baseAddress?.assumingMemoryBound(to: UInt8.self), nil, nil, ciphertext, UInt64(ciphertext.count),
-                    associatedData, UInt64(associatedData.count), nonce, k.baseAddress!.assumingMemoryBound(to: UInt8.self))
-            }
+        do throws(Errno) {
+            return try Sealing.unseal(ciphertext, associatedData: associatedData, nonce: nonce, key: key)
+        } catch {
+            throw .io(error)
         }
-        guard rc == 0 else {
-            plaintext.wipe()
-            return nil
-        }
-        return plaintext
     }
 
     /// Record plaintext: the format version (u8), then for each field in `AccountField` order a u32
@@ -788,24 +778,23 @@ public final class Vault: @unchecked Sendable {
         let key = try requireKey()
         let uuid = records[index].uuid
         guard let values = fields[uuid] else { throw .noSuchAccount }
-        let plaintext = SecureBytes(count: 1)
-        plaintext.withUnsafeMutableBytes { $0[0] = UInt8(formatVersion) }
-        for field in AccountField.singleFileFields {
-            let value = values[field]
-            let length = VaultFormat.bigEndian(UInt64(value?.count ?? 0), 4)
-            length.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
-            value?.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
-        }
-        if formatVersion >= 2 {
-            let programs = trusted[uuid] ?? []
-            var list = VaultFormat.bigEndian(UInt64(programs.count), 2)
-            for program in programs {
-                let path = Array(program.path.utf8.prefix(Int(UInt16.max)))
-                list += program.sha256 + VaultFormat.bigEndian(UInt64(path.count), 2) + path
-            }
-            list.withUnsafeBytes { plaintext.write($0, at: plaintext.count) }
-        }
+        let plaintext = SecureBytes()
         defer { plaintext.wipe() }
+        do throws(Errno) {
+            try plaintext.append([UInt8(formatVersion)])
+            for field in AccountField.singleFileFields {
+                let value = values[field]
+                try plaintext.append(VaultFormat.bigEndian(UInt64(value?.count ?? 0), 4))
+                if let value { try value.withUnsafeBytes { (raw) throws(Errno) in try plaintext.append(raw) } }
+            }
+            if formatVersion >= 2 {
+                let list = try Self.encodeTrusted(trusted[uuid] ?? [])
+                defer { list.wipe() }
+                try list.withUnsafeBytes { (raw) throws(Errno) in try plaintext.append(raw) }
+            }
+        } catch {
+            throw .io(error)
+        }
         let nonce = random.bytes(VaultFormat.nonceSize)
         records[index].nonce = nonce
         records[index].ciphertext = seal(plaintext, associatedData: VaultFormat.recordAssociatedData(
@@ -835,7 +824,7 @@ public final class Vault: @unchecked Sendable {
                 position += 4
                 guard bytes.count - position >= length else { return false }
                 if length > 0 {
-                    guard let value = SecureBytes.allocate(copying: UnsafeRawBufferPointer(rebasing: bytes[position..<position + length]),
+                    guard let value = try? SecureBytes.allocate(copying: UnsafeRawBufferPointer(rebasing: bytes[position..<position + length]),
                                                            in: arena) else {
                         outOfMemory = true
                         return true
@@ -874,15 +863,15 @@ public final class Vault: @unchecked Sendable {
 
     /// The manifest: (version 2) the flags byte — bit 0: guarding on — then the (uuid,
     /// nonce) pairs of every record, in order, sealed.
-    private func manifestPlaintext(guarded: Bool) -> SecureBytes {
+    private func manifestPlaintext(guarded: Bool) throws(VaultError) -> SecureBytes {
         let flags: [UInt8] = formatVersion >= 2 ? [guarded ? 1 : 0] : []
         let bytes = flags + records.flatMap { $0.uuid + $0.nonce }
-        return bytes.withUnsafeBytes { SecureBytes(copying: $0) }
+        do throws(Errno) { return try SecureBytes(copying: bytes) } catch { throw .io(error) }
     }
 
     private func sealManifest() throws(VaultError) {
         let key = try requireKey()
-        let plaintext = manifestPlaintext(guarded: guarded)
+        let plaintext = try manifestPlaintext(guarded: guarded)
         defer { plaintext.wipe() }
         manifestNonce = random.bytes(VaultFormat.nonceSize)
         manifestCiphertext = seal(plaintext, associatedData: VaultFormat.manifestAssociatedData(version: formatVersion, storeID: storeID),
@@ -901,7 +890,7 @@ public final class Vault: @unchecked Sendable {
             guard let flags, flags & ~1 == 0 else { throw .damaged("the manifest has unknown flags") }
             guarded = flags & 1 != 0
         }
-        let expected = manifestPlaintext(guarded: guarded)
+        let expected = try manifestPlaintext(guarded: guarded)
         defer { expected.wipe() }
         guard plaintext.equals(expected) else {
             throw .damaged("the records do not match the manifest (a record was added, dropped, reordered or replayed)")

@@ -3,6 +3,7 @@ import Glibc
 #endif
 import CSodium
 import Posix
+import SecureMemory
 
 /// A vault of format 3 on disk: a folder of write-once files (`DATA_DIR/vault/`), kept in
 /// step between machines by git or a file synchroniser (`docs/vault-format-3.md`). Each change is a new sealed file under this machine's device id; key slots
@@ -100,8 +101,12 @@ public final class VaultFolder: @unchecked Sendable {
             throw .io(error)
         }
         let folder = try VaultFolder(path: path, deviceFile: deviceFile, random: random, now: now)
-        let key = SecureBytes(count: VaultFormat.keySize)
-        random.bytes(VaultFormat.keySize).withUnsafeBytes { key.write($0, at: 0) }
+        let key: SecureBytes
+        do throws(Errno) {
+            key = try SecureBytes(copying: random.bytes(VaultFormat.keySize))
+        } catch {
+            throw .io(error)
+        }
         folder.isOpen = true
         try folder.addSlot(passphrase: passphrase, parameters: parameters, key: key)
         return (folder, key)
@@ -275,9 +280,12 @@ public final class VaultFolder: @unchecked Sendable {
             keks[lookup] = kek
             return kek
         }
-        func open(_ name: String, _ slot: KeySlot) -> SecureBytes? {
+        func open(_ name: String, _ slot: KeySlot) throws(VaultError) -> SecureBytes? {
             let path = Self.keysFolder + "/" + name
-            guard let kek = kek(for: slot), let key = slot.unwrap(kek: kek, vaultID: vaultID, path: path) else { return nil }
+            guard let kek = kek(for: slot) else { return nil }
+            let unwrapped: SecureBytes?
+            do throws(Errno) { unwrapped = try slot.unwrap(kek: kek, vaultID: vaultID, path: path) } catch { throw .io(error) }
+            guard let key = unwrapped else { return nil }
             guard slot.proves(key: key, vaultID: vaultID, path: path) else {
                 key.wipe()
                 return nil
@@ -285,10 +293,10 @@ public final class VaultFolder: @unchecked Sendable {
             return key
         }
         for (name, slot) in ordered where !retired.contains(name) {
-            if let key = open(name, slot) { return key }
+            if let key = try open(name, slot) { return key }
         }
         for (name, slot) in ordered where retired.contains(name) {
-            guard let key = open(name, slot) else { continue }
+            guard let key = try open(name, slot) else { continue }
             let genuineRetirers = slots.filter { $0.value.retires.contains(name) && $0.value.proves(key: key, vaultID: vaultID, path: Self.keysFolder + "/" + $0.key) }
             if genuineRetirers.isEmpty { return key }
             key.wipe()
@@ -477,7 +485,7 @@ public final class VaultFolder: @unchecked Sendable {
         let fileClock = nextClock()
         var written = changes
         for index in written.indices { written[index].id = ChangeID(device: device, clock: fileClock, index: UInt16(index)) }
-        return (prepareFile(written, clock: fileClock, key: key), written)
+        return (try prepareFile(written, clock: fileClock, key: key), written)
     }
 
     /// Under the owner's lock, after `write`: a file that could not be written takes its
@@ -487,10 +495,15 @@ public final class VaultFolder: @unchecked Sendable {
         if file.error != nil { drop(file.relative)?.forEach { $0.wipe() } }
     }
 
-    private func prepareFile(_ changes: [AccountChange], clock fileClock: UInt64, key: SecureBytes) -> PreparedFile {
+    private func prepareFile(_ changes: [AccountChange], clock fileClock: UInt64, key: SecureBytes) throws(VaultError) -> PreparedFile {
         let relative = ChangeFile.hex(device, 16) + "/" + ChangeFile.hex(fileClock, 16) + "-" + ASCIIHex.string(random.bytes(4)) + ".mtv"
-        let bytes = ChangeFile.encode(device: device, clock: fileClock, changes: changes, vaultID: vaultID, path: relative,
-                                      key: key, nonce: random.bytes(VaultFormat.nonceSize))
+        let bytes: [UInt8]
+        do throws(Errno) {
+            bytes = try ChangeFile.encode(device: device, clock: fileClock, changes: changes, vaultID: vaultID, path: relative,
+                                          key: key, nonce: random.bytes(VaultFormat.nonceSize))
+        } catch {
+            throw .io(error)
+        }
         clock = fileClock
         put(relative, changes)
         pending.insert(relative)
@@ -498,7 +511,7 @@ public final class VaultFolder: @unchecked Sendable {
     }
 
     private func store(_ changes: [AccountChange], clock fileClock: UInt64, key: SecureBytes) throws(VaultError) {
-        let file = prepareFile(changes, clock: fileClock, key: key)
+        let file = try prepareFile(changes, clock: fileClock, key: key)
         file.write()
         finish(file)
         if let error = file.error { throw error }
@@ -560,7 +573,7 @@ public final class VaultFolder: @unchecked Sendable {
         let kept = VaultMerge.fold(changes, device: device)
         changesAtLastFold = kept.count  // (also when too many for one file: not tried again soon)
         guard kept.count <= Int(UInt16.max) else { return nil }
-        return PreparedFold(file: prepareFile(kept, clock: nextClock(), key: key), replaced: old)
+        return PreparedFold(file: try prepareFile(kept, clock: nextClock(), key: key), replaced: old)
     }
 
     /// Under the owner's lock, after the fold's file was written: the old files go (their
@@ -659,14 +672,15 @@ struct KeySlot {
         return slot
     }
 
-    func unwrap(kek: SecureBytes, vaultID: [UInt8], path: String) -> SecureBytes? {
-        Sealing.unseal(wrapped, associatedData: Self.associatedData("slot", vaultID: vaultID, path: path, header: header),
+    func unwrap(kek: SecureBytes, vaultID: [UInt8], path: String) throws(Errno) -> SecureBytes? {
+        try Sealing.unseal(wrapped, associatedData: Self.associatedData("slot", vaultID: vaultID, path: path, header: header),
                        nonce: wrapNonce, key: kek)
     }
 
+    /// Whether `key` opens the slot's proof (an empty plaintext: no secure memory needed).
     func proves(key: SecureBytes, vaultID: [UInt8], path: String) -> Bool {
-        guard let empty = Sealing.unseal(proof, associatedData: Self.associatedData("proof", vaultID: vaultID, path: path, header: header),
-                                         nonce: proofNonce, key: key) else { return false }
+        guard let empty = try? Sealing.unseal(proof, associatedData: Self.associatedData("proof", vaultID: vaultID, path: path, header: header),
+                                              nonce: proofNonce, key: key) ?? nil else { return false }
         empty.wipe()
         return true
     }

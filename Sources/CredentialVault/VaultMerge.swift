@@ -1,3 +1,4 @@
+import SecureMemory
 /// The accounts of a vault folder as a pure function of its changes (format 3; the rule
 /// in `docs/vault-format-3.md`, "Merging"): machines that hold the same files compute the
 /// same accounts, whatever order the files came in.

@@ -1,4 +1,5 @@
 import CredentialVault
+import SecureMemory
 import CSodium
 import SettingsStore
 
@@ -64,8 +65,8 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
             func part(_ field: AccountField) -> UnsafeRawBufferPointer { UnsafeRawBufferPointer(rebasing: value[parts[field]!]) }
             let composed = SecureBytes()
             defer { composed.wipe() }
-            AccountFieldSyntax.composeURL(protocol: part(.protocol), server: part(.server), port: part(.port),
-                                          path: part(.path), into: composed)
+            guard (try? AccountFieldSyntax.composeURL(protocol: part(.protocol), server: part(.server), port: part(.port),
+                                          path: part(.path), into: composed)) != nil else { return }
             composed.withUnsafeBytes { again in
                 guard let reparsed = AccountFieldSyntax.parseURL(again) else {
                     fatalError("url: the composed URL does not parse")

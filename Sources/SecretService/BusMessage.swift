@@ -2,7 +2,8 @@
 import Glibc
 #endif
 import CSDBus
-import CredentialVault
+import Posix
+import SecureMemory
 
 /// A D-Bus error by the name a client matches (`org.freedesktop.Secret.Error.IsLocked`, …).
 ///
@@ -34,6 +35,10 @@ struct BusError: Error, Sendable {
     }
     static func unknownProperty(_ message: String) -> BusError {
         BusError(name: "org.freedesktop.DBus.Error.UnknownProperty", message: message)
+    }
+    /// Secure memory ran out (its budget is spent): the call fails, the service goes on.
+    static func noMemory(_ message: String = "no secure memory left for the secret") -> BusError {
+        BusError(name: "org.freedesktop.DBus.Error.NoMemory", message: message)
     }
     static func failed(_ message: String) -> BusError {
         BusError(name: "org.freedesktop.DBus.Error.Failed", message: message)
@@ -75,8 +80,12 @@ struct MessageReader {
         var pointer: UnsafeRawPointer?
         var size = 0
         try check(sd_bus_message_read_array(message, Self.code("y"), &pointer, &size) >= 0 ? 1 : 0, "a byte array")
-        guard size > 0, let pointer else { return SecureBytes() }
-        return SecureBytes(copying: UnsafeRawBufferPointer(start: pointer, count: size))
+        do throws(Errno) {
+            guard size > 0, let pointer else { return try SecureBytes() }
+            return try SecureBytes(copying: UnsafeRawBufferPointer(start: pointer, count: size))
+        } catch {
+            throw .noMemory()
+        }
     }
 
     func bytes() throws(BusError) -> [UInt8] {

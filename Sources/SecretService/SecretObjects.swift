@@ -1,5 +1,5 @@
 import CSDBus
-import CredentialVault
+import SecureMemory
 
 /// The objects of the service and their methods and properties, as the Secret Service
 /// specification (0.2) names them and its clients (libsecret, secretstorage) call them.
@@ -471,6 +471,7 @@ extension SecretServiceBus {
             case .denied(let why): throw .accessDenied(why)
             case .invalid(let why): throw .invalidArgs(why)
             case .failed(let why): throw .failed(why)
+            case .noMemory: throw .noMemory()
             }
         }
     }

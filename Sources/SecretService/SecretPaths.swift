@@ -1,3 +1,5 @@
+import Posix
+
 /// The object paths of the service: one collection (the vault), reached also through its
 /// aliases; an item per account, named by its UUID in hex; sessions and prompts by number.
 ///
@@ -14,10 +16,7 @@ enum SecretPaths {
     static func prompt(_ number: Int) -> String { root + "/prompt/p\(number)" }
 
     static func item(_ uuid: [UInt8]) -> String {
-        collection + "/" + uuid.map { byte in
-            let digits = Array("0123456789abcdef".utf8)
-            return String(decoding: [digits[Int(byte >> 4)], digits[Int(byte & 15)]], as: UTF8.self)
-        }.joined()
+        collection + "/" + ASCIIHex.string(uuid)
     }
 
     /// The collection's path, or one of its aliases'.

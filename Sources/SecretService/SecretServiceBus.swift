@@ -2,7 +2,7 @@
 import Glibc
 #endif
 import CSDBus
-import CredentialVault
+import SecureMemory
 import Posix
 
 /// `org.freedesktop.secrets` on the session bus (SPEC §2c), served from a `SecretStore`.

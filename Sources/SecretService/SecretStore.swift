@@ -1,7 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import CredentialVault
+import SecureMemory
 import Posix
 
 /// One item as the bus shows it: an account (SPEC §2c).
@@ -83,6 +83,8 @@ public enum SecretStoreError: Error, Sendable, Equatable {
     case denied(String)
     case invalid(String)
     case failed(String)
+    /// No secure memory for the secret (its budget is spent): the call fails, nothing else.
+    case noMemory
 }
 
 /// What changed in the store, for the bus's signals.

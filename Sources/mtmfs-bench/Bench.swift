@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import Foundation
 import Posix
 
@@ -242,7 +243,7 @@ final class Bench {
         }
         do {
             let vault = try Vault(path: data + "/vault")
-            try vault.unlock(passphrase: Array(Bench.passphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) })
+            try vault.unlock(passphrase: try SecureBytes(copying: Array(Bench.passphrase.utf8)))
             try vault.addAccounts(names.map { (AccountName.uuidBytes($0)!, $0) })
             vault.lock()
         } catch {

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import Foundation
 import Posix
 
@@ -143,11 +144,11 @@ extension Bench {
     func fillVault(_ data: String, count: Int, workload: String) throws {
         do {
             let vault = try Vault(path: data + "/vault")
-            try vault.unlock(passphrase: Array(Bench.passphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) })
+            try vault.unlock(passphrase: try SecureBytes(copying: Array(Bench.passphrase.utf8)))
             // In batches of 1,000: every value is its own `sodium_malloc` region here (a few
             // memory maps each), and 80,000 at once would pass vm.max_map_count.
             for batch in stride(from: 0, to: count, by: 1_000) {
-                let accounts = (batch..<min(count, batch + 1_000)).map { index -> (uuid: [UInt8], name: String, fields: [AccountField: SecureBytes]) in
+                let accounts = try (batch..<min(count, batch + 1_000)).map { index -> (uuid: [UInt8], name: String, fields: [AccountField: SecureBytes]) in
                     let name = String(format: "%08x-0000-4000-8000-%012x", index, index)
                     let values: [AccountField: String] = [
                         .label: "Account \(index)", .protocol: "https", .server: "host\(index).example.com", .port: "443",
@@ -155,7 +156,7 @@ extension Bench {
                         .password: "pw-\(index)-correct-horse-battery-staple",
                     ]
                     return (AccountName.uuidBytes(name)!, name,
-                            values.mapValues { text in Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } })
+                            try values.mapValues { text in try SecureBytes(copying: Array(text.utf8)) })
                 }
                 try vault.addAccounts(accounts)
             }

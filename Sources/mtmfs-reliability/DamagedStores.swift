@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import CSodium
 import Foundation
 import Posix
@@ -79,7 +80,7 @@ final class DamagedStores {
 
     /// The base vault's master key, unwrapped once (the probes then need no key derivation).
     lazy var masterKey: SecureBytes? = {
-        let passphrase = Array(suitePassphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) }
+        guard let passphrase = try? SecureBytes(copying: Array(suitePassphrase.utf8)) else { return nil }
         return try? VaultFolder(path: vaultPath, deviceFile: scratch.sub("probe-device")).masterKey(passphrase: passphrase)
     }()
 

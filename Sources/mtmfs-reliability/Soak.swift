@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import Foundation
 import Posix
 import TestSupport
@@ -213,16 +214,16 @@ final class Soak {
         let name = { (index: Int) in String(format: "%08x-0000-4000-8000-%012x", index, index) }
         do {
             let vault = try Vault(path: store.dataDirectory + "/vault")
-            try vault.unlock(passphrase: Array(suitePassphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) })
+            try vault.unlock(passphrase: try SecureBytes(copying: Array(suitePassphrase.utf8)))
             for batch in stride(from: 0, to: count, by: 1_000) {
-                let accounts = (batch..<min(count, batch + 1_000)).map { index in
+                let accounts = try (batch..<min(count, batch + 1_000)).map { index in
                     let values: [AccountField: String] = [
                         .label: "Account \(index)", .protocol: "https", .server: "host\(index).example.com", .port: "443",
                         .path: "/login", .comment: "account number \(index)", .username: "user\(index)@example.com",
                         .password: "pw-\(index)-correct-horse-battery-staple",
                     ]
                     return (uuid: AccountName.uuidBytes(name(index))!, name: name(index),
-                            fields: values.mapValues { text in Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } })
+                            fields: try values.mapValues { text in try SecureBytes(copying: Array(text.utf8)) })
                 }
                 try vault.addAccounts(accounts)
             }

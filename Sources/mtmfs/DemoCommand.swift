@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import MountedTree
 import Posix
 import SettingsStore
@@ -40,7 +41,10 @@ struct DemoCommand: Command {
             throw CommandFailure("cannot create a demo data directory in /tmp: \(Errno.current)")
         }
         let dataDirectory = DataDirectory(path: String(cString: created))
-        let passphrase = Array(Self.passphrase.utf8).withUnsafeBytes { SecureBytes(copying: $0) }
+        let passphrase: SecureBytes
+        do throws(Errno) { passphrase = try SecureBytes(copying: Array(Self.passphrase.utf8)) } catch {
+            throw CommandFailure("no secure memory for the passphrase: \(error)")
+        }
         defer { passphrase.wipe() }
         do {
             try dataDirectory.initialize(passphrase: passphrase, kdf: .interactive)
@@ -102,7 +106,7 @@ struct DemoCommand: Command {
             let uuid = AccountName.uuidBytes(name)!
             try vault.addAccount(uuid: uuid, name: name)
             var values: [AccountField: SecureBytes] = [:]
-            for (field, value) in fields { values[field] = Array(value.utf8).withUnsafeBytes { SecureBytes(copying: $0) } }
+            for (field, value) in fields { values[field] = try SecureBytes(copying: Array(value.utf8)) }
             try vault.setFields(values, of: uuid)
         }
         let document = try SettingsDocument(path: dataDirectory.settingsPath)

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import MountedTree
 import Posix
 
@@ -147,8 +148,12 @@ enum ControlCommand {
                      refused: String) throws(CommandFailure) {
         let message = SecureBytes()
         defer { message.wipe() }
-        Array((words.joined(separator: "\t") + "\n").utf8).withUnsafeBytes { message.write($0, at: 0) }
-        passphrase.withUnsafeBytes { message.write($0, at: message.count) }
+        do throws(Errno) {
+            try message.append(Array((words.joined(separator: "\t") + "\n").utf8))
+            try passphrase.withUnsafeBytes { (raw) throws(Errno) in try message.append(raw) }
+        } catch {
+            throw CommandFailure("no secure memory for the passphrase: \(error)")
+        }
         switch try ControlFile.write(mountPoint, file, message) {
         case nil: return
         case .permissionDenied?: throw CommandFailure(refused)

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import Posix
 
 /// Reads a passphrase into secure memory: from a file's first line, else without echo
@@ -18,7 +19,7 @@ enum PassphraseInput {
                 throw CommandFailure("cannot read the passphrase file \(file): \(error)")
             }
             defer { Syscall.close(fd) }
-            passphrase = readLine(fd)
+            passphrase = try readLine(fd)
         } else if isatty(0) == 1 {
             Terminal.error(prompt, newline: false)
             var saved = termios()
@@ -26,11 +27,11 @@ enum PassphraseInput {
             var silent = saved
             silent.c_lflag &= ~tcflag_t(ECHO)
             tcsetattr(0, TCSAFLUSH, &silent)
-            passphrase = readLine(0)
+            passphrase = try readLine(0)
             tcsetattr(0, TCSAFLUSH, &saved)
             Terminal.error("")
         } else {
-            passphrase = readLine(0)
+            passphrase = try readLine(0)
         }
         guard passphrase.count > 0 else {
             passphrase.wipe()
@@ -54,18 +55,23 @@ enum PassphraseInput {
 
     /// Bytes up to a newline (not included) or end of file, one byte at a time so that
     /// nothing past the line is consumed.
-    private static func readLine(_ fd: Int32) -> SecureBytes {
+    private static func readLine(_ fd: Int32) throws(CommandFailure) -> SecureBytes {
         let out = SecureBytes()
         var byte: UInt8 = 0
-        while true {
-            let n = Glibc.read(fd, &byte, 1)
-            if n < 0 && errno == EINTR { continue }
-            if n <= 0 { break }
-            withUnsafeBytes(of: byte) { out.write($0, at: out.count) }
-            if byte == 0x0A { break }
+        defer { byte = 0 }
+        do throws(Errno) {
+            while true {
+                let n = Glibc.read(fd, &byte, 1)
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 { break }
+                try withUnsafeBytes(of: byte) { (raw) throws(Errno) in try out.append(raw) }
+                if byte == 0x0A { break }
+            }
+            try out.resize(to: out.withUnsafeBytes { OneNewline.valueEnd($0) })  // the line's value
+        } catch {
+            out.wipe()
+            throw CommandFailure("no secure memory for the passphrase: \(error)")
         }
-        byte = 0
-        out.resize(to: out.withUnsafeBytes { OneNewline.valueEnd($0) })  // the line's value
         return out
     }
 

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import Posix
 
 /// How many guesses a new passphrase would take an attacker who knows how people choose

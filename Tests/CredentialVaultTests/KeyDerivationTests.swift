@@ -1,5 +1,6 @@
 @testable import CredentialVault
 import Posix
+import SecureMemory
 import Testing
 import TestSupport
 
@@ -9,7 +10,7 @@ import TestSupport
     static let salt = (0..<16).map { UInt8($0 * 7) }
 
     func passphrase(_ text: String) -> SecureBytes {
-        Array(text.utf8).withUnsafeBytes { SecureBytes.allocate(copying: $0)! }
+        try! SecureBytes(copying: Array(text.utf8))
     }
 
     func hex(_ key: SecureBytes) -> String { key.withUnsafeBytes { ProgramDigest.hex(Array($0)) } }

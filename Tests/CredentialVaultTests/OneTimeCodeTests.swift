@@ -12,7 +12,7 @@ import Testing
         Array(value.utf8).withUnsafeBytes { bytes in
             guard let (secret, parameters) = OneTimeCode.parse(bytes) else { return nil }
             defer { secret.wipe() }
-            return String(decoding: OneTimeCode.code(secret: secret, parameters: parameters, at: time), as: UTF8.self)
+            return String(decoding: try! OneTimeCode.code(secret: secret, parameters: parameters, at: time), as: UTF8.self)
         }
     }
 

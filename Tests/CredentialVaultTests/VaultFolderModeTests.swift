@@ -1,4 +1,5 @@
 @testable import CredentialVault
+import SecureMemory
 import Foundation
 import Testing
 

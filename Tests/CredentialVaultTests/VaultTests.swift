@@ -1,9 +1,10 @@
 import CSodium
 @testable import CredentialVault
+import SecureMemory
 import Foundation
 import Testing
 
-func secret(_ text: String) -> SecureBytes { Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } }
+func secret(_ text: String) -> SecureBytes { try! SecureBytes(copying: Array(text.utf8)) }
 func text(_ bytes: SecureBytes) -> String { bytes.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } }
 
 /// Counts up from 0: the deterministic source of the format's test vector.
@@ -318,7 +319,7 @@ let uuidB = "f47ac10b-58cc-4372-a567-0e02b2c3d479"
             var values: [AccountField: SecureBytes] = [:]
             for field in AccountField.allCases {
                 values[field] = Array("\(field)-\(index)-a value long enough to be a real one".utf8)
-                    .withUnsafeBytes { SecureBytes.allocate(copying: $0, in: inputs)! }
+                    .withUnsafeBytes { try! SecureBytes.allocate(copying: $0, in: inputs) }
             }
             accounts.append((AccountName.uuidBytes(name)!, name, values))
         }

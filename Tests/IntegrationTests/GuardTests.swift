@@ -1,4 +1,5 @@
 import CredentialVault
+import SecureMemory
 import Foundation
 import Posix
 import TestSupport

@@ -1,4 +1,5 @@
 import CredentialVault
+import SecureMemory
 import Foundation
 import FuseLowLevel
 @testable import MountedTree
@@ -154,7 +155,7 @@ import Glibc
             <plist version="1.0"><dict><key>username</key><string>old</string><key>port</key><integer>8080</integer></dict></plist>
             """.write(toFile: plist, atomically: true, encoding: .utf8)
             settings = SettingsTree(plistPath: plist, ownership: ownership, notifier: KernelCacheNotifier(), nodes: NodeTable())
-            let passphrase = Array("correct horse".utf8).withUnsafeBytes { SecureBytes(copying: $0) }
+            let passphrase = try SecureBytes(copying: Array("correct horse".utf8))
             let vault = try Vault.create(at: scratch + "/vault", passphrase: passphrase, parameters: .interactive)
             vault.lock()
             accounts = AccountsTree(vaultPath: scratch + "/vault", ownership: ownership, notifier: KernelCacheNotifier(),
@@ -252,7 +253,7 @@ import Glibc
         let fd = k.open("password", O_WRONLY)
         k.write(fd, "typed before the lock\n")
         trees.accounts.lock(reason: "test")
-        try trees.accounts.unlock(passphrase: Array("correct horse".utf8).withUnsafeBytes { SecureBytes(copying: $0) })
+        try trees.accounts.unlock(passphrase: try SecureBytes(copying: Array("correct horse".utf8)))
         #expect(k.ftruncate(fd, 0) == -EACCES)
         #expect(k.close(fd) == -EACCES)
         #expect(k.contents("password") == "\n")

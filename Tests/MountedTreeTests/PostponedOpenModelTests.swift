@@ -1,4 +1,5 @@
 import CredentialVault
+import SecureMemory
 import Foundation
 import FuseLowLevel
 @testable import MountedTree
@@ -34,7 +35,7 @@ import Glibc
             record = scratch + "/asked"
             let pinentry = scratch + "/pinentry"
             try TestFile.writeProgram(TestPinentry.script(answers: answers, record: record, passphrase: "correct horse"), to: pinentry)
-            let passphrase = Array("correct horse".utf8).withUnsafeBytes { SecureBytes(copying: $0) }
+            let passphrase = try SecureBytes(copying: Array("correct horse".utf8))
             defer { passphrase.wipe() }
             let vault = try Vault.create(at: scratch + "/vault", passphrase: passphrase, parameters: .interactive)
             vault.lock()

@@ -1,4 +1,5 @@
 import CredentialVault
+import SecureMemory
 import FuseLowLevel
 import Foundation
 @testable import MountedTree
@@ -107,7 +108,7 @@ import Synchronization
         let directory = DataDirectory(path: base + "/a/b/")
         #expect(directory.path == base + "/a/b")
         #expect(throws: DataDirectoryError.self) { try directory.check() }
-        let passphrase = Array("unit test".utf8).withUnsafeBytes { SecureBytes(copying: $0) }
+        let passphrase = try SecureBytes(copying: Array("unit test".utf8))
         try directory.initialize(passphrase: passphrase, kdf: .interactive)
         try directory.check()
         #expect(try Syscall.stat(directory.path).st_mode & 0o777 == 0o700)

@@ -1,5 +1,7 @@
 import CCrypto
+import Posix
 import CredentialVault
+import SecureMemory
 @testable import SecretService
 import Testing
 
@@ -9,14 +11,21 @@ import Testing
 /// is Python's integers).
 @Suite struct SessionCryptoTests {
     func hex(_ bytes: SecureBytes) -> String { bytes.withUnsafeBytes { ProgramDigest.hex(Array($0)) } }
-    func secure(_ bytes: [UInt8]) -> SecureBytes { bytes.withUnsafeBytes { SecureBytes(copying: $0) } }
+    func secure(_ bytes: [UInt8]) -> SecureBytes { bytes.withUnsafeBytes { try! SecureBytes(copying: $0) } }
+    static func hex(_ text: String) -> [UInt8] { ASCIIHex.bytes(text.filter { !$0.isWhitespace }) ?? [] }
+    /// RFC 2409 §6.2, the second Oakley group, typed from the RFC: the server takes libcrypto's.
+    static let prime: [UInt8] = hex("""
+        FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DD
+        EF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED
+        EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE65381FFFFFFFFFFFFFFFF
+        """)
 
     /// RFC 5869 A.1 (with salt and info) and A.3 (neither).
     @Test func hkdfMatchesRFC5869() throws {
         let ikm = [UInt8](repeating: 0x0b, count: 22)
         let one = try #require(ikm.withUnsafeBytes {
-            SessionCrypto.hkdf(ikm: $0, salt: SessionCrypto.hex("000102030405060708090a0b0c"),
-                               info: SessionCrypto.hex("f0f1f2f3f4f5f6f7f8f9"), length: 42)
+            SessionCrypto.hkdf(ikm: $0, salt: Self.hex("000102030405060708090a0b0c"),
+                               info: Self.hex("f0f1f2f3f4f5f6f7f8f9"), length: 42)
         })
         #expect(hex(one) == "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865")
         let three = try #require(ikm.withUnsafeBytes { SessionCrypto.hkdf(ikm: $0, salt: [], info: [], length: 42) })
@@ -45,7 +54,7 @@ import Testing
     @Test func theClientComputesTheSameKey() throws {
         let context = try #require(BN_CTX_new())
         defer { BN_CTX_free(context) }
-        let p = BN_bin2bn(SessionCrypto.prime, 128, nil), g = BN_new(), x = BN_new(), y = BN_new(), shared = BN_new(), server = BN_new()
+        let p = BN_bin2bn(Self.prime, 128, nil), g = BN_new(), x = BN_new(), y = BN_new(), shared = BN_new(), server = BN_new()
         defer { [p, g, x, y, shared, server].forEach { BN_free($0) } }
         BN_set_word(g, 2)
         BN_rand(x, 1024, -1, 0)
@@ -63,10 +72,10 @@ import Testing
         // Public keys with trivial powers, or too long, are refused.
         #expect(SessionCrypto.exchange(clientPublic: [1]) == nil)
         #expect(SessionCrypto.exchange(clientPublic: [0]) == nil)
-        var pMinus1 = SessionCrypto.prime
+        var pMinus1 = Self.prime
         pMinus1[127] -= 1
         #expect(SessionCrypto.exchange(clientPublic: pMinus1) == nil)
-        #expect(SessionCrypto.exchange(clientPublic: SessionCrypto.prime) == nil)
+        #expect(SessionCrypto.exchange(clientPublic: Self.prime) == nil)
         #expect(SessionCrypto.exchange(clientPublic: [UInt8](repeating: 1, count: 129)) == nil)
     }
 }

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import Posix
 import Synchronization
 
@@ -191,12 +192,13 @@ final class PinentryDialog: Sendable {
             }
             guard pending.isEmpty, send("GETPIN") else { return .failed("the pinentry stopped reading") }
             let secret = SecureBytes()
-            let raw = SecureBytes(count: 0)
+            // Room for the longest line at once: the appends below never allocate.
+            guard let raw = try? SecureBytes(count: 4097) else { return .failed("no secure memory for the answer") }
             defer { raw.wipe() }
             while true {
                 // Lines are read byte by byte into secure memory: a passphrase is never in
                 // an ordinary buffer.
-                raw.resize(to: 0)
+                try? raw.resize(to: 0)  // (a shrink never allocates)
                 var byte: UInt8 = 0
                 while true {
                     if dialog.cancelled.load(ordering: .acquiring) { secret.wipe(); return .interrupted }
@@ -207,14 +209,20 @@ final class PinentryDialog: Sendable {
                     if n < 0 && (errno == EINTR || errno == EAGAIN) { continue }
                     if n <= 0 { secret.wipe(); return .failed("the pinentry ended without an answer") }
                     if byte == 0x0A { break }
-                    withUnsafeBytes(of: byte) { raw.write($0, at: raw.count) }
+                    guard (withUnsafeBytes(of: byte) { try? raw.append($0) }) != nil else {
+                        secret.wipe()
+                        return .failed("no secure memory for the answer")
+                    }
                     if raw.count > 4096 { secret.wipe(); return .failed("the pinentry sent a line too long") }
                 }
                 byte = 0
                 let kind: UInt8 = raw.withUnsafeBytes { $0.first ?? 0 }
                 let second: UInt8 = raw.withUnsafeBytes { $0.count > 1 ? $0[1] : 0 }
                 if kind == UInt8(ascii: "D") && second == UInt8(ascii: " ") {
-                    raw.withUnsafeBytes { Self.percentDecode(UnsafeRawBufferPointer(rebasing: $0[2...]), into: secret) }
+                    guard (raw.withUnsafeBytes { try? Self.percentDecode(UnsafeRawBufferPointer(rebasing: $0[2...]), into: secret) }) != nil else {
+                        secret.wipe()
+                        return .failed("no secure memory for the answer")
+                    }
                     continue
                 }
                 let line = raw.withUnsafeBytes { String(decoding: $0.prefix(3), as: UTF8.self) }
@@ -228,7 +236,7 @@ final class PinentryDialog: Sendable {
         }
 
         /// Assuan's %XX decoding, straight into secure memory.
-        static func percentDecode(_ bytes: UnsafeRawBufferPointer, into out: SecureBytes) {
+        static func percentDecode(_ bytes: UnsafeRawBufferPointer, into out: SecureBytes) throws(Errno) {
             var index = 0
             var one: UInt8 = 0
             while index < bytes.count {
@@ -240,7 +248,7 @@ final class PinentryDialog: Sendable {
                 } else {
                     index += 1
                 }
-                withUnsafeBytes(of: one) { out.write($0, at: out.count) }
+                try withUnsafeBytes(of: one) { (raw) throws(Errno) in try out.append(raw) }
             }
             one = 0
         }

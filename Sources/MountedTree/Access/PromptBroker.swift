@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import Posix
 
 /// What the prompt broker needs of the store that keeps the trusted lists (the accounts

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import FuseLowLevel
 import Posix
 
@@ -57,28 +58,32 @@ enum ConflictNode: Hashable {
 
     /// One line: a value with `\`, tab and newline escaped (`\\`, `\t`, `\n`), then the
     /// device and the time of its change (UTC), tab-separated.
-    static func text(_ others: [AccountConflicts.Other], values: Bool) -> SecureBytes {
-        let out = SecureBytes(count: 0)
-        for other in others.sorted(by: { ($0.milliseconds, $0.device) > ($1.milliseconds, $1.device) }) {
-            if values {
-                other.value.withUnsafeBytes { value in
-                    // Runs of plain bytes go straight from the value to secure memory; only
-                    // the escapes (constants) are made here.
-                    var run = 0
-                    for (at, byte) in value.enumerated() where byte == 0x5C || byte == 0x09 || byte == 0x0A {
-                        out.write(UnsafeRawBufferPointer(rebasing: value[run..<at]), at: out.count)
-                        let escape: StaticString = byte == 0x5C ? "\\\\" : byte == 0x09 ? "\\t" : "\\n"
-                        out.write(UnsafeRawBufferPointer(start: escape.utf8Start, count: escape.utf8CodeUnitCount), at: out.count)
-                        run = at + 1
+    static func text(_ others: [AccountConflicts.Other], values: Bool) throws(Errno) -> SecureBytes {
+        let out = SecureBytes()
+        do throws(Errno) {
+            for other in others.sorted(by: { ($0.milliseconds, $0.device) > ($1.milliseconds, $1.device) }) {
+                if values {
+                    try other.value.withUnsafeBytes { (value) throws(Errno) in
+                        // Runs of plain bytes go straight from the value to secure memory; only
+                        // the escapes (constants) are made here.
+                        var run = 0
+                        for (at, byte) in value.enumerated() where byte == 0x5C || byte == 0x09 || byte == 0x0A {
+                            try out.append(UnsafeRawBufferPointer(rebasing: value[run..<at]))
+                            let escape: StaticString = byte == 0x5C ? "\\\\" : byte == 0x09 ? "\\t" : "\\n"
+                            try out.append(UnsafeRawBufferPointer(start: escape.utf8Start, count: escape.utf8CodeUnitCount))
+                            run = at + 1
+                        }
+                        try out.append(UnsafeRawBufferPointer(rebasing: value[run...]))
                     }
-                    out.write(UnsafeRawBufferPointer(rebasing: value[run...]), at: out.count)
+                    try out.append([0x09])
                 }
-                [UInt8(0x09)].withUnsafeBytes { out.write($0, at: out.count) }
+                let time = ISO8601.text(unixSeconds: Double(other.milliseconds) / 1000)
+                let device = String(other.device, radix: 16)
+                try out.append(Array((String(repeating: "0", count: max(0, 16 - device.count)) + device + "\t" + time + "\n").utf8))
             }
-            let time = ISO8601.text(unixSeconds: Double(other.milliseconds) / 1000)
-            let device = String(other.device, radix: 16)
-            Array((String(repeating: "0", count: max(0, 16 - device.count)) + device + "\t" + time + "\n").utf8)
-                .withUnsafeBytes { out.write($0, at: out.count) }
+        } catch {
+            out.wipe()
+            throw error
         }
         return out
     }
@@ -151,7 +156,7 @@ extension AccountsTree {
             s.fields.session.touched()
             let handle = s.fields.session.newHandle()
             s.fields.session.opened(handle, of: node.local)
-            return (handle, ConflictNode.text(others, values: field != nil))
+            return (handle, try ConflictNode.text(others, values: field != nil))
         }
         handleTexts.withLock { $0.attach(.secret(text), to: handle) }
         return OpenedFile(handle: handle.raw, directIO: true, noFlush: true)
@@ -164,10 +169,10 @@ extension AccountsTree {
         let piece = try handleTexts.withLock { (texts) throws(Errno) -> SecureBytes? in
             guard case .secret(let text) = texts[FileHandle(raw: handle)] else { throw .badFileDescriptor }
             guard offset < UInt64(text.count) else { return nil }
-            return text.withUnsafeBytes { all in
+            return try text.withUnsafeBytes { (all) throws(Errno) in
                 let start = Int(offset)
-                return SecureBytes.allocate(copying: UnsafeRawBufferPointer(rebasing: all[start..<min(all.count, start + size)]), in: replies)
-            } ?? SecureBytes()
+                return try SecureBytes.allocate(copying: UnsafeRawBufferPointer(rebasing: all[start..<min(all.count, start + size)]), in: replies)
+            }
         }
         defer { piece?.wipe() }
         guard let piece else { return reply(UnsafeRawBufferPointer(start: nil, count: 0)) }

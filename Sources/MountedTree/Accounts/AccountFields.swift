@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import FuseLowLevel
 import Posix
 
@@ -139,7 +140,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     /// (their UUIDs: a removed account has no id any more).
     var touched: Set<[UInt8]> = []
     /// Where a field's text is composed for getattr and read (see `withText`).
-    let readBuffer = SecureBytes(count: 0)
+    let readBuffer = SecureBytes()
     /// The attributes' key indices (see `AttributeNames`).
     let attributeNames = AttributeNames()
     /// `accounts/<UUID>/attributes/`, the Secret Service's other attributes of the account
@@ -285,35 +286,32 @@ struct AccountFields: EditedStore, @unchecked Sendable {
             return body(UnsafeRawBufferPointer(start: nil, count: 0))
         }
         let out = readBuffer
-        out.resize(to: 0)
-        defer { out.resize(to: 0) }  // zeroes what was written, keeps the allocation
-        do {
-            func bytes(_ value: SecureBytes?, _ use: (UnsafeRawBufferPointer) -> Void) {
-                if let value { value.withUnsafeBytes(use) } else { use(UnsafeRawBufferPointer(start: nil, count: 0)) }
-            }
-            if key.isAttribute {
-                bytes(attributeValue(key)) { out.write($0, at: 0) }
-            } else if key.isTOTP {
-                // The code of this moment: `totp` is read by direct I/O, never from a cache.
-                if let otp = try vault.storedField(.otp, of: uuid), let (secret, parameters) = otp.withUnsafeBytes({ OneTimeCode.parse($0) }) {
-                    let code = OneTimeCode.code(secret: secret, parameters: parameters, at: Self.now())
-                    secret.wipe()
-                    code.withUnsafeBytes { out.write($0, at: 0) }
-                }
-            } else if let field = key.field {
-                bytes(try vault.storedField(field, of: uuid)) { out.write($0, at: 0) }
-            } else {
-                let parts = try [AccountField.protocol, .server, .port, .path].map { (f) throws(VaultError) in
-                    try vault.storedField(f, of: uuid)
-                }
-                bytes(parts[0]) { scheme in bytes(parts[1]) { server in bytes(parts[2]) { port in bytes(parts[3]) { path in
-                    AccountFieldSyntax.composeURL(protocol: scheme, server: server, port: port, path: path, into: out)
-                } } } }
-            }
-        } catch {
-            throw error.errno
+        try? out.resize(to: 0)  // (a shrink never allocates)
+        defer { try? out.resize(to: 0) }  // zeroes what was written, keeps the allocation
+        func bytes(_ value: SecureBytes?, _ use: (UnsafeRawBufferPointer) throws(Errno) -> Void) throws(Errno) {
+            if let value { try value.withUnsafeBytes(use) } else { try use(UnsafeRawBufferPointer(start: nil, count: 0)) }
         }
-        [UInt8(0x0A)].withUnsafeBytes { out.write($0, at: out.count) }
+        func stored(_ field: AccountField) throws(Errno) -> SecureBytes? {
+            do throws(VaultError) { return try vault.storedField(field, of: uuid) } catch { throw error.errno }
+        }
+        if key.isAttribute {
+            try bytes(attributeValue(key)) { (value) throws(Errno) in try out.write(value, at: 0) }
+        } else if key.isTOTP {
+            // The code of this moment: `totp` is read by direct I/O, never from a cache.
+            if let otp = try stored(.otp), let (secret, parameters) = otp.withUnsafeBytes({ OneTimeCode.parse($0) }) {
+                defer { secret.wipe() }
+                try out.append(try OneTimeCode.code(secret: secret, parameters: parameters, at: Self.now()))
+            }
+        } else if let field = key.field {
+            try bytes(try stored(field)) { (value) throws(Errno) in try out.write(value, at: 0) }
+        } else {
+            let parts = try [AccountField.protocol, .server, .port, .path].map { (f) throws(Errno) in try stored(f) }
+            try bytes(parts[0]) { (scheme) throws(Errno) in try bytes(parts[1]) { (server) throws(Errno) in
+                try bytes(parts[2]) { (port) throws(Errno) in try bytes(parts[3]) { (path) throws(Errno) in
+                    try AccountFieldSyntax.composeURL(protocol: scheme, server: server, port: port, path: path, into: out)
+                } } } }
+        }
+        try out.append([0x0A])
         return out.withUnsafeBytes(body)
     }
 
@@ -353,9 +351,10 @@ struct AccountFields: EditedStore, @unchecked Sendable {
             guard let name = attributeNames.name(at: key.index) else { throw .noSuchFileOrDirectory }
             let value = text.withUnsafeBytes { raw -> SecureBytes? in
                 let value = Self.withoutNewline(raw)
-                return Self.isAttributeValue(value) ? SecureBytes(copying: value) : nil
+                return Self.isAttributeValue(value) ? SecureBytes() : nil
             }
             guard let value else { throw text.count > AccountFieldSyntax.maximumSize ? .fileTooLarge : .invalidArgument }
+            try text.withUnsafeBytes { (raw) throws(Errno) in try value.append(Self.withoutNewline(raw)) }
             defer { value.wipe() }
             do { try vault.setFields([:], named: [Self.attributePrefix + name: value], of: uuid) } catch { throw error.errno }
             session.touched()
@@ -372,15 +371,15 @@ struct AccountFields: EditedStore, @unchecked Sendable {
         }
         var changes: [AccountField: SecureBytes] = [:]
         defer { for (_, value) in changes { value.wipe() } }
-        let ok: Bool = text.withUnsafeBytes { raw in
+        let ok: Bool = try text.withUnsafeBytes { (raw) throws(Errno) -> Bool in
             let value = Self.withoutNewline(raw)
             guard let field = key.field else {
                 guard let parts = AccountFieldSyntax.parseURL(value) else { return false }
-                for (field, range) in parts { changes[field] = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: value[range])) }
+                for (field, range) in parts { changes[field] = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: value[range])) }
                 return true
             }
             guard AccountFieldSyntax.isValid(value, for: field) else { return false }
-            changes[field] = SecureBytes(copying: value)
+            changes[field] = try SecureBytes(copying: value)
             return true
         }
         guard ok else { throw text.count > AccountFieldSyntax.maximumSize ? .fileTooLarge : .invalidArgument }
@@ -419,7 +418,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
         try session.requireOpen()
         guard let vault, let uuid = uuids[key.account], let from = attributeNames.name(at: key.index),
               let to = attributeNames.name(at: target.index) else { throw .noSuchFileOrDirectory }
-        guard let value = attributeValue(key)?.copy() else { throw .noSuchFileOrDirectory }
+        guard let value = try attributeValue(key)?.copy() else { throw .noSuchFileOrDirectory }
         defer { value.wipe() }
         let empty = SecureBytes()
         do {

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import FuseLowLevel
 import Posix
 

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import Posix
 import SecretService
 
@@ -22,7 +23,9 @@ extension AccountsTree: SecretStore {
     static let attributePrefix = AccountFields.attributePrefix
     static let contentTypeField = "secret-content-type"
 
-    static func secure(_ text: String) -> SecureBytes { Array(text.utf8).withUnsafeBytes { SecureBytes(copying: $0) } }
+    static func secure(_ text: String) throws(SecretStoreError) -> SecureBytes {
+        do throws(Errno) { return try SecureBytes(copying: Array(text.utf8)) } catch { throw .noMemory }
+    }
 
     public var isLocked: Bool { state.withLock { !$0.fields.session.isOpen } }
 
@@ -237,7 +240,12 @@ extension AccountsTree: SecretStore {
             guard s.fields.session.isOpen, let vault = s.fields.vault else { throw .locked }
             guard vault.hasAccount(uuid: uuid) else { throw .noSuchItem }
             s.fields.session.touched()
-            let value = ((try? vault.storedField(.password, of: uuid)) ?? nil)?.copy() ?? SecureBytes()
+            let value: SecureBytes
+            do throws(Errno) {
+                value = try ((try? vault.storedField(.password, of: uuid)) ?? nil)?.copy() ?? SecureBytes()
+            } catch {
+                throw .noMemory
+            }
             let type = ((try? vault.namedFields(of: uuid))?[Self.contentTypeField]).map { $0.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } }
             return (value, type ?? "text/plain")
         }
@@ -271,7 +279,7 @@ extension AccountsTree: SecretStore {
 
     public func setSecret(_ uuid: [UInt8], _ secret: SecureBytes, contentType: String, caller: BusCaller) throws(SecretStoreError) {
         try requireTrust(uuid, caller: caller, what: "password")
-        let type = contentType == "text/plain" ? SecureBytes() : Self.secure(contentType)
+        let type = contentType == "text/plain" ? SecureBytes() : try Self.secure(contentType)
         defer { type.wipe() }
         try change(uuid) { (_, vault) throws(VaultError) in
             try vault.setFields([.password: secret], named: [Self.contentTypeField: type], of: uuid)
@@ -280,7 +288,7 @@ extension AccountsTree: SecretStore {
 
     public func setLabel(_ uuid: [UInt8], _ label: String, caller: BusCaller) throws(SecretStoreError) {
         try requireTrust(uuid, caller: caller, what: "label")
-        let value = Self.secure(label)
+        let value = try Self.secure(label)
         defer { value.wipe() }
         try change(uuid) { (_, vault) throws(VaultError) in try vault.setFields([.label: value], named: [:], of: uuid) }
     }
@@ -307,8 +315,8 @@ extension AccountsTree: SecretStore {
     /// Label, attributes and secret of an item, in one change.
     private func write(_ uuid: [UInt8], label: String, attributes: [String: String], secret: SecureBytes,
                        contentType: String) throws(SecretStoreError) {
-        let labelValue = Self.secure(label)
-        let type = contentType == "text/plain" ? SecureBytes() : Self.secure(contentType)
+        let labelValue = try Self.secure(label)
+        let type = contentType == "text/plain" ? SecureBytes() : try Self.secure(contentType)
         defer { labelValue.wipe(); type.wipe() }
         try writeAttributes(uuid, attributes, extra: [.label: labelValue, .password: secret], named: [Self.contentTypeField: type])
     }
@@ -321,21 +329,21 @@ extension AccountsTree: SecretStore {
         var fields = extra, namedFields = named
         var made: [SecureBytes] = []
         defer { made.forEach { $0.wipe() } }
-        func value(_ text: String) -> SecureBytes {
-            let bytes = Self.secure(text)
+        func value(_ text: String) throws(SecretStoreError) -> SecureBytes {
+            let bytes = try Self.secure(text)
             made.append(bytes)
             return bytes
         }
         let old = state.withLock { s in (try? s.fields.vault?.namedFields(of: uuid)).map { Array($0.keys) } ?? [] }
-        for name in old where name.hasPrefix(Self.attributePrefix) { namedFields[name] = value("") }
-        for mapped in Self.mappedAttributes { fields[mapped.field] = value("") }
+        for name in old where name.hasPrefix(Self.attributePrefix) { namedFields[name] = try value("") }
+        for mapped in Self.mappedAttributes { fields[mapped.field] = try value("") }
         for (name, text) in attributes {
             guard name.utf8.count + Self.attributePrefix.utf8.count <= 255 else { throw .invalid("an attribute name is too long: \(name)") }
             if let mapped = Self.mappedAttributes.first(where: { $0.attribute == name }),
                Array(text.utf8).withUnsafeBytes({ AccountFieldSyntax.isValid($0, for: mapped.field) }) {
-                fields[mapped.field] = value(text)
+                fields[mapped.field] = try value(text)
             } else {
-                namedFields[Self.attributePrefix + name] = value(text)
+                namedFields[Self.attributePrefix + name] = try value(text)
             }
         }
         try change(uuid) { (_, vault) throws(VaultError) in try vault.setFields(fields, named: namedFields, of: uuid) }

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import FuseLowLevel
 import Posix
 import Synchronization
@@ -436,7 +437,8 @@ public final class AccountsTree: EditingTree {
                 guard offset < UInt64(bytes.count) else { return .some(nil) }
                 let start = Int(offset)
                 let piece = UnsafeRawBufferPointer(rebasing: bytes[start..<min(bytes.count, start + size)])
-                return SecureBytes.allocate(copying: piece, in: replies).map { .some($0) }
+                guard let copy = try? SecureBytes.allocate(copying: piece, in: replies) else { return .none }
+                return .some(copy)
             }
             guard let copied else { throw .noMemory }  // no secure memory to be had
             return copied

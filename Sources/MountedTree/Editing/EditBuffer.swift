@@ -1,4 +1,6 @@
 import CredentialVault
+import Posix
+import SecureMemory
 
 /// The bytes of a file being edited: a key's pending value or an editor's scratch file.
 /// The editing engine is generic over it, so that settings keep plain arrays and account
@@ -7,24 +9,25 @@ import CredentialVault
 /// Ownership: the engine treats every buffer as uniquely owned (a class-backed buffer is
 /// never shared between two files) and calls `wipe()` before it lets one go.
 /// Thread-safety: none of its own; used under the owning tree's lock.
+/// Growing a buffer can fail (secure memory has a budget): ENOMEM, and the buffer is as it was.
 protocol EditBuffer {
-    /// An empty buffer.
+    /// An empty buffer (it holds no memory yet).
     init()
     /// A buffer holding a copy of `bytes`.
-    init(copying bytes: UnsafeRawBufferPointer)
+    init(copying bytes: UnsafeRawBufferPointer) throws(Errno)
     var count: Int { get }
     /// Sets the length, keeping the prefix; new bytes are zero.
-    mutating func resize(to newCount: Int)
+    mutating func resize(to newCount: Int) throws(Errno)
     /// Writes `bytes` at `offset`, growing as needed (a gap is zero-filled).
-    mutating func write(_ bytes: UnsafeRawBufferPointer, at offset: Int)
-    func withUnsafeBytes<T>(_ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T
+    mutating func write(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(Errno)
+    func withUnsafeBytes<T, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> T) throws(E) -> T
     /// Zeroes and frees the bytes; the buffer is empty afterwards.
     mutating func wipe()
 }
 
 extension EditBuffer {
     /// A copy of the bytes (same kind of memory).
-    func copied() -> Self { withUnsafeBytes { Self(copying: $0) } }
+    func copied() throws(Errno) -> Self { try withUnsafeBytes { (bytes) throws(Errno) in try Self(copying: bytes) } }
 
     /// Whether the buffer holds exactly `byte` (an empty value reads as its newline).
     func isSingle(_ byte: UInt8) -> Bool { count == 1 && withUnsafeBytes { $0[0] == byte } }
@@ -55,14 +58,12 @@ struct PlainBuffer: EditBuffer, Sendable {
         bytes.replaceSubrange(offset..<offset + data.count, with: data)
     }
 
-    func withUnsafeBytes<T>(_ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T {
-        try bytes.withUnsafeBytes(body)
+    func withUnsafeBytes<T, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> T) throws(E) -> T {
+        try bytes.withUnsafeBytes { raw in Result { () throws(E) -> T in try body(raw) } }.get()
     }
 
     mutating func wipe() { bytes = [] }
 }
 
 /// Secure memory (`sodium_malloc`: locked, guarded, zeroed when freed), for account fields.
-extension SecureBytes: EditBuffer {
-    convenience init() { self.init(count: 0) }
-}
+extension SecureBytes: EditBuffer {}

@@ -490,9 +490,10 @@ struct EditingEngine<Store: EditedStore> {
 
     /// The text a read of the key's file shows now.
     private func currentText(_ file: File, _ key: Key, _ store: Store) throws(Errno) -> Buffer {
-        if let pending = file.pending { return pending.text.copied() }
-        if let shown = file.shown { return shown.copied() }
-        return try store.withText(of: key) { Buffer(copying: $0) }
+        if let pending = file.pending { return try pending.text.copied() }
+        if let shown = file.shown { return try shown.copied() }
+        let copy = try store.withText(of: key) { (text) -> Result<Buffer, Errno> in Result { () throws(Errno) in try Buffer(copying: text) } }
+        return try copy.get()
     }
 
     /// Runs `body` on what a read of the file shows.
@@ -597,13 +598,13 @@ struct EditingEngine<Store: EditedStore> {
         // In place: a copy of the file would copy its buffer (arrays are copied on write).
         if let key = file.key {
             try beginPending(inode, key, store)
-            files[inode]!.pending!.text.resize(to: size)
+            try files[inode]!.pending!.text.resize(to: size)
             files[inode]!.pending!.written = false
             files[inode]!.pending!.rejected = false
             files[inode]!.pending!.owner = owner
         } else {
             if file.content == nil { files[inode]!.content = Buffer() }
-            files[inode]!.content!.resize(to: size)
+            try files[inode]!.content!.resize(to: size)
         }
         touch(inode)
     }
@@ -638,7 +639,7 @@ struct EditingEngine<Store: EditedStore> {
             var start = append ? text.count : Int(clamping: offset)
             // An empty value reads as "\n": appending to it starts from nothing.
             if text.isSingle(0x0A) && (append || start == 1) {
-                files[inode]!.pending!.text.resize(to: 0)
+                try files[inode]!.pending!.text.resize(to: 0)
                 start = 0
             }
             guard start <= limit, data.count <= limit - start else {
@@ -649,7 +650,7 @@ struct EditingEngine<Store: EditedStore> {
                 files[inode]!.pending!.rejected = true
                 throw .invalidArgument
             }
-            files[inode]!.pending!.text.write(data, at: start)
+            try files[inode]!.pending!.text.write(data, at: start)
             files[inode]!.pending!.written = true
             return
         }
@@ -661,7 +662,7 @@ struct EditingEngine<Store: EditedStore> {
             files[inode]!.refused = true
             throw .invalidArgument
         }
-        files[inode]!.content!.write(data, at: start)
+        try files[inode]!.content!.write(data, at: start)
         files[inode]!.written = true
     }
 

@@ -3,6 +3,7 @@ import Glibc
 #endif
 import CacheStore
 import CredentialVault
+import SecureMemory
 import Posix
 import SettingsStore
 

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CredentialVault
+import SecureMemory
 import FuseLowLevel
 import Posix
 import SecretService
@@ -74,8 +75,8 @@ public final class MtmfsMount: Sendable {
                 // The passphrase goes straight from libfuse's buffer into secure memory.
                 let length = OneNewline.valueEnd(bytes)
                 guard length > 0 else { throw .invalidArgument }
-                let passphrase = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<length]))
-                SecureBytes.zero(UnsafeMutableRawPointer(mutating: bytes.baseAddress!), bytes.count)
+                defer { if let base = bytes.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), bytes.count) } }
+                let passphrase = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<length]))
                 defer { passphrase.wipe() }
                 try accounts.unlock(passphrase: passphrase)
             }),
@@ -163,7 +164,7 @@ public final class MtmfsMount: Sendable {
         let rest = UnsafeRawBufferPointer(rebasing: bytes[(newline + 1)...])
         let length = OneNewline.valueEnd(rest)
         guard length > 0 else { throw .invalidArgument }
-        let passphrase = SecureBytes(copying: UnsafeRawBufferPointer(rebasing: rest[0..<length]))
+        let passphrase = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: rest[0..<length]))
         defer { passphrase.wipe() }
         try body(words, passphrase)
     }
@@ -228,6 +229,8 @@ struct StatusReport: Sendable {
             "version=\(MtmfsVersion.string)",
             "data_dir=\(dataDirectory.path)",
             "log=\(Log.filePath ?? "syslog")",
+            // Locked memory for secrets, of its budget (ENOMEM to writes past it).
+            "secure_memory=\(SecureMemory.held.bytes)/\(SecureMemory.byteBudget)",
             "mount_point=\(mountPoint)",
             "pid=\(getpid())",
         ]

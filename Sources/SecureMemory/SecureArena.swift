@@ -1,5 +1,6 @@
 import CSodium
 import Posix
+import SecureMemory
 
 /// A few large regions of secure memory (`sodium_malloc`: guard pages, mlock, zeroed on
 /// free) that many small secrets share: the decrypted fields of an unlocked vault.
@@ -45,8 +46,7 @@ public final class SecureArena: @unchecked Sendable {
         return lock.withLock { () -> (slot: UnsafeMutableRawPointer, size: Int, generation: Int)? in
             if let slot = free[size]?.popLast() { return (slot, size, generation) }
             if slabs.isEmpty || used + size > Self.slabSize {
-                guard let slab = sodium_malloc(Self.slabSize) else { return nil }
-                sodium_memzero(slab, Self.slabSize)
+                guard let slab = SecureMemory.allocate(Self.slabSize) else { return nil }
                 slabs.append(slab)
                 used = 0
             }
@@ -68,13 +68,16 @@ public final class SecureArena: @unchecked Sendable {
     /// Zeroes and frees every slab. Every value in them must have been wiped first.
     public func releaseAll() {
         lock.withLock {
-            for slab in slabs { sodium_free(slab) }  // sodium_free zeroes before freeing
+            for slab in slabs { SecureMemory.free(slab, Self.slabSize) }  // zeroed before freed
             slabs.removeAll()
             free.removeAll()
             used = 0
             generation += 1
         }
     }
+
+    /// Bytes of secure memory held in slabs.
+    public var bytesHeld: Int { lock.withLock { slabs.count * Self.slabSize } }
 
     /// Slabs held (each one `sodium_malloc` region).
     public var slabCount: Int { lock.withLock { slabs.count } }
