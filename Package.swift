@@ -75,7 +75,7 @@ let package = Package(
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory", "Posix"]),
         .testTarget(name: "CredentialVaultTests", dependencies: ["CredentialVault", "SecureMemory", "Posix", "TestSupport"]),
         .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "CCrypto", "SecureMemory", "CredentialVault", "Posix"]),
-        .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "SecureMemory", "CredentialVault", "TestSupport"]),
+        .testTarget(name: "MountedTreeTests", dependencies: ["MountedTree", "SecureMemory", "CredentialVault", "SecretService", "FuseLowLevel", "Posix", "TestSupport"]),
         .testTarget(name: "IntegrationTests", dependencies: ["Posix", "TestSupport", "SecureMemory", "CredentialVault"]),
     ]
 )

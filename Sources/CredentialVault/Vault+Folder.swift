@@ -14,6 +14,8 @@ extension Vault {
     /// The pseudo-account that holds vault-wide fields (the guarding flag).
     static let vaultRecord = [UInt8](repeating: 0, count: 16)
     static let vaultRecordName = "00000000-0000-0000-0000-000000000000"
+    /// The record that holds the vault's own settings (guarding), not an account.
+    public static var vaultRecordUUID: [UInt8] { vaultRecord }
 
     /// Creates a vault folder at `path` (which must not exist), its device file beside it,
     /// and returns it unlocked.
@@ -250,17 +252,26 @@ extension Vault {
     /// Reads the folder again (files a synchroniser or git brought or took away); while
     /// unlocked the new files are opened, and the accounts made again when anything changed.
     /// Returns whether anything did.
-    public func rescanFolder() -> Bool {
-        guard let folder else { return false }
-        let changed: Bool
+    /// Returns the accounts whose changes came or went (nil: nothing changed). Only they
+    /// are merged again, unless one is new (then every account is, for the order of
+    /// `accounts`: by each one's first change) or the vault is locked.
+    public func rescanFolder() -> Set<[UInt8]>? {
+        guard let folder else { return nil }
+        let affected: Set<[UInt8]>?
         do throws(VaultError) {
-            changed = try folder.rescan(key: masterKey, arena: arena)
+            affected = try folder.rescan(key: masterKey, arena: arena)
         } catch {
             Log.error("vault folder not read again: \(error.description)")
-            return false
+            return nil
         }
-        if changed { refreshFromFolder() }
-        return changed
+        guard let affected else { return nil }
+        let known = Set(records.map(\.uuid))
+        if !isUnlocked || affected.contains(where: { !known.contains($0) && $0 != Self.vaultRecord }) {
+            refreshFromFolder()
+        } else {
+            for uuid in affected { refresh(uuid) }
+        }
+        return affected
     }
 
     // MARK: Writes outside the owner's lock

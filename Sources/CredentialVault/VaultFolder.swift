@@ -145,10 +145,11 @@ public final class VaultFolder: @unchecked Sendable {
 
     /// Reads what appeared since the last scan (a synchroniser's or git's new files, a
     /// folded file) and forgets files that went. New files of an open folder are opened too.
-    /// Returns whether anything changed.
+    /// Returns the accounts whose changes came or went (nil: no file came or went).
     @discardableResult
-    public func rescan(key: SecureBytes? = nil, arena: SecureArena? = nil) throws(VaultError) -> Bool {
+    public func rescan(key: SecureBytes? = nil, arena: SecureArena? = nil) throws(VaultError) -> Set<[UInt8]>? {
         var changed = false
+        var affected = Set<[UInt8]>()
         var present = Set<String>()
         var listed = Set<String>()
         /// Other machines' folders that new files were loaded from (their names synced).
@@ -193,10 +194,13 @@ public final class VaultFolder: @unchecked Sendable {
                         // Only opened files join an open folder (a scan without the key
                         // leaves new ones for the next scan with it).
                         guard let key, let arena else { continue }
-                        put(relative, try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena))
+                        let opened = try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena)
+                        put(relative, opened)
+                        affected.formUnion(opened.map(\.uuid))
                     } else {
                         parsed[relative] = file
                         put(relative, file.changes)
+                        affected.formUnion(file.changes.map(\.uuid))
                     }
                     seeClock(fileClock)
                     skipped[relative] = nil
@@ -208,14 +212,17 @@ public final class VaultFolder: @unchecked Sendable {
             }
         }
         for relative in Array(files.keys) where !present.contains(relative) && !pending.contains(relative) {
-            drop(relative)?.forEach { $0.wipe() }
+            if let gone = drop(relative) {
+                affected.formUnion(gone.map(\.uuid))
+                gone.forEach { $0.wipe() }
+            }
             parsed[relative] = nil
             changed = true
         }
         listed.formUnion(try scanSlots())
         skipped = skipped.filter { listed.contains($0.key) }  // gone from the folder: no longer named
         skippedStamps = skippedStamps.filter { skipped[$0.key] != nil }
-        return changed
+        return changed ? affected : nil
     }
 
     /// Size and modification time: what tells a skipped file changed.

@@ -225,12 +225,13 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     }
 
     /// After the vault was made again from its files: accounts no longer in it go, and
-    /// every field of the others counts as changed.
+    /// every field of the others counts as changed — of the `affected` accounts only, when
+    /// the caller knows which changed (nil: any may have).
     /// Returns the names of the accounts that went.
     @discardableResult
-    mutating func reconcileWithVault() -> [String] {
+    mutating func reconcileWithVault(affected: Set<[UInt8]>? = nil) -> [String] {
         var gone: [String] = []
-        for (id, uuid) in uuids {
+        for (id, uuid) in uuids where affected?.contains(uuid) ?? true {
             if vault?.hasAccount(uuid: uuid) == true {
                 changedKeys += (Array(Self.names.indices) + attributeNames.indices).map { FieldKey(account: id, index: $0) }
             } else {

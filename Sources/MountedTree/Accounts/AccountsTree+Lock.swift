@@ -76,10 +76,13 @@ extension AccountsTree {
         let invalidations = state.withLock { s -> [Invalidation] in
             guard let vault = s.fields.vault, !vault.isReplaced else { return [] }
             let before = Set(vault.accounts.map(\.uuid))
-            guard vault.rescanFolder() else { return [] }
-            // Accounts another machine's files brought are new to the bus too.
+            guard let affected = vault.rescanFolder() else { return [] }
+            // The bus is told of the accounts whose changes came or went (also those the
+            // kernel never looked up), and only they are invalidated.
+            s.fields.touched.formUnion(affected.subtracting([Vault.vaultRecordUUID]))
             s.fields.touched.formUnion(Set(vault.accounts.map(\.uuid)).subtracting(before))
-            let gone = s.fields.reconcileWithVault()
+            // (The vault's own record — guarding — changes every account's directory.)
+            let gone = s.fields.reconcileWithVault(affected: affected.contains(Vault.vaultRecordUUID) ? nil : affected)
             return s.takeInvalidations() + [.inode(.top)] + gone.map { .entry(parent: .top, name: $0) }
         }
         guard !invalidations.isEmpty else { return }
