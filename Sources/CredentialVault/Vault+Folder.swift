@@ -252,26 +252,46 @@ extension Vault {
     /// Reads the folder again (files a synchroniser or git brought or took away); while
     /// unlocked the new files are opened, and the accounts made again when anything changed.
     /// Returns whether anything did.
-    /// Returns the accounts whose changes came or went (nil: nothing changed). Only they
-    /// are merged again, unless one is new (then every account is, for the order of
-    /// `accounts`: by each one's first change) or the vault is locked.
-    public func rescanFolder() -> Set<[UInt8]>? {
+    /// Scans the folder made with the owner's lock held (`VaultFolder.lockedScans`; nil for
+    /// a single file): a daemon's come at unlock only.
+    public var lockedFolderScans: Int? { folder?.lockedScans }
+
+    /// A scan's start, under the owner's lock: the folder's basis and, while unlocked, a
+    /// copy of the master key for the scan to open new files with (the caller wipes it).
+    /// nil for a single-file vault.
+    public func folderScanBasis() -> (basis: VaultFolder.ScanBasis, key: SecureBytes?)? {
         guard let folder else { return nil }
-        let affected: Set<[UInt8]>?
-        do throws(VaultError) {
-            affected = try folder.rescan(key: masterKey, arena: arena)
-        } catch {
-            Log.error("vault folder not read again: \(error.description)")
-            return nil
+        return (folder.scanBasis(), try? masterKey?.copy())
+    }
+
+    /// Takes in a scan made without the owner's lock (`VaultFolder.scan`, its values in
+    /// `arena`, which is released here: they are copied into the vault's own), and merges
+    /// again the accounts whose changes came or went — all of them only when one is new
+    /// (the order of `accounts`) or the vault is locked. Copies and merges: no disk, no
+    /// decryption.
+    public func applyFolderScan(_ found: VaultFolder.Scan, arena scanArena: SecureArena) -> VaultFolder.Applied {
+        defer { scanArena.releaseAll() }
+        guard let folder, folder.isCurrent(found) else {
+            found.wipe()
+            return folder == nil ? .unchanged : .stale
         }
-        guard let affected else { return nil }
+        let applied: VaultFolder.Applied
+        do throws(VaultError) {
+            do throws(Errno) { try found.move(into: arena) } catch { throw .io(error) }
+            applied = try folder.apply(found)
+        } catch {
+            found.wipe()
+            Log.error("vault folder not read again: \(error.description)")
+            return .unchanged
+        }
+        guard case .changed(let affected) = applied else { return applied }
         let known = Set(records.map(\.uuid))
         if !isUnlocked || affected.contains(where: { !known.contains($0) && $0 != Self.vaultRecord }) {
             refreshFromFolder()
         } else {
             for uuid in affected { refresh(uuid) }
         }
-        return affected
+        return applied
     }
 
     // MARK: Writes outside the owner's lock

@@ -41,6 +41,12 @@ public final class VaultFolder: @unchecked Sendable {
     private var slots: [String: KeySlot] = [:]
     /// Whether `files` hold the sealed fields (after `open(with:)`).
     public private(set) var isOpen = false
+    /// Scans made by `rescan` (with the owner's lock held, as a daemon does only at open).
+    public private(set) var lockedScans = 0
+    /// Counts opens and closes: a scan made before one is stale (`apply`).
+    private var generation = 0
+    /// Closed with its files' clear parts kept from when it was open: `open` reads the disk.
+    private var needsReading = false
 
     static let idFile = "id"
     static let keysFolder = "keys"
@@ -146,39 +152,140 @@ public final class VaultFolder: @unchecked Sendable {
     /// Reads what appeared since the last scan (a synchroniser's or git's new files, a
     /// folded file) and forgets files that went. New files of an open folder are opened too.
     /// Returns the accounts whose changes came or went (nil: no file came or went).
+    /// All at once, under the caller's lock; a daemon scans in three steps instead
+    /// (`scanBasis`, `scan` without its lock, `apply`).
     @discardableResult
     public func rescan(key: SecureBytes? = nil, arena: SecureArena? = nil) throws(VaultError) -> Set<[UInt8]>? {
-        var changed = false
-        var affected = Set<[UInt8]>()
-        var present = Set<String>()
+        lockedScans += 1
+        let found = Self.scan(scanBasis(), key: key, arena: arena)
+        switch try apply(found) {
+        case .stale: return nil  // (cannot be: nothing ran between the steps)
+        case .unchanged: return nil
+        case .changed(let accounts): return accounts
+        }
+    }
+
+    /// What a scan starts from, taken under the owner's lock (cheap: names and stamps).
+    public struct ScanBasis: Sendable {
+        let path: String
+        let device: UInt64
+        let vaultID: [UInt8]
+        let isOpen: Bool
+        let generation: Int
+        /// Change files the folder holds or is writing: the scan reads only others.
+        let known: Set<String>
+        /// Files skipped, with their size and time then: read again only once changed.
+        let skippedStamps: [String: [Int]]
+        let knownSlots: Set<String>
+    }
+
+    public func scanBasis() -> ScanBasis {
+        ScanBasis(path: path, device: device, vaultID: vaultID, isOpen: isOpen, generation: generation,
+                  known: Set(files.keys).union(pending).union(parsed.keys),
+                  skippedStamps: skippedStamps.filter { skipped[$0.key] != nil },
+                  knownSlots: Set(slots.keys).union(skipped.keys.filter { $0.hasPrefix(Self.keysFolder + "/") }
+                      .map { String($0.dropFirst(Self.keysFolder.count + 1)) }))
+    }
+
+    /// What a scan found on disk: read, synced (another machine's files), parsed and — for
+    /// an open folder — authenticated and opened, with no lock held. `apply` takes it in;
+    /// a scan not applied must be wiped.
+    ///
+    /// Thread-safety: made by one thread, then handed to the owner (not shared).
+    public final class Scan: @unchecked Sendable {
+        let basis: ScanBasis
         var listed = Set<String>()
-        /// Other machines' folders that new files were loaded from (their names synced).
+        var present = Set<String>()
+        var loaded: [(relative: String, clock: UInt64, file: ChangeFile.Parsed, opened: [AccountChange]?)] = []
+        var notes: [(relative: String, reason: String)] = []
+        var stamps: [String: [Int]] = [:]
+        var slotsPresent = Set<String>()
+        var slotsRead: [(name: String, slot: KeySlot)] = []
+        var failure: VaultError?
+
+        init(basis: ScanBasis) { self.basis = basis }
+
+        /// Change files it read, and how many of them it opened (decrypted).
+        public var readCount: Int { loaded.count }
+        public var openedCount: Int { loaded.filter { $0.opened != nil }.count }
+
+        /// Moves the values it opened into `arena` (a copy each; the scan's own are wiped),
+        /// so that the scan's arena can go at once. ENOMEM: every value is wiped.
+        public func move(into arena: SecureArena) throws(Errno) {
+            do throws(Errno) {
+                for index in loaded.indices {
+                    guard let opened = loaded[index].opened else { continue }
+                    var moved: [AccountChange] = []
+                    for change in opened {
+                        var copy = change
+                        if let fields = change.fields {
+                            var values: [AccountChange.FieldValue] = []
+                            for field in fields {
+                                var kept = field
+                                kept.value = try field.value.withUnsafeBytes { (bytes) throws(Errno) in
+                                    try SecureBytes.allocate(copying: bytes, in: arena)
+                                }
+                                values.append(kept)
+                            }
+                            copy.fields = values
+                        }
+                        change.wipe()
+                        moved.append(copy)
+                    }
+                    loaded[index].opened = moved
+                }
+            } catch {
+                wipe()
+                throw error
+            }
+        }
+
+        /// Zeroes the values it opened.
+        public func wipe() {
+            for item in loaded { item.opened?.forEach { $0.wipe() } }
+            loaded.removeAll()
+        }
+    }
+
+    /// Reads the folder against `basis`, without the owner's lock: every file it does not
+    /// know is read (another machine's synced first), parsed and, with `key` (a copy the
+    /// caller wipes), opened into `arena`. The slow part of a scan: nothing here touches
+    /// the folder's state.
+    public static func scan(_ basis: ScanBasis, key: SecureBytes?, arena: SecureArena?) -> Scan {
+        let found = Scan(basis: basis)
+        let path = basis.path
+        /// Other machines' folders that new files were read from (their names synced).
         var arrived = Set<String>()
         let names: [String]
-        do throws(Errno) { names = try Syscall.listDirectory(path) } catch { throw .io(error) }
-        for name in names where name != Self.idFile && name != Self.keysFolder && !name.hasPrefix(".") {
-            listed.insert(name)
+        do throws(Errno) { names = try Syscall.listDirectory(path) } catch {
+            found.failure = .io(error)
+            return found
+        }
+        for name in names where name != idFile && name != keysFolder && !name.hasPrefix(".") {
+            found.listed.insert(name)
             guard let device = ChangeFile.parseDevice(name) else {
-                note(name, "not a device folder")
+                found.notes.append((name, "not a device folder"))
                 continue
             }
             guard let entries = try? Syscall.listDirectory(path + "/" + name) else { continue }
             for entry in entries {
                 let relative = name + "/" + entry
-                listed.insert(relative)
+                found.listed.insert(relative)
                 guard let fileClock = ChangeFile.parseName(entry) else {
-                    if !entry.hasPrefix(".") || entry.hasPrefix(".syncthing.") { note(relative, "not a change file (\(Self.kind(of: entry)))") }
+                    if !entry.hasPrefix(".") || entry.hasPrefix(".syncthing.") {
+                        found.notes.append((relative, "not a change file (\(kind(of: entry)))"))
+                    }
                     continue
                 }
-                present.insert(relative)
-                guard files[relative] == nil else { continue }
+                found.present.insert(relative)
+                guard !basis.known.contains(relative) else { continue }
                 // A skipped file is read again once it changed (one caught half-written).
-                let stamp = Self.stamp(path + "/" + relative)
-                if skipped[relative] != nil, skippedStamps[relative] == stamp { continue }
-                skippedStamps[relative] = stamp
+                let stamp = stamp(path + "/" + relative)
+                if let old = basis.skippedStamps[relative], old == stamp { continue }
+                found.stamps[relative] = stamp
                 do throws(VaultError) {
-                    let foreign = device != self.device
-                    let bytes = try Self.read(path + "/" + relative, syncing: foreign)
+                    let foreign = device != basis.device
+                    let bytes = try read(path + "/" + relative, syncing: foreign)
                     if foreign && !arrived.contains(name) {
                         // Its name too, and its folder's (once a scan).
                         do throws(Errno) {
@@ -190,28 +297,79 @@ public final class VaultFolder: @unchecked Sendable {
                         arrived.insert(name)
                     }
                     let file = try ChangeFile.parse(bytes, device: device, clock: fileClock)
-                    if isOpen {
+                    if basis.isOpen {
                         // Only opened files join an open folder (a scan without the key
                         // leaves new ones for the next scan with it).
                         guard let key, let arena else { continue }
-                        let opened = try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena)
-                        put(relative, opened)
-                        affected.formUnion(opened.map(\.uuid))
+                        let opened = try ChangeFile.open(file, vaultID: basis.vaultID, path: relative, key: key, arena: arena)
+                        found.loaded.append((relative, fileClock, file, opened))
                     } else {
-                        parsed[relative] = file
-                        put(relative, file.changes)
-                        affected.formUnion(file.changes.map(\.uuid))
+                        found.loaded.append((relative, fileClock, file, nil))
                     }
-                    seeClock(fileClock)
-                    skipped[relative] = nil
-                    changed = true
                 } catch {
-                    if case .io(.noMemory) = error { throw error }
-                    note(relative, error.description)
+                    if case .io(.noMemory) = error {
+                        found.failure = error
+                        return found
+                    }
+                    found.notes.append((relative, error.description))
                 }
             }
         }
-        for relative in Array(files.keys) where !present.contains(relative) && !pending.contains(relative) {
+        scanSlots(found)
+        return found
+    }
+
+    /// Whether a scan's basis is still the folder's (not opened or closed since).
+    public func isCurrent(_ found: Scan) -> Bool { found.basis.generation == generation }
+
+    /// How `apply` took a scan in.
+    public enum Applied: Equatable {
+        /// The folder was opened or closed since the scan's basis: its values are wiped,
+        /// and the caller scans again.
+        case stale
+        /// No file came or went.
+        case unchanged
+        /// These accounts' changes came or went.
+        case changed(Set<[UInt8]>)
+    }
+
+    /// Takes a scan in, under the owner's lock (no disk, no decryption): the files it read
+    /// join, the files it found gone leave, skipped files are named. A scan's values are
+    /// the folder's from here on, or wiped.
+    public func apply(_ found: Scan) throws(VaultError) -> Applied {
+        guard found.basis.generation == generation else {
+            found.wipe()
+            return .stale
+        }
+        if let failure = found.failure {
+            found.wipe()
+            throw failure
+        }
+        var changed = false
+        var affected = Set<[UInt8]>()
+        for (relative, stamp) in found.stamps { skippedStamps[relative] = stamp }
+        for item in found.loaded {
+            // Written here meanwhile (a save, a fold): the folder's own copy stays.
+            guard files[item.relative] == nil, !pending.contains(item.relative) else {
+                item.opened?.forEach { $0.wipe() }
+                continue
+            }
+            if let opened = item.opened {
+                put(item.relative, opened)
+                affected.formUnion(opened.map(\.uuid))
+            } else {
+                parsed[item.relative] = item.file
+                put(item.relative, item.file.changes)
+                affected.formUnion(item.file.changes.map(\.uuid))
+            }
+            seeClock(item.clock)
+            skipped[item.relative] = nil
+            changed = true
+        }
+        found.loaded.removeAll()
+        for (relative, reason) in found.notes { note(relative, reason) }
+        for relative in found.basis.known where !found.present.contains(relative) && !pending.contains(relative) {
+            guard files[relative] != nil || parsed[relative] != nil else { continue }
             if let gone = drop(relative) {
                 affected.formUnion(gone.map(\.uuid))
                 gone.forEach { $0.wipe() }
@@ -219,10 +377,15 @@ public final class VaultFolder: @unchecked Sendable {
             parsed[relative] = nil
             changed = true
         }
-        listed.formUnion(try scanSlots())
+        for (name, slot) in found.slotsRead where slots[name] == nil {
+            slots[name] = slot
+            if let slotClock = KeySlot.parseName(name)?.clock { seeClock(slotClock) }
+        }
+        for name in found.basis.knownSlots where !found.slotsPresent.contains(name) { slots[name] = nil }
+        let listed = found.listed.union(found.slotsPresent.map { Self.keysFolder + "/" + $0 })
         skipped = skipped.filter { listed.contains($0.key) }  // gone from the folder: no longer named
         skippedStamps = skippedStamps.filter { skipped[$0.key] != nil }
-        return changed ? affected : nil
+        return changed ? .changed(affected) : .unchanged
     }
 
     /// Size and modification time: what tells a skipped file changed.
@@ -362,29 +525,28 @@ public final class VaultFolder: @unchecked Sendable {
     }
 
     /// Reads new key slots and forgets gone ones; returns every name listed (relative).
-    private func scanSlots() throws(VaultError) -> Set<String> {
+    /// The key slots on disk: each one the basis does not know is read and parsed.
+    private static func scanSlots(_ found: Scan) {
         let names: [String]
-        do throws(Errno) { names = try Syscall.listDirectory(path + "/" + Self.keysFolder) } catch {
-            if error == .noSuchFileOrDirectory { return [] }
-            throw .io(error)
+        do throws(Errno) { names = try Syscall.listDirectory(found.basis.path + "/" + keysFolder) } catch {
+            if error != .noSuchFileOrDirectory { found.failure = .io(error) }
+            return
         }
-        var present = Set<String>()
         for name in names {
             guard KeySlot.parseName(name) != nil else {
-                if !name.hasPrefix(".") || name.hasPrefix(".syncthing.") { note(Self.keysFolder + "/" + name, "not a key slot (\(Self.kind(of: name)))") }
+                if !name.hasPrefix(".") || name.hasPrefix(".syncthing.") {
+                    found.notes.append((keysFolder + "/" + name, "not a key slot (\(kind(of: name)))"))
+                }
                 continue
             }
-            present.insert(name)
-            guard slots[name] == nil, skipped[Self.keysFolder + "/" + name] == nil else { continue }
+            found.slotsPresent.insert(name)
+            guard !found.basis.knownSlots.contains(name) else { continue }
             do throws(VaultError) {
-                slots[name] = try KeySlot.parse(try Self.read(path + "/" + Self.keysFolder + "/" + name))
-                if let slotClock = KeySlot.parseName(name)?.clock { seeClock(slotClock) }
+                found.slotsRead.append((name, try KeySlot.parse(try read(found.basis.path + "/" + keysFolder + "/" + name))))
             } catch {
-                note(Self.keysFolder + "/" + name, error.description)
+                found.notes.append((keysFolder + "/" + name, error.description))
             }
         }
-        for name in Array(slots.keys) where !present.contains(name) { slots[name] = nil }
-        return Set(names.map { Self.keysFolder + "/" + $0 })
     }
 
     /// The key-derivation limits of the newest slot no other slot retired.
@@ -405,6 +567,15 @@ public final class VaultFolder: @unchecked Sendable {
     /// Authenticates and opens every file with the master key: the changes get their
     /// fields (in `arena`). A file that fails is skipped, the rest load.
     public func open(with key: SecureBytes, arena: SecureArena) throws(VaultError) {
+        generation += 1
+        if needsReading {
+            // Closed without reading the disk (`close`): the sealed parts are read here.
+            needsReading = false
+            for (_, changes) in files { changes.forEach { $0.wipe() } }
+            dropAll()
+            parsed.removeAll()
+            try rescan()
+        }
         for (relative, file) in parsed {
             do throws(VaultError) {
                 put(relative, try ChangeFile.open(file, vaultID: vaultID, path: relative, key: key, arena: arena))
@@ -421,13 +592,22 @@ public final class VaultFolder: @unchecked Sendable {
         isOpen = true
     }
 
-    /// Forgets every field (wiped) and goes back to the clear parts, read anew.
+    /// Forgets every field (wiped) and keeps the clear parts — which accounts, their
+    /// names, the changes' ids — without reading the disk: a lock does this under the
+    /// owner's lock. The next `open` reads the sealed parts again.
     public func close() {
-        for (_, changes) in files { changes.forEach { $0.wipe() } }
-        dropAll()
-        parsed.removeAll()
+        generation += 1
+        for (relative, changes) in files {
+            changes.forEach { $0.wipe() }
+            // As a file parsed while locked holds them (same changes, same places).
+            files[relative] = changes.map { change in
+                var clear = change
+                clear.fields = nil
+                return clear
+            }
+        }
+        if isOpen { needsReading = true }
         isOpen = false
-        _ = try? rescan()
     }
 
     /// A clock later than every one seen or written (hybrid logical clock: milliseconds

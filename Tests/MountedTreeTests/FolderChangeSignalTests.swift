@@ -8,8 +8,9 @@ import SecureMemory
 import Synchronization
 import Testing
 
-/// A file another machine wrote that changes one account of 10,000 (issue 50): the mount
-/// merges that account again and tells the bus of it alone — not every item of the vault.
+/// Another machine's files arriving, and a lock, on a large vault (issue 50): the mount
+/// merges only the accounts a file changes and tells the bus of those alone; it reads and
+/// opens the file without the tree's lock; a lock reads nothing from the disk.
 @Suite struct FolderChangeSignalTests {
     static let count = 10_000
 
@@ -64,5 +65,105 @@ import Testing
         #expect(label == "Renamed elsewhere")
         let unchanged = try vault.storedField(.label, of: Self.uuid(17))?.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
         #expect(unchanged == "Account 17")
+    }
+
+    /// A vault folder of `count` accounts at `scratch/a/vault`, locked, and a copy of it at
+    /// `scratch/b/vault` (another machine's clone).
+    static func twoMachines(_ scratch: String, count: Int, passphrase: SecureBytes) throws {
+        for side in ["a", "b"] { try FileManager.default.createDirectory(atPath: scratch + "/" + side, withIntermediateDirectories: true) }
+        let made = try Vault.createFolder(at: scratch + "/a/vault", passphrase: passphrase, parameters: .interactive)
+        for batch in stride(from: 0, to: count, by: 1_000) {
+            try made.addAccounts((batch..<min(count, batch + 1_000)).map { index in
+                (uuid: uuid(index), name: AccountName.string(uuid(index)),
+                 fields: [.label: try SecureBytes(copying: Array("Account \(index)".utf8))])
+            })
+        }
+        made.lock()
+        try FileManager.default.copyItem(atPath: scratch + "/a/vault", toPath: scratch + "/b/vault")
+    }
+
+    static func tree(_ scratch: String) -> AccountsTree {
+        AccountsTree(vaultPath: scratch + "/a/vault", ownership: Ownership.currentProcess(), notifier: KernelCacheNotifier(),
+                     active: ActiveAccountLink(get: { nil }, set: { _ in }), autoLockSeconds: 0,
+                     prompts: PromptSettings(environment: [], mountPoint: scratch), nodes: NodeTable())
+    }
+
+    static func label(_ accounts: AccountsTree, _ index: Int) throws -> String? {
+        let vault = try #require(accounts.state.withLock { $0.fields.vault })
+        return try vault.storedField(.label, of: uuid(index))?.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+    }
+
+    @Test func aSyncedFileIsReadAndOpenedWithoutTheTreesLock() throws {
+        let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-scan-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let passphrase = try SecureBytes(copying: Array("correct horse battery staple".utf8))
+        defer { passphrase.wipe() }
+        let count = 2_000
+        try Self.twoMachines(scratch, count: count, passphrase: passphrase)
+        let accounts = Self.tree(scratch)
+        defer { accounts.shutDown() }
+        try accounts.unlock(passphrase: passphrase)
+        let scansAtUnlock = try #require(accounts.state.withLock { $0.fields.vault?.lockedFolderScans })
+
+        // The other machine relabels every account in one file.
+        let other = try VaultFolder(path: scratch + "/b/vault", deviceFile: scratch + "/b/device")
+        let key = try other.masterKey(passphrase: passphrase)
+        defer { key.wipe() }
+        let arena = SecureArena()
+        try other.open(with: key, arena: arena)
+        let changes = try (0..<count).map { index in
+            let uuid = Self.uuid(index)
+            let seen = VaultMerge.account(uuid, other.changes(of: uuid))?.fields["label"]?.seen ?? [:]
+            return AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid, name: AccountName.string(uuid),
+                                 seen: [], fields: [.init(name: "label", seen: seen, value: try SecureBytes(copying: Array("Moved \(index)".utf8)))])
+        }
+        let (file, _) = try other.prepare(changes, key: key)
+        file.write()
+        other.finish(file)
+        try #require(file.error == nil)
+        other.close()
+        // Between the read and the merge: the file is open (decrypted) and the tree's lock
+        // is free — another thread takes it at once. (The tree's watcher notices the file
+        // and scans; a scan that found nothing new is not the one looked at.)
+        let seen = Mutex<(read: Int, opened: Int, lockFree: Bool)?>(nil)
+        accounts.afterFolderScanRead.withLock { hook in
+            hook = { found in
+                guard found.readCount > 0 else { return }
+                let taken = ReplyOutsideLockTests.answersMeanwhile { accounts.state.withLock { _ in } }
+                seen.withLock { $0 = (found.readCount, found.openedCount, taken) }
+            }
+        }
+        for device in try FileManager.default.contentsOfDirectory(atPath: scratch + "/b/vault")
+        where !FileManager.default.fileExists(atPath: scratch + "/a/vault/" + device) {
+            try FileManager.default.copyItem(atPath: scratch + "/b/vault/" + device, toPath: scratch + "/a/vault/" + device)
+        }
+        accounts.folderChanged()  // (the watcher's scan, or this one, reads the file)
+        let observed = try #require(seen.withLock { $0 })
+        #expect(observed.read == 1 && observed.opened == 1)
+        #expect(observed.lockFree, "the tree's lock was held while the file was read and opened")
+        #expect(try Self.label(accounts, 1_234) == "Moved 1234")
+        #expect(accounts.state.withLock { $0.fields.vault?.lockedFolderScans } == scansAtUnlock, "a scan ran under the tree's lock")
+        let times = accounts.lastFolderScan.withLock { $0 }
+        #expect(times.unlocked > .zero)
+    }
+
+    @Test func aLockReadsNothingFromTheDiskAndTheNextUnlockReadsItAll() throws {
+        let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-lock-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let passphrase = try SecureBytes(copying: Array("correct horse battery staple".utf8))
+        defer { passphrase.wipe() }
+        try Self.twoMachines(scratch, count: 1_000, passphrase: passphrase)
+        let accounts = Self.tree(scratch)
+        defer { accounts.shutDown() }
+        try accounts.unlock(passphrase: passphrase)
+        let scans = try #require(accounts.state.withLock { $0.fields.vault?.lockedFolderScans })
+        accounts.lock(reason: "test")
+        #expect(accounts.state.withLock { $0.fields.vault?.lockedFolderScans } == scans, "the lock read the folder")
+        // Locked, the listing stays (names from the clear parts kept at the lock).
+        #expect(accounts.state.withLock { $0.fields.vault?.accounts.count } == 1_000)
+        #expect(accounts.isLocked)
+        try accounts.unlock(passphrase: passphrase)
+        #expect(try Self.label(accounts, 999) == "Account 999")
+        #expect(accounts.state.withLock { $0.fields.vault?.accounts.count } == 1_000)
     }
 }

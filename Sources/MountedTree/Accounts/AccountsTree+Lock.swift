@@ -70,24 +70,51 @@ extension AccountsTree {
     }
 
     /// Files of the vault folder came or went (not this mount's own, or not only): the
-    /// folder is read again, and what changed is invalidated — every field, the listing,
-    /// and the names of accounts that went.
+    /// folder is read again, and what changed is invalidated — the fields of the accounts
+    /// whose changes came or went, the listing, and the names of accounts that went.
+    ///
+    /// In three steps, so that no request waits for the disk or the cipher: the scan's
+    /// basis and a copy of the key are taken under the tree's lock; the new files are read,
+    /// another machine's synced, parsed and opened with it let go; they are merged under
+    /// it again (a scan that a lock or unlock overtook is dropped and made again).
     func folderChanged() {
-        let invalidations = state.withLock { s -> [Invalidation] in
-            guard let vault = s.fields.vault, !vault.isReplaced else { return [] }
-            let before = Set(vault.accounts.map(\.uuid))
-            guard let affected = vault.rescanFolder() else { return [] }
-            // The bus is told of the accounts whose changes came or went (also those the
-            // kernel never looked up), and only they are invalidated.
-            s.fields.touched.formUnion(affected.subtracting([Vault.vaultRecordUUID]))
-            s.fields.touched.formUnion(Set(vault.accounts.map(\.uuid)).subtracting(before))
-            // (The vault's own record — guarding — changes every account's directory.)
-            let gone = s.fields.reconcileWithVault(affected: affected.contains(Vault.vaultRecordUUID) ? nil : affected)
-            return s.takeInvalidations() + [.inode(.top)] + gone.map { .entry(parent: .top, name: $0) }
+        for _ in 0..<3 {
+            let start = ContinuousClock.now
+            guard let (vault, basis, key) = state.withLock({ s -> (Vault, VaultFolder.ScanBasis, SecureBytes?)? in
+                guard let vault = s.fields.vault, !vault.isReplaced, let (basis, key) = vault.folderScanBasis() else { return nil }
+                return (vault, basis, key)
+            }) else { return }
+            let arena = SecureArena()
+            let found = VaultFolder.scan(basis, key: key, arena: arena)
+            key?.wipe()
+            let scanned = ContinuousClock.now
+            afterFolderScanRead.withLock { $0 }?(found)
+            let (applied, invalidations) = state.withLock { s -> (VaultFolder.Applied, [Invalidation]) in
+                guard s.fields.vault === vault, !vault.isReplaced else {
+                    found.wipe()
+                    arena.releaseAll()
+                    return (.unchanged, [])
+                }
+                let before = Set(vault.accounts.map(\.uuid))
+                let applied = vault.applyFolderScan(found, arena: arena)
+                guard case .changed(let affected) = applied else { return (applied, []) }
+                // The bus is told of the accounts whose changes came or went (also those the
+                // kernel never looked up), and only they are invalidated.
+                s.fields.touched.formUnion(affected.subtracting([Vault.vaultRecordUUID]))
+                s.fields.touched.formUnion(Set(vault.accounts.map(\.uuid)).subtracting(before))
+                // (The vault's own record — guarding — changes every account's directory.)
+                let gone = s.fields.reconcileWithVault(affected: affected.contains(Vault.vaultRecordUUID) ? nil : affected)
+                return (applied, s.takeInvalidations() + [.inode(.top)] + gone.map { .entry(parent: .top, name: $0) })
+            }
+            let held = scanned.duration(to: .now)
+            lastFolderScan.withLock { $0 = (start.duration(to: scanned), held) }
+            if applied == .stale { continue }
+            guard !invalidations.isEmpty else { return }
+            Log.info("vault folder changed by another program: read again")
+            Log.debug("vault folder scan: \(start.duration(to: scanned)) reading and opening without the tree's lock, \(held) merging under it")
+            send(invalidations)
+            return
         }
-        guard !invalidations.isEmpty else { return }
-        Log.info("vault folder changed by another program: read again")
-        send(invalidations)
     }
 
     /// When the watcher must next look (nil inside: no deadline); nil when the tree is shut down.
@@ -240,9 +267,11 @@ extension AccountsTree {
     }
 
     /// Zeroes every key and plaintext, and tells the kernel to forget every field it holds.
+    /// Under the tree's lock nothing reads or syncs the disk: the changes sealed on the way
+    /// (removals due) are written after it, as a request's are.
     public func lock(reason: String) {
         defer { SecureBytes.burnStack() }
-        let invalidations = state.withLock { s -> [Invalidation] in
+        let (invalidations, saves) = state.withLock { s -> ([Invalidation], [any DeferredSave]) in
             let wasUnlocked = s.fields.session.isUnlocked
             // Fields unlinked a moment ago leave now, while the vault can still seal.
             if s.fields.session.isOpen {
@@ -250,6 +279,7 @@ extension AccountsTree {
                 s.engine.commitDueRemovals(before: nil, &s.fields)
             }
             s.settle()
+            let saves = s.takeSaves()  // sealed: written below without the keys
             // Names in the views are made of fields: the kernel forgets those it was given.
             let viewNames = s.viewNamesToForget()
             if wasUnlocked && servesSecretService.load(ordering: .relaxed) {
@@ -260,8 +290,9 @@ extension AccountsTree {
             handleTexts.withLock { $0.releaseAll() }.forEach { $0.wipe() }
             let files = s.engine.wipeAll().map(Invalidation.inode) + s.takeInvalidations() + viewNames
             if wasUnlocked { Log.info("accounts locked (\(reason))") }
-            return files
+            return (files, saves)
         }
+        if let failure = writeOutside(saves) { Log.error("a vault change could not be written at lock: \(failure)") }
         // Sent by the notifier's thread, not waited for here (a lock may come from a request);
         // `.mtmfs/lock` answers its writer once they are sent (`KernelCacheNotifier.whenSent`).
         pageCache.changed()

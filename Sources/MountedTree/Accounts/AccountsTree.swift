@@ -66,6 +66,11 @@ public final class AccountsTree: EditingTree {
     /// READs of fields this mount answered (`.mtmfs/status` `field_reads`): a read the
     /// kernel served from its pages does not count.
     let fieldReads = Atomic<UInt64>(0)
+    /// The last scan of the vault folder: how long it read and opened files without the
+    /// tree's lock, and how long it then held the lock to merge them (the debug log says it).
+    let lastFolderScan = Locked<(unlocked: Duration, held: Duration)>((.zero, .zero))
+    /// Tests: runs between a folder scan's read (the tree's lock let go) and its merge.
+    let afterFolderScanRead = Locked<(@Sendable (VaultFolder.Scan) -> Void)?>(nil)
     /// Told of every change of the accounts (the Secret Service's signals).
     let secretObservers: SecretObservers
     /// The Secret Service is served: a lock keeps the index for its searches (`State.lockedSearch`).
