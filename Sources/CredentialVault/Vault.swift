@@ -100,9 +100,13 @@ public final class Vault: @unchecked Sendable {
     var masterKey: SecureBytes?
     var fields: [[UInt8]: [AccountField: SecureBytes]] = [:]
     /// Whether guarding is on (SPEC §3a), from the sealed manifest; known while unlocked.
-    var guarded = false
+    var guarded = false { didSet { trustChanges &+= 1 } }
     /// The programs each account trusts, from its sealed record; known while unlocked.
-    var trusted: [[UInt8]: [TrustedProgram]] = [:]
+    var trusted: [[UInt8]: [TrustedProgram]] = [:] { didSet { trustChanges &+= 1 } }
+    /// Counts changes of who is trusted — any trusted list, guarding on or off, a lock —
+    /// so that a decision made against them can be checked again when it is used
+    /// (`AccountsTree`'s open takes it under the tree's lock with the open itself).
+    public private(set) var trustChanges: UInt64 = 0
     /// Accounts by label, server and username (digests only), while unlocked.
     var index: AccountIndex?
     /// Where the decrypted fields live while unlocked (a few large secure regions).

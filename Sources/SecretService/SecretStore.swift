@@ -123,7 +123,8 @@ public protocol SecretStore: AnyObject, Sendable {
     func search(_ attributes: [String: String]) -> [[UInt8]]
     /// Whether `caller` may have the secret now (with guarding off, while unlocked: yes).
     func mayRead(_ uuid: [UInt8], caller: BusCaller) -> Bool
-    /// The secret (`password`) and its content type.
+    /// The secret (`password`) and its content type, if `caller` may have it: decided (and
+    /// recorded) once, and read with that decision still true.
     func secret(_ uuid: [UInt8], caller: BusCaller) throws(SecretStoreError) -> (value: SecureBytes, contentType: String)
     /// A new item, or (`replace`) the one whose attributes are exactly these, changed in place.
     func createItem(label: String, attributes: [String: String], secret: SecureBytes, contentType: String,

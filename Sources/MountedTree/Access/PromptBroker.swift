@@ -34,15 +34,12 @@ extension AccessGuard {
             }
             // Decided again: the prompt that ended may have trusted this program.
             let trusted = keeper.trustedPrograms(of: access.account)
-            switch guardian.verdict(requester, access, trusted: trusted) {
-            case .allowed(let why):
-                guardian.record(allowed: true, why, requester, access)
-                waiter.allowed()
-            case .denied(let why):
-                guardian.record(allowed: false, why, requester, access)
-                waiter.refused(.permissionDenied)
-            case .ask:
-                guardian.ask(requester, access, waiter: waiter, keeper: keeper)
+            let decision = guardian.decide(requester, access, trusted: trusted, trustVersion: 0, asking: .person)
+            guardian.record(decision)
+            switch decision.verdict {
+            case .allowed: waiter.allowed()
+            case .denied: waiter.refused(.permissionDenied)
+            case .ask: guardian.ask(requester, access, waiter: waiter, keeper: keeper)
             }
         }
         let waits = !guardian.startPrompt(key, orWait: { end in

@@ -143,15 +143,11 @@ extension AccountsTree {
             if secret, let vault = s.fields.vault, (try? vault.isGuarded()) == true {
                 let who = requester ?? self.access.inspector.inspect(thread: context.pid)
                 let access = s.accessDescription(uuid, what: "conflicts/\(field?.rawValue ?? "")", writing: false)
-                switch self.access.verdict(who, access, trusted: try s.trustedPrograms(uuid)) {
-                case .allowed(let why): self.access.record(allowed: true, why, who, access)
-                case .denied(let why):
-                    self.access.record(allowed: false, why, who, access)
-                    throw .permissionDenied
-                case .ask:
-                    self.access.record(allowed: false, "not trusted (conflicts do not ask: open the password first)", who, access)
-                    throw .permissionDenied
-                }
+                // (Under the tree's lock: the text is made with the list decided against.)
+                let decision = self.access.decide(who, access, trusted: try s.trustedPrograms(uuid), trustVersion: vault.trustChanges,
+                                                  asking: .nobody("not trusted (conflicts do not ask: open the password first)"))
+                self.access.record(decision)
+                guard decision.isAllowed else { throw .permissionDenied }
             }
             s.fields.session.touched()
             let handle = s.fields.session.newHandle()

@@ -59,50 +59,53 @@ extension AccountsTree {
 
     /// An open: one visit under the tree's lock when guarding does not cover it; else
     /// decided now (trusted, allowed once for this run, refused outright) or by a person
-    /// (postponed until the prompt's answer), and opened then.
+    /// (postponed until the prompt's answer), and opened then. A decision is bound to the
+    /// version of the trusted lists it read: if one changed before the open (an `untrust`),
+    /// the open is decided again with the new list.
     func guardedOpen(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest) throws(Errno) -> OpenedFile? {
-        switch try open(inode, flags: flags, decided: false) {
-        case .opened(let opened):
-            return opened
-        case .covered(let access, let trusted):
-            return try decide(inode, flags: flags, context: context, request: request, access: access, trusted: trusted)
-        }
-    }
-
-    private func decide(_ inode: InodeNumber, flags: Int32, context: RequestContext, request: OpenRequest,
-                        access: AccessGuard.Access, trusted: [TrustedProgram]) throws(Errno) -> OpenedFile? {
-        // Who asks is read outside the lock (/proc, and a program's hash the first time).
-        let requester = self.access.inspector.inspect(thread: context.pid)
-        switch self.access.verdict(requester, access, trusted: trusted) {
-        case .allowed(let why):
-            let opened = try openDecided(inode, flags: flags)
-            guard request.canPostpone else {
-                self.access.record(allowed: true, why, requester, access)
-                return opened
+        var attempt = try open(inode, flags: flags, decided: nil)
+        for _ in 0..<4 {
+            guard case .covered(let access, let trusted, let version) = attempt else { break }
+            // Who asks is read outside the lock (/proc, and a program's hash the first time).
+            let requester = self.access.inspector.inspect(thread: context.pid)
+            let decision = self.access.decide(requester, access, trusted: trusted, trustVersion: version,
+                                              asking: request.canPostpone ? .person : .nobody("not trusted"))
+            if decision.undecided {
+                noteReplacedProgram(requester, account: access.account, trusted: trusted)
+                if let why = self.access.cannotAsk(requester) {
+                    self.access.record(allowed: false, why, requester, access)
+                    throw .permissionDenied
+                }
             }
-            // Answered first: the record (which walks the requester's parents) is not
-            // something a trusted program should wait for.
-            let pending = request.postpone()
-            if !pending.reply(opened) { release(inode, handle: opened.handle, flags: flags) }
-            self.access.record(allowed: true, why, requester, access)
-            return nil
-        case .denied(let why):
-            self.access.record(allowed: false, why, requester, access)
-            throw .permissionDenied
-        case .ask:
-            noteReplacedProgram(requester, account: access.account, trusted: trusted)
-            if let why = self.access.cannotAsk(requester) {
-                self.access.record(allowed: false, why, requester, access)
+            switch decision.verdict {
+            case .allowed:
+                afterOpenDecision.withLock { $0 }?()
+                let next = try open(inode, flags: flags, decided: .against(version))
+                guard case .opened(let opened) = next else {
+                    attempt = next  // a trusted list changed meanwhile: decided again
+                    continue
+                }
+                guard request.canPostpone else {
+                    self.access.record(decision)
+                    return opened
+                }
+                // Answered first: the record (which walks the requester's parents) is not
+                // something a trusted program should wait for.
+                let pending = request.postpone()
+                if !pending.reply(opened) { release(inode, handle: opened.handle, flags: flags) }
+                self.access.record(decision)
+                return nil
+            case .denied:
+                self.access.record(decision)
                 throw .permissionDenied
+            case .ask:
+                let pending = request.postpone()
+                ask(requester, access, pending: pending, inode: inode, flags: flags)
+                return nil
             }
-            guard request.canPostpone else {
-                self.access.record(allowed: false, "not trusted", requester, access)
-                throw .permissionDenied
-            }
-            let pending = request.postpone()
-            ask(requester, access, pending: pending, inode: inode, flags: flags)
-            return nil
         }
+        if case .opened(let opened) = attempt { return opened }
+        throw .permissionDenied  // the lists kept changing under it
     }
 
     /// An OPEN postponed for a person's answer: opened and answered once allowed.
@@ -171,17 +174,11 @@ extension AccountsTree {
         let requester = looked ?? access.inspector.inspect(thread: context.pid)
         let access = s.accessDescription(uuid, what: what, writing: true)
         let trusted = (try? vault.trustedPrograms(of: uuid)) ?? []
-        switch self.access.verdict(requester, access, trusted: trusted) {
-        case .allowed(let why):
-            self.access.record(allowed: true, why, requester, access)
-        case .denied(let why):
-            self.access.record(allowed: false, why, requester, access)
-            throw .permissionDenied
-        case .ask:
-            self.access.record(allowed: false, "not trusted (only an open asks: open the password or a field for writing first)",
-                               requester, access)
-            throw .permissionDenied
-        }
+        // (Under the tree's lock: the list read is the one the change is made with.)
+        let decision = self.access.decide(requester, access, trusted: trusted, trustVersion: vault.trustChanges,
+                                          asking: .nobody("not trusted (only an open asks: open the password or a field for writing first)"))
+        self.access.record(decision)
+        guard decision.isAllowed else { throw .permissionDenied }
     }
 
     // MARK: The trusted list file

@@ -92,33 +92,35 @@ extension AccountsTree: SecretStore {
     // MARK: Guarding
 
     /// What guarding needs to decide for a bus caller on an account (nil: guarding does not
-    /// cover it): the access, the trusted programs, and who calls.
-    private func busAccess(_ uuid: [UInt8], caller: BusCaller, what: String,
-                           writing: Bool) -> (access: AccessGuard.Access, trusted: [TrustedProgram], requester: Requester?)? {
-        guard let (described, trusted) = state.withLock({ s -> (AccessGuard.Access, [TrustedProgram])? in
+    /// cover it): the access, the trusted programs and their version, and who calls.
+    private func busAccess(_ uuid: [UInt8], caller: BusCaller, what: String, writing: Bool)
+        -> (access: AccessGuard.Access, trusted: [TrustedProgram], version: UInt64, requester: Requester?)? {
+        guard let (described, trusted, version) = state.withLock({ s -> (AccessGuard.Access, [TrustedProgram], UInt64)? in
             guard s.fields.session.isOpen, let vault = s.fields.vault, (try? vault.isGuarded()) == true else { return nil }
-            return (s.accessDescription(uuid, what: what, writing: writing), (try? vault.trustedPrograms(of: uuid)) ?? [])
+            return (s.accessDescription(uuid, what: what, writing: writing), (try? vault.trustedPrograms(of: uuid)) ?? [],
+                    vault.trustChanges)
         }) else { return nil }
         var access = described
         access.scope = .connection(caller.connection)
         // (Who calls is read outside the lock: /proc, and a program's hash the first time.)
-        return (access, trusted, caller.pid > 0 ? self.access.inspector.inspect(thread: caller.pid) : nil)
+        return (access, trusted, version, caller.pid > 0 ? self.access.inspector.inspect(thread: caller.pid) : nil)
     }
 
-    /// Guarding's verdict for a bus caller on an account (nil: guarding does not cover it),
-    /// recorded in `.mtmfs/access` as an open's is.
-    private func busVerdict(_ uuid: [UInt8], caller: BusCaller, what: String, writing: Bool) -> AccessGuard.Verdict? {
-        guard let (access, trusted, requester) = busAccess(uuid, caller: caller, what: what, writing: writing) else { return nil }
-        guard let requester else { return .denied("the bus did not say which process called") }
-        var verdict = self.access.verdict(requester, access, trusted: trusted)
+    /// Guarding's decision for a bus caller on an account (nil: guarding does not cover
+    /// it), recorded in `.mtmfs/access` as an open's is. The bus asks nobody here: an item
+    /// the caller is not trusted with reads as locked until `Unlock` asks a person.
+    private func busDecision(_ uuid: [UInt8], caller: BusCaller, what: String, writing: Bool) -> AccessGuard.Decision? {
+        guard let (access, trusted, version, requester) = busAccess(uuid, caller: caller, what: what, writing: writing) else { return nil }
+        let who = requester ?? Requester.refused(0, "the bus did not say which process called")
+        var decision = self.access.decide(who, access, trusted: trusted, trustVersion: version,
+                                          asking: .nobody("not trusted (the item reads as locked until Unlock asks)"))
         // Checked again after the decision: still the process it was made about.
-        if case .allowed = verdict, caller.isGone { verdict = .denied("the calling process is gone") }
-        switch verdict {
-        case .allowed(let why): self.access.record(allowed: true, why, requester, access)
-        case .denied(let why): self.access.record(allowed: false, why, requester, access)
-        case .ask: self.access.record(allowed: false, "not trusted (the item reads as locked until Unlock asks)", requester, access)
+        if decision.isAllowed, caller.isGone {
+            decision = AccessGuard.Decision(verdict: .denied("the calling process is gone"), undecided: false, requester: who,
+                                            access: access, trustVersion: version)
         }
-        return verdict
+        self.access.record(decision)
+        return decision
     }
 
     // MARK: Unlock prompts
@@ -155,7 +157,7 @@ extension AccountsTree: SecretStore {
                 readable.append(uuid)
                 continue
             }
-            guard let (access, _, requester) = busAccess(uuid, caller: caller, what: "password", writing: false),
+            guard let (access, _, _, requester) = busAccess(uuid, caller: caller, what: "password", writing: false),
                   let requester, requester.refusal == nil else {
                 refused = true
                 continue
@@ -218,26 +220,38 @@ extension AccountsTree: SecretStore {
 
     public func mayRead(_ uuid: [UInt8], caller: BusCaller) -> Bool {
         guard !isLocked else { return false }
-        guard let verdict = busVerdict(uuid, caller: caller, what: "password", writing: false) else { return true }
-        if case .allowed = verdict { return true }
-        return false
+        return busDecision(uuid, caller: caller, what: "password", writing: false)?.isAllowed ?? true
     }
 
     private func requireTrust(_ uuid: [UInt8], caller: BusCaller, what: String) throws(SecretStoreError) {
-        guard let verdict = busVerdict(uuid, caller: caller, what: what, writing: true) else { return }
-        switch verdict {
-        case .allowed: return
-        case .denied(let why): throw .denied(why)
-        case .ask: throw .denied("the calling program is not trusted with this account (mtmfs trust)")
-        }
+        guard let decision = busDecision(uuid, caller: caller, what: what, writing: true), !decision.isAllowed else { return }
+        if decision.undecided { throw .denied("the calling program is not trusted with this account (mtmfs trust)") }
+        if case .denied(let why) = decision.verdict { throw .denied(why) }
+        throw .denied("not trusted")
     }
 
     // MARK: Secrets
 
+    /// The secret of an item, decided once: the read happens under the tree's lock only
+    /// while the trusted lists are the version the decision read (else it is decided again).
     public func secret(_ uuid: [UInt8], caller: BusCaller) throws(SecretStoreError) -> (value: SecureBytes, contentType: String) {
-        guard mayRead(uuid, caller: caller) else { throw isLocked ? .locked : .denied("not trusted") }
-        return try state.withLock { (s) throws(SecretStoreError) -> (SecureBytes, String) in
+        for _ in 0..<4 {
+            guard !isLocked else { throw .locked }
+            let decision = busDecision(uuid, caller: caller, what: "password", writing: false)
+            if let decision, !decision.isAllowed { throw .denied("not trusted") }
+            let read = try secretIfStill(uuid, decidedAgainst: decision?.trustVersion)
+            if let read { return read }
+        }
+        throw .denied("the trusted lists kept changing")
+    }
+
+    /// The read itself, under the tree's lock; nil when guarding's view changed since the
+    /// decision (`version`; nil: decided uncovered — guarding off).
+    private func secretIfStill(_ uuid: [UInt8], decidedAgainst version: UInt64?) throws(SecretStoreError) -> (value: SecureBytes, contentType: String)? {
+        try state.withLock { (s) throws(SecretStoreError) -> (SecureBytes, String)? in
             guard s.fields.session.isOpen, let vault = s.fields.vault else { throw .locked }
+            let guardedNow = (try? vault.isGuarded()) == true
+            if let version { guard vault.trustChanges == version else { return nil } } else if guardedNow { return nil }
             guard vault.hasAccount(uuid: uuid) else { throw .noSuchItem }
             s.fields.session.touched()
             let value: SecureBytes

@@ -69,6 +69,8 @@ public final class AccountsTree: EditingTree {
     /// The last scan of the vault folder: how long it read and opened files without the
     /// tree's lock, and how long it then held the lock to merge them (the debug log says it).
     let lastFolderScan = Locked<(unlocked: Duration, held: Duration)>((.zero, .zero))
+    /// Tests: runs between an open's decision (the tree's lock let go) and the open.
+    let afterOpenDecision = Locked<(@Sendable () -> Void)?>(nil)
     /// Tests: runs between a folder scan's read (the tree's lock let go) and its merge.
     let afterFolderScanRead = Locked<(@Sendable (VaultFolder.Scan) -> Void)?>(nil)
     /// Told of every change of the accounts (the Secret Service's signals).
@@ -348,33 +350,55 @@ public final class AccountsTree: EditingTree {
         return opened
     }
 
-    /// What an open came to: opened, or covered by guarding and to be decided.
+    /// What an open came to: opened, or covered by guarding and to be decided (against
+    /// the trusted list read, of that version of the vault's lists).
     enum OpenAttempt {
         case opened(OpenedFile)
-        case covered(AccessGuard.Access, [TrustedProgram])
+        case covered(AccessGuard.Access, [TrustedProgram], version: UInt64)
     }
 
-    /// An open that guarding has allowed (each other program's open is decided for it).
+    /// What let an open through guarding.
+    enum Decided: Equatable {
+        /// A person, at a prompt (for this run of the program).
+        case person
+        /// `AccessGuard.decide`, against this version of the trusted lists: the open
+        /// checks it under the tree's lock, and comes back to be decided again if a list
+        /// changed since.
+        case against(UInt64)
+    }
+
+    /// An open a person allowed at a prompt (each other program's open is decided for it).
     func openDecided(_ inode: InodeNumber, flags: Int32) throws(Errno) -> OpenedFile {
-        guard case .opened(let opened) = try open(inode, flags: flags, decided: true) else { throw .permissionDenied }
+        guard case .opened(let opened) = try open(inode, flags: flags, decided: .person) else { throw .permissionDenied }
         return opened
     }
 
     /// The open itself, in one visit under the tree's lock. Not yet `decided`, guarding is
     /// asked first under that same lock (an open racing an unlock or `guard on` is never
     /// let through unchecked): an open it covers comes back to be decided, opening nothing.
-    func open(_ inode: InodeNumber, flags: Int32, decided: Bool) throws(Errno) -> OpenAttempt {
+    /// Decided against a version of the trusted lists that is no longer the vault's (an
+    /// `untrust` since), it comes back to be decided again.
+    func open(_ inode: InodeNumber, flags: Int32, decided: Decided?) throws(Errno) -> OpenAttempt {
         defer { SecureBytes.burnStack() }
         let writer = flags & O_ACCMODE != O_RDONLY
         let attempt = try locked { (s) throws(Errno) -> OpenAttempt in
             let local = space.local(of: inode)
             try s.fields.session.requireOpen()
             guard local.isFile else { throw .isDirectory }
-            if !decided {
+            switch decided {
+            case .person?:
+                break
+            case .against(let version)?:
+                if case .covered(let access, let trusted) = s.guardedAccess(local, writing: writer),
+                   let current = s.fields.vault?.trustChanges, current != version {
+                    return .covered(access, trusted, version: current)
+                }
+            case nil:
                 switch s.guardedAccess(local, writing: writer) {
                 case .uncovered: break
                 case .refused: throw .permissionDenied
-                case .covered(let access, let trusted): return .covered(access, trusted)
+                case .covered(let access, let trusted):
+                    return .covered(access, trusted, version: s.fields.vault?.trustChanges ?? 0)
                 }
             }
             let key = s.engine.files[local]?.key
@@ -392,7 +416,7 @@ public final class AccountsTree: EditingTree {
             // a decided reader of a secret: another program's open is decided for it. Not
             // while a handle from before a narrowing is open on the file (it could read the
             // pages this one puts back), nor an editor's file a decision let read.
-            guard !s.fields.session.openHandles.hasRevoked(local), !decided || key != nil else {
+            guard !s.fields.session.openHandles.hasRevoked(local), decided == nil || key != nil else {
                 return .opened(OpenedFile(handle: handle.raw, directIO: true, noFlush: true))
             }
             return .opened(OpenedFile(handle: handle.raw, keepCache: true, noFlush: true))
