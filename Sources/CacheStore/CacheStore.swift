@@ -20,8 +20,15 @@ import Posix
 /// `released`/`unheld` see the last reference go. Memory does not grow with file size:
 /// a small file is buffered whole, a large one not at all.
 ///
-/// Thread-safety: one connection behind a mutex; every public method takes it, and no
-/// method syncs or touches a data file's bytes while holding it.
+/// Thread-safety: one connection behind a mutex; every public method takes it. What runs
+/// while it is held: SQLite's statements and commits (appends to the write-ahead log, not
+/// synced); an append's `pwrite` (its start is the file's size, read in the same visit, so
+/// that two appenders never write at one end); a conversion's copy of a small file's bytes
+/// (at most `inlineLimit`) into its new data file; and, when the log passes
+/// `restartThreshold` while writes go on or is left larger than `keptLogSize` when quiet, a
+/// RESTART checkpoint that starts it over (it syncs the log and the database file). Every
+/// other write of a data file, every fsync of one and of the log, the PASSIVE checkpoints
+/// and reads of data files run with the lock let go.
 public final class CacheStore: @unchecked Sendable {
     public static let maximumNameLength = 255
     public static let rootInode: Int64 = 1
@@ -280,11 +287,7 @@ public final class CacheStore: @unchecked Sendable {
         lock.withLock { (evictions, expirations) }
     }
 
-    static func now() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
-    }
+    static func now() -> Int64 { WallClock.nanoseconds }
 
     // MARK: Plumbing
 

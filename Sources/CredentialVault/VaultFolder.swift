@@ -615,11 +615,7 @@ public final class VaultFolder: @unchecked Sendable {
     public func nextClock() -> UInt64 { max(now() << 16, clock &+ 1) }
 
     /// The system's wall clock in milliseconds since 1970.
-    public static let realTime: @Sendable () -> UInt64 = {
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        return UInt64(max(0, now.tv_sec)) * 1000 + UInt64(max(0, now.tv_nsec)) / 1_000_000
-    }
+    public static let realTime: @Sendable () -> UInt64 = { WallClock.milliseconds }
 
     /// Writes `changes` (their ids are given here: this device, one new clock, in order) as
     /// one new file, durably; returns them as written. The folder keeps the values: the

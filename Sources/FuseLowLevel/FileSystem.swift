@@ -20,8 +20,7 @@ public struct Timestamp: Hashable, Sendable, Comparable {
 
     /// The current `CLOCK_REALTIME` time.
     public static func now() -> Timestamp {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
+        let ts = WallClock.now()
         return Timestamp(seconds: Int64(ts.tv_sec), nanoseconds: Int64(ts.tv_nsec))
     }
 

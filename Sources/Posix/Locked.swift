@@ -74,8 +74,7 @@ public final class Semaphore: @unchecked Sendable {
     /// Waits until posted or `seconds` passed; true when posted.
     @discardableResult
     public func wait(seconds: Double) -> Bool {
-        var deadline = timespec()
-        clock_gettime(CLOCK_REALTIME, &deadline)
+        var deadline = WallClock.now()  // (sem_timedwait takes a CLOCK_REALTIME deadline)
         let nanoseconds = Int(deadline.tv_nsec) + Int(seconds * 1e9)
         deadline.tv_sec += nanoseconds / 1_000_000_000
         deadline.tv_nsec = nanoseconds % 1_000_000_000

@@ -79,8 +79,7 @@ public enum Log {
     private static func writeToFile(_ label: String, _ message: String) {
         file.withLock { current in
             guard var log = current else { return }
-            var now = timespec()
-            clock_gettime(CLOCK_REALTIME, &now)
+            let now = WallClock.now()
             var broken = tm()
             var seconds = now.tv_sec
             gmtime_r(&seconds, &broken)

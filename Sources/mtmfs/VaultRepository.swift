@@ -82,8 +82,16 @@ struct VaultRepository {
 
     static var exclusions: String { excluded.joined(separator: "\n") + "\n" }
 
+    /// Where git keeps `relative` of this repository (`git rev-parse --git-path`): `.git/…`
+    /// as `init` makes it, wherever a repository keeps it otherwise.
+    func gitPath(_ relative: String) -> String {
+        let asked = git(["rev-parse", "--git-path", relative])
+        let path = asked.status == 0 ? Self.trimmed(asked.output) : ".git/" + relative
+        return path.hasPrefix("/") ? path : folder + "/" + path
+    }
+
     func writeExclusions() throws(CommandFailure) {
-        let info = folder + "/.git/info"
+        let info = gitPath("info")
         do throws(Errno) {
             do { try Syscall.mkdir(info, mode: 0o755) } catch where error == .fileExists {}
             try AtomicFile.replace(info + "/exclude", with: Array(Self.exclusions.utf8), mode: 0o644)
@@ -92,35 +100,32 @@ struct VaultRepository {
         }
     }
 
-    /// The branch checked out (`main` for a repository `init` made), from `.git/HEAD`; nil
-    /// when none is (a detached HEAD, left by someone's checkout of a commit).
+    /// The branch checked out (`main` for a repository `init` made), from `git symbolic-ref`;
+    /// nil when none is (a detached HEAD, left by someone's checkout of a commit).
     var branch: String? {
-        let head = Self.trimmed(read(".git/HEAD") ?? "ref: refs/heads/main")
-        return head.hasPrefix("ref: refs/heads/") ? String(head.dropFirst("ref: refs/heads/".count)) : nil
+        let head = git(["symbolic-ref", "-q", "HEAD"])
+        let name = Self.trimmed(head.output)
+        guard head.status == 0, name.hasPrefix("refs/heads/") else { return nil }
+        return String(name.dropFirst("refs/heads/".count))
     }
 
     func read(_ relative: String) -> String? {
         (try? Syscall.readFile(folder + "/" + relative)).map { String(decoding: $0, as: UTF8.self) }
     }
 
-    /// A ref's commit, read from its file or from `packed-refs` (no git started).
+    /// A ref's commit (`git rev-parse --verify`: loose, packed or reftable alike); nil when
+    /// there is none.
     func ref(_ name: String) -> String? {
-        if let loose = read(".git/" + name) { return Self.trimmed(loose) }
-        for line in (read(".git/packed-refs") ?? "").split(separator: "\n") where line.hasSuffix(" " + name) {
-            return String(line.prefix { $0 != " " })
-        }
-        return nil
+        let parsed = git(["rev-parse", "-q", "--verify", name + "^{commit}"])
+        return parsed.status == 0 ? Self.trimmed(parsed.output) : nil
     }
 
-    /// The remote to sync with, from `.git/config`: `origin`, else the only one; nil when
-    /// there is none.
+    /// The remote to sync with (`git remote`): `origin`, else the only one; nil when there
+    /// is none.
     func remote() throws(CommandFailure) -> String? {
-        var names: [String] = []
-        for line in (read(".git/config") ?? "").split(separator: "\n") {
-            let text = Self.trimmed(String(line))
-            guard text.hasPrefix("[remote \""), text.hasSuffix("\"]") else { continue }
-            names.append(String(text.dropFirst("[remote \"".count).dropLast(2)))
-        }
+        let listed = git(["remote"])
+        guard listed.status == 0 else { throw CommandFailure("git remote in \(folder) failed: \(Self.lastLine(listed.output))") }
+        let names = listed.output.split(separator: "\n").map { Self.trimmed(String($0)) }.filter { !$0.isEmpty }
         if names.contains("origin") { return "origin" }
         guard names.count <= 1 else {
             throw CommandFailure("the vault's repository has several remotes and none is called origin: rename the one to sync with")
@@ -165,7 +170,9 @@ struct VaultRepository {
     /// written is never committed as this machine's. The message names no account and no value.
     func commitNewFiles(device: String) throws(CommandFailure) -> Int {
         // (A repository made by an older mtmfs keeps an older list.)
-        if read(".git/info/exclude") != Self.exclusions { try writeExclusions() }
+        if (try? Syscall.readFile(gitPath("info/exclude"))).map({ String(decoding: $0, as: UTF8.self) }) != Self.exclusions {
+            try writeExclusions()
+        }
         let own = device.count == 16 ? [device, "keys", "id"].filter { (try? Syscall.lstat(folder + "/" + $0)) != nil } : []
         let added = git(["add", "-A", "--verbose", "--"] + (own.isEmpty ? ["."] : own))
         guard added.status == 0 else { throw CommandFailure("git add failed: \(Self.lastLine(added.output))") }

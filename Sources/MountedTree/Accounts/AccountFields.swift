@@ -266,11 +266,7 @@ struct AccountFields: EditedStore, @unchecked Sendable {
     }
 
     /// The clock `totp` is read at (seconds since 1970).
-    static func now() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_REALTIME, &time)
-        return UInt64(max(0, time.tv_sec))
-    }
+    static func now() -> UInt64 { WallClock.seconds }
 
     func directory(of key: FieldKey) -> LocalInode? {
         key.isAttribute ? Self.attributesDirectory(of: key.account) : key.account.directory

@@ -52,7 +52,7 @@ extension AccountsTree {
     func noteGuarding(_ s: State) {
         let on = s.fields.session.isUnlocked && ((try? s.fields.vault?.isGuarded()) ?? false) == true
         guarded.store(on, ordering: .releasing)
-        if s.fields.session.isUnlocked { lastKnownGuarding.store(on ? 2 : 1, ordering: .relaxed) }
+        if s.fields.session.isUnlocked { lastKnownGuarding.store(on ? .on : .off, ordering: .relaxed) }
     }
 
     // MARK: Opening

@@ -179,7 +179,7 @@ extension AccountsTree {
             }
             // Guarding seen on by this mount and off in the file now, without `mtmfs guard
             // off` here: an older copy of the vault was put back. Not taken.
-            if lastKnownGuarding.load(ordering: .relaxed) == 2, !guardingTurnedOff.load(ordering: .relaxed),
+            if lastKnownGuarding.load(ordering: .relaxed) == .on, !guardingTurnedOff.load(ordering: .relaxed),
                (try? vault.isGuarded()) == false {
                 vault.lock()
                 let message = "the vault file now has guarding off, which this mount saw on: an older copy put back? "
@@ -319,7 +319,7 @@ extension AccountsTree {
             var lines = ["state=\(session.isUnlocked ? "unlocked" : "locked")"]
             lines.append("auto_lock_in=\(session.autoLockIn)")
             lines.append("accounts=\(session.vault?.accountCount ?? 0)")
-            lines.append("guard=" + ["unknown", "off", "on"][lastKnownGuarding.load(ordering: .relaxed)])
+            lines.append("guard=" + lastKnownGuarding.load(ordering: .relaxed).status)
             lines.append("ptrace_scope=" + ptraceScope)
             if let vault = session.vault, let files = vault.folderFiles {
                 lines.append("vault_files=\(files.loaded)")

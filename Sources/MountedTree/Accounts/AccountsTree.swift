@@ -50,8 +50,8 @@ public final class AccountsTree: EditingTree {
     let access: AccessGuard
     /// The vault is unlocked and guarded (a mirror of its sealed flag, read without the lock).
     let guarded = Atomic<Bool>(false)
-    /// Guarding as last seen unlocked: 0 never seen, 1 off, 2 on (status while locked).
-    let lastKnownGuarding = Atomic<Int>(0)
+    /// Guarding as last seen unlocked (status while locked).
+    let lastKnownGuarding = Atomic<KnownGuarding>(.unknown)
     /// The text each open `trusted` or `conflicts/` file reads, by handle (the handles are the
     /// vault session's, whose lock generation is in them: a lock empties the table, wiping
     /// the conflicts, and refuses the handles of before).
@@ -542,4 +542,20 @@ public final class AccountsTree: EditingTree {
     /// Each entry listed is counted as a kernel reference under the lock of the listing: a
     /// field that leaves before the reply reaches the kernel keeps its file for it.
     public func countsListing(of inode: InodeNumber) -> Bool { true }
+}
+
+/// Guarding as the mount last saw it unlocked: what `.mtmfs/status` says while locked, and
+/// what tells a vault read again with guarding off from a roll-back.
+///
+/// Thread-safety: a value, kept in an `Atomic`.
+enum KnownGuarding: UInt8, AtomicRepresentable {
+    case unknown, off, on
+
+    var status: String {
+        switch self {
+        case .unknown: "unknown"
+        case .off: "off"
+        case .on: "on"
+        }
+    }
 }
