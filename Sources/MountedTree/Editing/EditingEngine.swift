@@ -34,7 +34,7 @@ struct EditingEngine<Store: EditedStore> {
     typealias Buffer = Store.Buffer
     typealias File = EditedFile<Key, Buffer, Store.Note>
 
-    private(set) var files: [LocalInode: File] = [:]
+    private(set) var files = EditedFiles<File>()
     private(set) var byKey: [Key: LocalInode] = [:]
     private var scratchIn: [LocalInode: [String: LocalInode]] = [:]
     private(set) var hidden: [Key: HiddenKey] = [:]
@@ -115,7 +115,7 @@ struct EditingEngine<Store: EditedStore> {
     private mutating func newFile(_ file: File) -> LocalInode {
         nextSerial += 1
         let inode = LocalInode.file(nextSerial)
-        files[inode] = file
+        files.insert(file, at: inode)
         return inode
     }
 
@@ -127,7 +127,7 @@ struct EditingEngine<Store: EditedStore> {
         guard var file = files[inode], file.opens == 0, !file.isLinkedScratch, !nodes.isReferenced(inode) else { return }
         if let key = file.key, byKey[key] == inode { byKey[key] = nil }
         file.wipe()
-        files[inode] = nil
+        files.remove(inode)
     }
 
     // MARK: Making and removing names
@@ -182,7 +182,7 @@ struct EditingEngine<Store: EditedStore> {
     /// key is hidden and leaves later (see `HiddenKey.unlinked`).
     mutating func unlink(_ name: String, in directory: LocalInode, _ store: inout Store) throws(Errno) {
         if let inode = scratch(named: name, in: directory) {
-            let detachedFrom = files[inode]!.detachedFrom, intendedKey = files[inode]!.intendedKey
+            let detachedFrom = files[inode]?.detachedFrom, intendedKey = files[inode]?.intendedKey
             unlinkScratch(inode)
             // The old text of a hidden key deleted with no new file on its way, or the new
             // file deleted with no old text left: the key is gone.
@@ -207,8 +207,10 @@ struct EditingEngine<Store: EditedStore> {
         if tellKernel { entryInvalidations.append((directory, name)) }
         scratchIn[directory]?[name] = nil
         if scratchIn[directory]?.isEmpty == true { scratchIn[directory] = nil }
-        files[inode]!.role = .unlinked
-        files[inode]!.changed = .now()
+        files.update(inode) { file in
+            file.role = .unlinked
+            file.changed = .now()
+        }
         collect(inode)
     }
 
@@ -235,7 +237,7 @@ struct EditingEngine<Store: EditedStore> {
         file.content = text
         file.role = .unlinked
         file.changed = .now()
-        files[inode] = file
+        files.insert(file, at: inode)
         invalidations.append(inode)
         collect(inode)
     }
@@ -253,7 +255,7 @@ struct EditingEngine<Store: EditedStore> {
         if let source = scratch(named: name, in: directory) {
             if let targetKey {
                 // sed -i, os.replace, `mv tmp K`, vim restoring its backup.
-                if files[source]!.symlinkTarget != nil { throw .invalidArgument }
+                if files[source]?.symlinkTarget != nil { throw .invalidArgument }
                 let movedFrom = files[source]?.detachedFrom
                 try adopt(source, as: targetKey, &store)
                 if let targetScratch, targetScratch != source { unlinkScratch(targetScratch) }
@@ -271,11 +273,13 @@ struct EditingEngine<Store: EditedStore> {
             scratchIn[directory]?[name] = nil
             if scratchIn[directory]?.isEmpty == true { scratchIn[directory] = nil }
             scratchIn[newDirectory, default: [:]][newName] = source
-            files[source]!.role = .scratch(directory: newDirectory, name: newName)
-            files[source]!.intendedKey = nil
             let creator = watchCreator(requester)
-            files[source]?.creator = creator
-            files[source]!.changed = .now()
+            files.update(source) { file in
+                file.role = .scratch(directory: newDirectory, name: newName)
+                file.intendedKey = nil
+                file.creator = creator
+                file.changed = .now()
+            }
             return
         }
 
@@ -285,16 +289,18 @@ struct EditingEngine<Store: EditedStore> {
             try store.mayRenameAway(key, to: newDirectory)
             if let targetScratch { unlinkScratch(targetScratch) }
             let inode = file(for: key, store)
-            var file = files[inode]!
-            let text = try currentText(file, key, store)
-            file.wipe()
-            file.content = text
-            file.role = .scratch(directory: newDirectory, name: newName)
-            file.detachedFrom = key
-            file.written = false
-            file.creator = watchCreator(requester)
-            file.changed = .now()
-            files[inode] = file
+            guard let current = files[inode] else { throw .noSuchFileOrDirectory }
+            let text = try currentText(current, key, store)
+            let creator = watchCreator(requester)
+            files.update(inode) { file in
+                file.wipe()
+                file.content = text
+                file.role = .scratch(directory: newDirectory, name: newName)
+                file.detachedFrom = key
+                file.written = false
+                file.creator = creator
+                file.changed = .now()
+            }
             byKey[key] = nil
             hidden[key] = .renamedAway
             scratchIn[newDirectory, default: [:]][newName] = inode
@@ -311,10 +317,12 @@ struct EditingEngine<Store: EditedStore> {
         hidden[targetKey] = nil
         if let targetScratch { unlinkScratch(targetScratch) }
         if let inode = byKey.removeValue(forKey: key) {
-            files[inode]!.role = .key(targetKey)
-            files[inode]!.shown?.wipe()
-            files[inode]!.shown = nil  // the target may render the value another way
-            files[inode]!.changed = .now()
+            files.update(inode) { file in
+                file.role = .key(targetKey)
+                file.shown?.wipe()
+                file.shown = nil  // the target may render the value another way
+                file.changed = .now()
+            }
             byKey[targetKey] = inode
             invalidations.append(inode)
         }
@@ -333,23 +341,24 @@ struct EditingEngine<Store: EditedStore> {
 
     /// The editor's file `inode` stands for `key` from now on (its value saved already).
     private mutating func bind(_ inode: LocalInode, as key: Key, shown: Buffer?) {
-        guard var file = files[inode] else { return }
+        guard let role = files[inode]?.role else { return }
         hidden[key] = nil
-        if case .scratch(let directory, let name) = file.role {
+        if case .scratch(let directory, let name) = role {
             scratchIn[directory]?[name] = nil
             if scratchIn[directory]?.isEmpty == true { scratchIn[directory] = nil }
         }
-        file.wipe()
-        file.role = .key(key)
-        file.intendedKey = nil
-        file.detachedFrom = nil
-        file.creator = nil
-        file.note = nil
-        file.written = false
-        file.shown = shown
-        file.modified = .now()
-        file.changed = file.modified
-        files[inode] = file
+        files.update(inode) { file in
+            file.wipe()
+            file.role = .key(key)
+            file.intendedKey = nil
+            file.detachedFrom = nil
+            file.creator = nil
+            file.note = nil
+            file.written = false
+            file.shown = shown
+            file.modified = .now()
+            file.changed = file.modified
+        }
         byKey[key] = inode
     }
 
@@ -359,9 +368,11 @@ struct EditingEngine<Store: EditedStore> {
         let now = Timestamp.now()
         for key in saved.alsoChanged {
             guard let other = byKey[key], other != inode else { continue }
-            files[other]!.shown?.wipe()
-            files[other]!.shown = nil
-            files[other]!.modified = now
+            files.update(other) { file in
+                file.shown?.wipe()
+                file.shown = nil
+                file.modified = now
+            }
             invalidations.append(other)
         }
     }
@@ -433,7 +444,7 @@ struct EditingEngine<Store: EditedStore> {
         for (directory, names) in scratchIn {
             for (name, inode) in names {
                 guard let file = files[inode], let creator = file.creator, creator.hasExited else { continue }
-                files[inode]?.creator = nil
+                files.update(inode) { $0.creator = nil }
                 let from = file.detachedFrom.flatMap { hidden[$0] == .renamedAway ? $0 : nil }
                 let kind = EditorNames.kind(of: name)
                 guard kind != .state || from != nil, file.symlinkTarget == nil,
@@ -532,7 +543,7 @@ struct EditingEngine<Store: EditedStore> {
         guard files[inode] != nil else { throw .noSuchFileOrDirectory }
         // Counted only once it succeeded: the kernel sends no RELEASE for a failed open.
         if truncate { try resize(inode, to: 0, owner: handle, store) }
-        files[inode]!.opens += 1
+        files.update(inode) { $0.opens += 1 }
     }
 
     /// The last close of a descriptor: commits what it wrote (`commit` false: a handle
@@ -541,14 +552,14 @@ struct EditingEngine<Store: EditedStore> {
                           _ store: inout Store) throws(Errno) {
         guard files[inode] != nil else { return }
         defer {
-            files[inode]!.opens -= 1
+            files.update(inode) { $0.opens -= 1 }
             dropIfRefused(inode, openElsewhere: 0)
             collect(inode)
         }
         if commit {
             try self.commit(inode, by: handle, finalClose: true, &store)
-        } else if let pending = files[inode]!.pending, pending.owner == handle {
-            files[inode]!.pending = nil
+        } else if let pending = files[inode]?.pending, pending.owner == handle {
+            files.update(inode) { $0.pending = nil }
             var text = pending.text
             text.wipe()
         }
@@ -571,7 +582,7 @@ struct EditingEngine<Store: EditedStore> {
         // makes it the key: an empty value the key's remembered type refuses is refused now).
         if let file = files[inode], let key = file.intendedKey, file.isLinkedScratch, !file.written, !file.refused,
            !(file.content ?? Buffer()).withUnsafeBytes({ store.accepts($0, for: key, note: file.note) }) {
-            files[inode]?.refused = true
+            files.update(inode) { $0.refused = true }
             throw .invalidArgument
         }
     }
@@ -598,28 +609,36 @@ struct EditingEngine<Store: EditedStore> {
         // In place: a copy of the file would copy its buffer (arrays are copied on write).
         if let key = file.key {
             try beginPending(inode, key, store)
-            try files[inode]!.pending!.text.resize(to: size)
-            files[inode]!.pending!.written = false
-            files[inode]!.pending!.rejected = false
-            files[inode]!.pending!.owner = owner
+            try files.modify(inode) { (file) throws(Errno) in
+                guard file.pending != nil else { throw .noSuchFileOrDirectory }
+                try file.pending?.text.resize(to: size)
+                file.pending?.written = false
+                file.pending?.rejected = false
+                file.pending?.owner = owner
+            }
         } else {
-            if file.content == nil { files[inode]!.content = Buffer() }
-            try files[inode]!.content!.resize(to: size)
+            try files.modify(inode) { (file) throws(Errno) in
+                if file.content == nil { file.content = Buffer() }
+                try file.content?.resize(to: size)
+            }
         }
         touch(inode)
     }
 
     private mutating func touch(_ inode: LocalInode) {
         let now = Timestamp.now()
-        files[inode]!.modified = now
-        files[inode]!.changed = now
+        files.update(inode) { file in
+            file.modified = now
+            file.changed = now
+        }
     }
 
     /// Gives the key's file pending content (its current text) if it has none.
     private mutating func beginPending(_ inode: LocalInode, _ key: Key, _ store: Store) throws(Errno) {
-        guard files[inode]!.pending == nil else { return }
-        let text = try currentText(files[inode]!, key, store)
-        files[inode]!.pending = PendingEdit(text: text)
+        guard let file = files[inode] else { throw .noSuchFileOrDirectory }
+        guard file.pending == nil else { return }
+        let text = try currentText(file, key, store)
+        files.update(inode) { $0.pending = PendingEdit(text: text) }
     }
 
     /// `write(2)`: into the key's pending content, or the editor's file. A write that is
@@ -634,36 +653,40 @@ struct EditingEngine<Store: EditedStore> {
         defer { touch(inode) }
         if let key = file.key {
             try beginPending(inode, key, store)
-            files[inode]!.pending!.owner = owner
-            let text = files[inode]!.pending!.text
-            var start = append ? text.count : Int(clamping: offset)
-            // An empty value reads as "\n": appending to it starts from nothing.
-            if text.isSingle(0x0A) && (append || start == 1) {
-                try files[inode]!.pending!.text.resize(to: 0)
-                start = 0
+            try files.modify(inode) { (file) throws(Errno) in
+                guard let text = file.pending?.text else { throw .noSuchFileOrDirectory }
+                file.pending?.owner = owner
+                var start = append ? text.count : Int(clamping: offset)
+                // An empty value reads as "\n": appending to it starts from nothing.
+                if text.isSingle(0x0A) && (append || start == 1) {
+                    try file.pending?.text.resize(to: 0)
+                    start = 0
+                }
+                guard start <= limit, data.count <= limit - start else {
+                    file.pending?.rejected = true
+                    throw .fileTooLarge
+                }
+                if start == 0 && data.count >= (file.pending?.text.count ?? 0) && !store.accepts(data, for: key, note: nil) {
+                    file.pending?.rejected = true
+                    throw .invalidArgument
+                }
+                try file.pending?.text.write(data, at: start)
+                file.pending?.written = true
             }
-            guard start <= limit, data.count <= limit - start else {
-                files[inode]!.pending!.rejected = true
-                throw .fileTooLarge
-            }
-            if start == 0 && data.count >= files[inode]!.pending!.text.count && !store.accepts(data, for: key, note: nil) {
-                files[inode]!.pending!.rejected = true
-                throw .invalidArgument
-            }
-            try files[inode]!.pending!.text.write(data, at: start)
-            files[inode]!.pending!.written = true
             return
         }
-        if file.content == nil { files[inode]!.content = Buffer() }
-        let count = files[inode]!.content!.count
-        let start = append ? count : Int(clamping: offset)
-        guard start <= limit, data.count <= limit - start else { throw .fileTooLarge }
-        if start == 0 && data.count >= count, let key = file.intendedKey, !store.accepts(data, for: key, note: file.note) {
-            files[inode]!.refused = true
-            throw .invalidArgument
+        try files.modify(inode) { (file) throws(Errno) in
+            if file.content == nil { file.content = Buffer() }
+            let count = file.content?.count ?? 0
+            let start = append ? count : Int(clamping: offset)
+            guard start <= limit, data.count <= limit - start else { throw .fileTooLarge }
+            if start == 0 && data.count >= count, let key = file.intendedKey, !store.accepts(data, for: key, note: file.note) {
+                file.refused = true
+                throw .invalidArgument
+            }
+            try file.content?.write(data, at: start)
+            file.written = true
         }
-        try files[inode]!.content!.write(data, at: start)
-        files[inode]!.written = true
     }
 
     /// Makes written content the key's value, or does nothing (see `PendingEdit`); an
@@ -674,7 +697,7 @@ struct EditingEngine<Store: EditedStore> {
         switch file.role {
         case .key(let key):
             guard let pending = file.pending, pending.isCommitted(by: handle, finalClose: finalClose) else { return }
-            files[inode]!.pending = nil
+            files.update(inode) { $0.pending = nil }
             var text = pending.text
             defer { text.wipe() }
             if pending.rejected { throw .invalidArgument }
@@ -682,9 +705,11 @@ struct EditingEngine<Store: EditedStore> {
             let saved = try store.commit(text, to: key, note: nil)
             // (The store may have re-read its file: only a file still bound shows the text.)
             if files[inode]?.key == key {
-                files[inode]!.shown?.wipe()
-                files[inode]!.shown = saved.shown
-                files[inode]!.modified = .now()
+                files.update(inode) { file in
+                    file.shown?.wipe()
+                    file.shown = saved.shown
+                    file.modified = .now()
+                }
             }
             changedWith(saved, inode)
         case .scratch:
@@ -697,8 +722,10 @@ struct EditingEngine<Store: EditedStore> {
                 // Refused at close: like a refused write, the file goes at its last close
                 // and the key keeps its last good value.
                 if error == .invalidArgument || error == .fileTooLarge {
-                    files[inode]?.refused = true
-                    files[inode]?.written = false
+                    files.update(inode) { file in
+                        file.refused = true
+                        file.written = false
+                    }
                 }
                 throw error
             }
@@ -710,16 +737,20 @@ struct EditingEngine<Store: EditedStore> {
     // MARK: Attributes of files
 
     mutating func setMode(_ inode: LocalInode, _ mode: mode_t) {
-        files[inode]?.mode = mode & 0o7777
-        files[inode]?.changed = .now()
+        files.update(inode) { file in
+            file.mode = mode & 0o7777
+            file.changed = .now()
+        }
     }
 
     mutating func setModified(_ inode: LocalInode, _ time: Timestamp) {
-        files[inode]?.modified = time
-        files[inode]?.changed = .now()
+        files.update(inode) { file in
+            file.modified = time
+            file.changed = .now()
+        }
     }
 
-    mutating func setNote(_ inode: LocalInode, _ note: Store.Note) { files[inode]?.note = note }
+    mutating func setNote(_ inode: LocalInode, _ note: Store.Note) { files.update(inode) { $0.note = note } }
 
     // MARK: Changes made by the store
 
@@ -727,10 +758,12 @@ struct EditingEngine<Store: EditedStore> {
     /// its pages.
     mutating func keyChanged(_ key: Key) {
         guard let inode = byKey[key] else { return }
-        files[inode]!.shown?.wipe()
-        files[inode]!.shown = nil
-        files[inode]!.modified = .now()
-        files[inode]!.changed = files[inode]!.modified
+        files.update(inode) { file in
+            file.shown?.wipe()
+            file.shown = nil
+            file.modified = .now()
+            file.changed = file.modified
+        }
         invalidations.append(inode)
     }
 
@@ -750,7 +783,7 @@ struct EditingEngine<Store: EditedStore> {
             guard let moved = transform(key), moved != key else { continue }
             byKey[key] = nil
             byKey[moved] = inode
-            files[inode]!.role = .key(moved)
+            files.update(inode) { $0.role = .key(moved) }
         }
         for (key, state) in hidden {
             guard let moved = transform(key), moved != key else { continue }
@@ -758,8 +791,10 @@ struct EditingEngine<Store: EditedStore> {
             hidden[moved] = state
         }
         for inode in Array(files.keys) {
-            if let key = files[inode]!.intendedKey, let moved = transform(key) { files[inode]!.intendedKey = moved }
-            if let key = files[inode]!.detachedFrom, let moved = transform(key) { files[inode]!.detachedFrom = moved }
+            files.update(inode) { file in
+                if let key = file.intendedKey, let moved = transform(key) { file.intendedKey = moved }
+                if let key = file.detachedFrom, let moved = transform(key) { file.detachedFrom = moved }
+            }
         }
     }
 
@@ -779,14 +814,18 @@ struct EditingEngine<Store: EditedStore> {
     mutating func wipeAll() -> [LocalInode] {
         let inodes = Array(files.keys)
         for inode in inodes {
-            files[inode]!.wipe()
-            if case .scratch(let directory, let name) = files[inode]!.role {
-                entryInvalidations.append((directory, name))
-                files[inode]!.role = .unlinked
+            var unlinked: (directory: LocalInode, name: String)?
+            files.update(inode) { file in
+                file.wipe()
+                if case .scratch(let directory, let name) = file.role {
+                    unlinked = (directory, name)
+                    file.role = .unlinked
+                }
             }
+            if let unlinked { entryInvalidations.append(unlinked) }
             // Key files stay until the kernel forgets them: a listing taken before the lock
             // may still hand them out.
-            if files[inode]!.key == nil { collect(inode) }
+            if files[inode]?.key == nil { collect(inode) }
         }
         scratchIn.removeAll()
         hidden.removeAll()
