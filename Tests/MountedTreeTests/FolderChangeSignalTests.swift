@@ -123,8 +123,8 @@ import Testing
         try #require(file.error == nil)
         other.close()
         // Between the read and the merge: the file is open (decrypted) and the tree's lock
-        // is free — another thread takes it at once. (The tree's watcher notices the file
-        // and scans; a scan that found nothing new is not the one looked at.)
+        // is free — another thread takes it at once. (A scan that found nothing new is not
+        // the one looked at.)
         let seen = Mutex<(read: Int, opened: Int, lockFree: Bool)?>(nil)
         accounts.afterFolderScanRead.withLock { hook in
             hook = { found in
@@ -137,14 +137,20 @@ import Testing
         where !FileManager.default.fileExists(atPath: scratch + "/a/vault/" + device) {
             try FileManager.default.copyItem(atPath: scratch + "/b/vault/" + device, toPath: scratch + "/a/vault/" + device)
         }
-        accounts.folderChanged()  // (the watcher's scan, or this one, reads the file)
+        // The tree's watcher scans (inotify): one thread, so nothing else holds the lock
+        // while its scan reads. (Scanned here only if it has not come within 20 s.)
+        let deadline = ContinuousClock.now.advanced(by: .seconds(20))
+        while seen.withLock({ $0 }) == nil && ContinuousClock.now < deadline { usleep(20_000) }
+        if seen.withLock({ $0 }) == nil { accounts.folderChanged() }
         let observed = try #require(seen.withLock { $0 })
         #expect(observed.read == 1 && observed.opened == 1)
         #expect(observed.lockFree, "the tree's lock was held while the file was read and opened")
         #expect(try Self.label(accounts, 1_234) == "Moved 1234")
         #expect(accounts.state.withLock { $0.fields.vault?.lockedFolderScans } == scansAtUnlock, "a scan ran under the tree's lock")
-        let times = accounts.lastFolderScan.withLock { $0 }
-        #expect(times.unlocked > .zero)
+        // (Noted by the scanning thread once its merge is done.)
+        let noted = ContinuousClock.now.advanced(by: .seconds(10))
+        while accounts.lastFolderScan.withLock({ $0.unlocked }) == .zero && ContinuousClock.now < noted { usleep(10_000) }
+        #expect(accounts.lastFolderScan.withLock { $0.unlocked } > .zero)
     }
 
     @Test func aLockReadsNothingFromTheDiskAndTheNextUnlockReadsItAll() throws {

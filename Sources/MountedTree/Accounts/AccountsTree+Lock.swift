@@ -189,7 +189,7 @@ extension AccountsTree {
                 throw .ioError  // not a wrong passphrase: `mtmfs unlock` points to the status
             }
             s.fields.session.touched()
-            s.fields.session.revealing = true
+            s.fields.session.unlocked()
             s.lockedSearch = nil  // (its key wiped: the vault's own index serves again)
             noteGuarding(s)
             return Array(s.engine.files.keys)
@@ -216,7 +216,7 @@ extension AccountsTree {
             secretObservers.notify(.lockState)
         }
         state.withLock { s in
-            s.fields.session.revealing = false
+            s.fields.session.reveal()
             Log.info("accounts unlocked")
         }
     }

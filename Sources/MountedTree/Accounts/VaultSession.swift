@@ -6,7 +6,7 @@ import Posix
 ///
 /// Invariants: a handle is honoured only while the lock generation it was made under is
 /// current (every lock starts a new one); `isOpen` is false from a lock until an unlock
-/// has made the kernel drop what it cached while locked (`revealing`).
+/// has made the kernel drop what it cached while locked (`Phase.revealing`).
 ///
 /// The key derivation of an unlock happens outside the tree's lock (see
 /// `AccountsTree.unlock`); the session only takes the finished key.
@@ -18,9 +18,20 @@ struct VaultSession {
     var problem: String?
     var autoLockSeconds: Int
     var lastSecretAccess = ContinuousClock.now
-    /// Unlocked, but the kernel's caches of the locked state are still being dropped:
-    /// fields answer as locked until then.
-    var revealing = false
+    /// Where the session is: no vault to use (`problem` says why), locked, unlocked while
+    /// the kernel still drops what it cached while locked (fields answer as locked), or
+    /// open. The keys are the vault's: unlocked means the vault holds them.
+    enum Phase: Equatable { case unavailable, locked, revealing, open }
+
+    var phase: Phase {
+        guard let vault else { return .unavailable }
+        guard vault.isUnlocked else { return .locked }
+        return revealed ? .open : .revealing
+    }
+
+    /// Since the last unlock, the kernel was told to drop what it cached while locked
+    /// (`reveal`); set back at every lock and unlock.
+    private var revealed = false
     private var handles = HandleAllocator()
     /// Which handles are open on which file, and which of them a narrowing revoked.
     private(set) var openHandles = OpenHandles()
@@ -40,8 +51,15 @@ struct VaultSession {
     }
 
     /// Fields can be read and written.
-    var isOpen: Bool { vault?.isUnlocked == true && !revealing }
-    var isUnlocked: Bool { vault?.isUnlocked == true }
+    var isOpen: Bool { phase == .open }
+    /// The vault holds its keys (open, or revealing).
+    var isUnlocked: Bool { phase == .open || phase == .revealing }
+
+    /// Unlocked: fields still answer as locked until `reveal`.
+    mutating func unlocked() { revealed = false }
+
+    /// The kernel was told to drop what it cached while locked: fields answer.
+    mutating func reveal() { revealed = true }
 
     func requireOpen() throws(Errno) {
         guard isOpen else { throw .permissionDenied }
@@ -91,7 +109,7 @@ struct VaultSession {
     /// Zeroes the keys and starts a new generation: every earlier handle is refused.
     mutating func lock() {
         vault?.lock()
-        revealing = false
+        revealed = false
         retireHandles()
     }
 
