@@ -120,6 +120,19 @@ struct VaultRepository {
         return parsed.status == 0 ? Self.trimmed(parsed.output) : nil
     }
 
+    /// Whether the branch `head` has commits its remote-tracking ref `tracking` lacks (or
+    /// the remote has no such branch yet): both refs from one `git for-each-ref`.
+    func isAhead(_ head: String, of tracking: String) -> Bool {
+        let listed = git(["for-each-ref", "--format=%(refname) %(objectname)", head, tracking])
+        var commits: [String: String] = [:]
+        for line in listed.output.split(separator: "\n") {
+            let parts = line.split(separator: " ", maxSplits: 1).map(String.init)
+            if parts.count == 2 { commits[parts[0]] = parts[1] }
+        }
+        guard listed.status == 0, let ours = commits[head] else { return false }
+        return ours != commits[tracking]
+    }
+
     /// The remote to sync with (`git remote`): `origin`, else the only one; nil when there
     /// is none.
     func remote() throws(CommandFailure) -> String? {
@@ -288,7 +301,7 @@ struct VaultRepository {
             }
             return CommandFailure(message + " (what was merged stays merged here; the next sync pushes it)")
         }
-        var ahead = ref(head) != nil && ref(head) != ref(tracking)
+        var ahead = isAhead(head, of: tracking)
         for _ in 1...attempts {
             if ahead {
                 let pushed = Progress.whileWorking("pushing to \(remote)") { git(["push", "-q", remote, "HEAD:\(head)"]) }
@@ -323,7 +336,7 @@ struct VaultRepository {
                 if let problem = merge(remote, branch) { throw fail(problem) }
                 outcome.received += 1
             }
-            ahead = ref(head) != nil && ref(head) != ref(tracking)
+            ahead = isAhead(head, of: tracking)
             if !ahead {
                 if let problem = makeDurable() { throw CommandFailure(problem) }
                 return outcome
