@@ -174,14 +174,19 @@ public final class VaultFolder: @unchecked Sendable {
         let generation: Int
         /// Change files the folder holds or is writing: the scan reads only others.
         let known: Set<String>
+        /// Those of them on disk already (not being written): only these can be found gone.
+        /// A file being written may be listed by the scan before its write, and is no less
+        /// there for it.
+        let written: Set<String>
         /// Files skipped, with their size and time then: read again only once changed.
         let skippedStamps: [String: [Int]]
         let knownSlots: Set<String>
     }
 
     public func scanBasis() -> ScanBasis {
-        ScanBasis(path: path, device: device, vaultID: vaultID, isOpen: isOpen, generation: generation,
-                  known: Set(files.keys).union(pending).union(parsed.keys),
+        let held = Set(files.keys).union(parsed.keys)
+        return ScanBasis(path: path, device: device, vaultID: vaultID, isOpen: isOpen, generation: generation,
+                  known: held.union(pending), written: held.subtracting(pending),
                   skippedStamps: skippedStamps.filter { skipped[$0.key] != nil },
                   knownSlots: Set(slots.keys).union(skipped.keys.filter { $0.hasPrefix(Self.keysFolder + "/") }
                       .map { String($0.dropFirst(Self.keysFolder.count + 1)) }))
@@ -368,7 +373,7 @@ public final class VaultFolder: @unchecked Sendable {
         }
         found.loaded.removeAll()
         for (relative, reason) in found.notes { note(relative, reason) }
-        for relative in found.basis.known where !found.present.contains(relative) && !pending.contains(relative) {
+        for relative in found.basis.written where !found.present.contains(relative) && !pending.contains(relative) {
             guard files[relative] != nil || parsed[relative] != nil else { continue }
             if let gone = drop(relative) {
                 affected.formUnion(gone.map(\.uuid))

@@ -576,3 +576,36 @@ final class Machine {
         #expect(text(account.fields["username"]!.shown.value) == "alice")
     }
 }
+
+/// A scan made without the owner's lock (`scanBasis`, `scan`, `apply`) against the folder's
+/// own writes: a file being written when the scan began, and listed before its write, is
+/// not taken for one that went (the model-based test found the value reverting).
+@Suite struct VaultFolderScanTests {
+    @Test func aFileBeingWrittenWhenTheScanBeganStays() throws {
+        let home = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-scan-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: home) }
+        let machine = try Machine(creating: home)
+        let name = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+        try machine.set(name, ["label": "old"])
+        // A save prepared (under the owner's lock) and not yet written.
+        let uuid = AccountName.uuidBytes(name)!
+        let seen = machine.account(name)?.fields["label"]?.seen ?? [:]
+        let change = AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid, name: name, seen: [],
+                                   fields: [.init(name: "label", seen: seen, value: secret("new"))])
+        let (file, _) = try machine.folder.prepare([change], key: try #require(machine.key))
+        let basis = machine.folder.scanBasis()
+        let arena = SecureArena()
+        let found = VaultFolder.scan(basis, key: machine.key, arena: arena)  // lists the folder before the write
+        file.write()
+        machine.folder.finish(file)
+        #expect(file.error == nil)
+        #expect(try machine.folder.apply(found) == .unchanged)
+        #expect(machine.value(name, "label") == "new")
+        // A file that was on disk when the scan began and is gone now does go.
+        try FileManager.default.removeItem(atPath: machine.vaultPath + "/" + file.relative)
+        let again = VaultFolder.scan(machine.folder.scanBasis(), key: machine.key, arena: arena)
+        #expect(try machine.folder.apply(again) == .changed([uuid]))
+        #expect(machine.value(name, "label") == "old")
+        arena.releaseAll()
+    }
+}
