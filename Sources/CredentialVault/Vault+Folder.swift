@@ -252,6 +252,9 @@ extension Vault {
     /// Reads the folder again (files a synchroniser or git brought or took away); while
     /// unlocked the new files are opened, and the accounts made again when anything changed.
     /// Returns whether anything did.
+    /// A file this vault wrote is on disk and not read (see `VaultFolder.needsScan`).
+    public var folderNeedsScan: Bool { folder?.needsScan == true }
+
     /// Scans the folder made with the owner's lock held (`VaultFolder.lockedScans`; nil for
     /// a single file): a daemon's come at unlock only.
     public var lockedFolderScans: Int? { folder?.lockedScans }

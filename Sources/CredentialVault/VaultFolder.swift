@@ -47,6 +47,8 @@ public final class VaultFolder: @unchecked Sendable {
     private var generation = 0
     /// Closed with its files' clear parts kept from when it was open: `open` reads the disk.
     private var needsReading = false
+    /// Files being written that the last `open` did not read (see `needsScan`).
+    private var unread = Set<String>()
 
     static let idFile = "id"
     static let keysFolder = "keys"
@@ -185,8 +187,9 @@ public final class VaultFolder: @unchecked Sendable {
 
     public func scanBasis() -> ScanBasis {
         let held = Set(files.keys).union(parsed.keys)
+        // (A file being written that the last open did not read is not known: a scan reads it.)
         return ScanBasis(path: path, device: device, vaultID: vaultID, isOpen: isOpen, generation: generation,
-                  known: held.union(pending), written: held.subtracting(pending),
+                  known: held.union(pending.subtracting(unread)), written: held.subtracting(pending),
                   skippedStamps: skippedStamps.filter { skipped[$0.key] != nil },
                   knownSlots: Set(slots.keys).union(skipped.keys.filter { $0.hasPrefix(Self.keysFolder + "/") }
                       .map { String($0.dropFirst(Self.keysFolder.count + 1)) }))
@@ -346,6 +349,7 @@ public final class VaultFolder: @unchecked Sendable {
             found.wipe()
             return .stale
         }
+        unloaded.subtract(found.present)
         if let failure = found.failure {
             found.wipe()
             throw failure
@@ -580,6 +584,9 @@ public final class VaultFolder: @unchecked Sendable {
             dropAll()
             parsed.removeAll()
             try rescan()
+            // Files a lock sealed and is writing now were not read: once written, a scan
+            // takes them in (`needsScan`).
+            unread = pending.subtracting(files.keys)
         }
         for (relative, file) in parsed {
             do throws(VaultError) {
@@ -681,7 +688,14 @@ public final class VaultFolder: @unchecked Sendable {
     public func finish(_ file: PreparedFile) {
         pending.remove(file.relative)
         if file.error != nil { drop(file.relative)?.forEach { $0.wipe() } }
+        if unread.remove(file.relative) != nil, file.error == nil { unloaded.insert(file.relative) }
     }
+
+    /// A file written after the folder was read again without it (a lock's change written
+    /// while an unlock read the folder): the owner scans (`scanBasis`…`apply`); a scan that
+    /// listed it takes it in.
+    public var needsScan: Bool { !unloaded.isEmpty }
+    private var unloaded = Set<String>()
 
     private func prepareFile(_ changes: [AccountChange], clock fileClock: UInt64, key: SecureBytes) throws(VaultError) -> PreparedFile {
         let relative = ChangeFile.hex(device, 16) + "/" + ChangeFile.hex(fileClock, 16) + "-" + ASCIIHex.string(random.bytes(4)) + ".mtv"

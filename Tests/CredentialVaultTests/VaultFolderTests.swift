@@ -608,4 +608,33 @@ final class Machine {
         #expect(machine.value(name, "label") == "old")
         arena.releaseAll()
     }
+
+    /// A lock seals a change and writes it after the owner's lock; an unlock that reads the
+    /// folder meanwhile does not find it yet: once written, the folder says a scan is due,
+    /// and the scan takes it in.
+    @Test func aFileALockWroteWhileAnUnlockReadTheFolderIsTakenInByTheNextScan() throws {
+        let home = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-scan-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: home) }
+        let machine = try Machine(creating: home)
+        let name = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+        try machine.set(name, ["label": "old"])
+        let uuid = AccountName.uuidBytes(name)!
+        let seen = machine.account(name)?.fields["label"]?.seen ?? [:]
+        let change = AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid, name: name, seen: [],
+                                   fields: [.init(name: "label", seen: seen, value: secret("new"))])
+        let key = try #require(machine.key)
+        let (file, _) = try machine.folder.prepare([change], key: key)
+        machine.folder.close()                                // the lock
+        try machine.folder.open(with: key, arena: machine.arena)  // an unlock, before the write
+        file.write()
+        machine.folder.finish(file)
+        #expect(machine.folder.needsScan)
+        #expect(machine.value(name, "label") == "old")
+        let arena = SecureArena()
+        let found = VaultFolder.scan(machine.folder.scanBasis(), key: key, arena: arena)
+        #expect(try machine.folder.apply(found) == .changed([uuid]))
+        #expect(!machine.folder.needsScan)
+        #expect(machine.value(name, "label") == "new")
+    }
 }
+

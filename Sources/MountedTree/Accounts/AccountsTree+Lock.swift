@@ -293,6 +293,8 @@ extension AccountsTree {
             return (files, saves)
         }
         if let failure = writeOutside(saves) { Log.error("a vault change could not be written at lock: \(failure)") }
+        // An unlock that read the folder while those were being written did not see them.
+        if state.withLock({ $0.fields.vault?.folderNeedsScan == true }) { folderChanged() }
         // Sent by the notifier's thread, not waited for here (a lock may come from a request);
         // `.mtmfs/lock` answers its writer once they are sent (`KernelCacheNotifier.whenSent`).
         pageCache.changed()
