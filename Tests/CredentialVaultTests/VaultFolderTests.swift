@@ -581,18 +581,25 @@ final class Machine {
 /// own writes: a file being written when the scan began, and listed before its write, is
 /// not taken for one that went (the model-based test found the value reverting).
 @Suite struct VaultFolderScanTests {
+    static let name = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+
+    /// An account labelled "old", and a change to "new" prepared (counted by the folder,
+    /// not yet written): its file and the account.
+    static func relabelPrepared(_ machine: Machine) throws -> (VaultFolder.PreparedFile, [UInt8]) {
+        try machine.set(name, ["label": "old"])
+        let uuid = try #require(AccountName.uuidBytes(name))
+        let seen = machine.account(name)?.fields["label"]?.seen ?? [:]
+        let change = AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid, name: name, seen: [],
+                                   fields: [.init(name: "label", seen: seen, value: secret("new"))])
+        return (try machine.folder.prepare([change], key: try #require(machine.key)).0, uuid)
+    }
+
     @Test func aFileBeingWrittenWhenTheScanBeganStays() throws {
         let home = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-scan-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: home) }
         let machine = try Machine(creating: home)
-        let name = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
-        try machine.set(name, ["label": "old"])
         // A save prepared (under the owner's lock) and not yet written.
-        let uuid = AccountName.uuidBytes(name)!
-        let seen = machine.account(name)?.fields["label"]?.seen ?? [:]
-        let change = AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid, name: name, seen: [],
-                                   fields: [.init(name: "label", seen: seen, value: secret("new"))])
-        let (file, _) = try machine.folder.prepare([change], key: try #require(machine.key))
+        let (file, uuid) = try Self.relabelPrepared(machine)
         let basis = machine.folder.scanBasis()
         let arena = SecureArena()
         let found = VaultFolder.scan(basis, key: machine.key, arena: arena)  // lists the folder before the write
@@ -600,12 +607,12 @@ final class Machine {
         machine.folder.finish(file)
         #expect(file.error == nil)
         #expect(try machine.folder.apply(found) == .unchanged)
-        #expect(machine.value(name, "label") == "new")
+        #expect(machine.value(Self.name, "label") == "new")
         // A file that was on disk when the scan began and is gone now does go.
         try FileManager.default.removeItem(atPath: machine.vaultPath + "/" + file.relative)
         let again = VaultFolder.scan(machine.folder.scanBasis(), key: machine.key, arena: arena)
         #expect(try machine.folder.apply(again) == .changed([uuid]))
-        #expect(machine.value(name, "label") == "old")
+        #expect(machine.value(Self.name, "label") == "old")
         arena.releaseAll()
     }
 
@@ -616,25 +623,19 @@ final class Machine {
         let home = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-scan-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: home) }
         let machine = try Machine(creating: home)
-        let name = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
-        try machine.set(name, ["label": "old"])
-        let uuid = AccountName.uuidBytes(name)!
-        let seen = machine.account(name)?.fields["label"]?.seen ?? [:]
-        let change = AccountChange(kind: .set, id: ChangeID(device: 0, clock: 0, index: 0), uuid: uuid, name: name, seen: [],
-                                   fields: [.init(name: "label", seen: seen, value: secret("new"))])
         let key = try #require(machine.key)
-        let (file, _) = try machine.folder.prepare([change], key: key)
+        let (file, uuid) = try Self.relabelPrepared(machine)
         machine.folder.close()                                // the lock
         try machine.folder.open(with: key, arena: machine.arena)  // an unlock, before the write
         file.write()
         machine.folder.finish(file)
         #expect(machine.folder.needsScan)
-        #expect(machine.value(name, "label") == "old")
+        #expect(machine.value(Self.name, "label") == "old")
         let arena = SecureArena()
         let found = VaultFolder.scan(machine.folder.scanBasis(), key: key, arena: arena)
         #expect(try machine.folder.apply(found) == .changed([uuid]))
         #expect(!machine.folder.needsScan)
-        #expect(machine.value(name, "label") == "new")
+        #expect(machine.value(Self.name, "label") == "new")
     }
 }
 
