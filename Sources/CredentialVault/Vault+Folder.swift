@@ -85,7 +85,10 @@ extension Vault {
         conflicts.removals = account.removalConflicts.map { AccountConflicts.Other(device: $0.device, milliseconds: $0.clock >> 16, value: SecureBytes()) }
         conflicted[account.uuid] = conflicts.isEmpty ? nil : conflicts
         let programs = account.fields["trusted"].map { Self.decodeTrusted($0.shown.value) } ?? []
-        trusted[account.uuid] = programs.isEmpty ? nil : programs
+        let list = programs.isEmpty ? nil : programs
+        // (Set only when it changed: `trustChanges` counts changes of who is trusted, and an
+        // open decided meanwhile is decided again for each.)
+        if trusted[account.uuid] != list { trusted[account.uuid] = list }
     }
 
     /// The names of fields the vault itself gives a meaning to; every other name is a named

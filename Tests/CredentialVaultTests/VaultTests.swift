@@ -353,3 +353,29 @@ let uuidB = "f47ac10b-58cc-4372-a567-0e02b2c3d479"
         #expect(vault.secureMemoryBytes == 0)
     }
 }
+
+/// `Vault.trustChanges`, what an open's decision is bound to: it moves when who is trusted
+/// changes (a list, guarding, a lock), not at every save of an account.
+@Suite struct TrustChangesTests {
+    @Test func onlyChangesOfWhoIsTrustedCount() throws {
+        let home = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-trust-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: home) }
+        let vault = try Vault.createFolder(at: home + "/vault", passphrase: secret("correct horse"), parameters: .interactive)
+        let a = try #require(AccountName.uuidBytes("6ba7b810-9dad-11d1-80b4-00c04fd430c8"))
+        let b = try #require(AccountName.uuidBytes("f47ac10b-58cc-4372-a567-0e02b2c3d479"))
+        try vault.addAccounts([(uuid: a, name: AccountName.string(a)), (uuid: b, name: AccountName.string(b))])
+        let start = vault.trustChanges
+        try vault.setFields([.label: secret("mail")], named: [:], of: b)
+        try vault.setFields([.password: secret("hunter2")], named: [:], of: a)
+        #expect(vault.trustChanges == start, "a save moved it")
+        try vault.setTrustedPrograms([TrustedProgram(sha256: Array(repeating: 1, count: 32), path: "/usr/bin/true")], of: a)
+        let trusted = vault.trustChanges
+        #expect(trusted != start)
+        try vault.setGuarded(true)
+        #expect(vault.trustChanges != trusted)
+        let guarded = vault.trustChanges
+        vault.lock()
+        #expect(vault.trustChanges != guarded)
+    }
+}
