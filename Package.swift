@@ -1,8 +1,8 @@
 // swift-tools-version:6.0
 // mtmfs — a FUSE filesystem that mounts an app's credential vault, settings plist and
 // SQLite cache as one tree. Dependency direction (each arrow: "is used by"):
-//   C shims → Posix → FuseLowLevel → MountedTree → mtmfs (CLI)
-//   C shims → Posix → stores (SettingsStore, CacheStore, …) → MountedTree
+//   C shims → Posix → FuseLowLevel → MountedTree → MountAssembly → mtmfs (CLI)
+//   C shims → Posix → stores (SettingsStore, CacheStore; CredentialVault over SecureMemory) → MountedTree
 import PackageDescription
 
 let package = Package(
@@ -48,8 +48,12 @@ let package = Package(
         // The mounted tree: root, control files, and the routing to each store.
         .target(name: "MountedTree",
                 dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "SecureMemory", "CredentialVault", "SecretService"]),
+        // The composition root: the data directory's stores assembled into the tree, served
+        // by FUSE and (optionally) on the bus.
+        .target(name: "MountAssembly",
+                dependencies: ["MountedTree", "FuseLowLevel", "SecretService", "SecureMemory", "CredentialVault", "Posix"]),
         // Command line only.
-        .executableTarget(name: "mtmfs", dependencies: ["MountedTree", "FuseLowLevel", "SettingsStore", "CacheStore", "SecureMemory", "CredentialVault", "Posix"]),
+        .executableTarget(name: "mtmfs", dependencies: ["MountAssembly", "MountedTree", "FuseLowLevel", "SettingsStore", "CacheStore", "SecureMemory", "CredentialVault", "Posix"]),
         // Side-by-side measurements against a native directory and peers.
         .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "SecureMemory", "CredentialVault", "CSQLite"]),
         // The benchmark's floor, in C: the least a libfuse low-level daemon does (a tree in

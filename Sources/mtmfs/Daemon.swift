@@ -3,6 +3,7 @@ import Glibc
 #endif
 import FuseLowLevel
 import CredentialVault
+import MountAssembly
 import MountedTree
 import Posix
 

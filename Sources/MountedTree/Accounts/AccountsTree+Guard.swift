@@ -210,6 +210,9 @@ extension AccountsTree {
         piece.withUnsafeBytes { reply($0) }
     }
 
+    /// `.mtmfs/access`: the latest decisions of guarding, newest last.
+    public func recentDecisions() -> String { access.recentDecisions() }
+
     // MARK: Commands (.mtmfs/guard, .mtmfs/trust)
 
     /// Turns guarding on or off; needs the passphrase (checked outside the tree's lock:

@@ -5,6 +5,7 @@ import CredentialVault
 import SecureMemory
 import FuseLowLevel
 import Posix
+import MountedTree
 import SecretService
 
 /// One mtmfs mount: the data directory's stores assembled into the tree and served.
@@ -99,7 +100,7 @@ public final class MtmfsMount: Sendable {
                                              passphrase: passphrase)
                 }
             }, answerWhenDone: { answer in notifier.whenSent(answer) }),
-            ControlTree.File(name: "access", mode: 0o400, contents: { accounts.access.recentDecisions() }),
+            ControlTree.File(name: "access", mode: 0o400, contents: { accounts.recentDecisions() }),
             ControlTree.File(name: "find", mode: 0o600, query: { (bytes) throws(Errno) in try accounts.find(bytes) }),
         ], ownership: ownership, nodes: nodes)
         accounts.catchLockSignal()
@@ -115,7 +116,7 @@ public final class MtmfsMount: Sendable {
         let serviceOption = options.last { $0 == "secret_service" || $0.hasPrefix("secret_service=") }
         let fuseOptions = ["fsname=" + Self.escapeOption(dataDirectory.path), "subtype=mtmfs",
                            "default_permissions"] + options.filter { !$0.hasPrefix("secret_service") } + ["nosuid", "nodev"]
-        do {
+        do throws(MountError) {
             self.fuse = try FuseMount(fileSystem: root, mountPoint: mountPoint, options: fuseOptions)
         } catch {
             // Never served: the stores close cleanly (the cache's mark says so, and the next
@@ -157,7 +158,7 @@ public final class MtmfsMount: Sendable {
     /// goes straight from libfuse's buffer into secure memory, and the buffer is zeroed.
     static func withCommand(_ bytes: UnsafeRawBufferPointer,
                             _ body: ([String], SecureBytes) throws(Errno) -> Void) throws(Errno) {
-        defer { SecureBytes.zero(UnsafeMutableRawPointer(mutating: bytes.baseAddress!), bytes.count) }
+        defer { if let base = bytes.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), bytes.count) } }
         guard let newline = bytes.firstIndex(of: 0x0A) else { throw .invalidArgument }
         let words = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[0..<newline]), as: UTF8.self)
             .split(separator: "\t").map(String.init)
