@@ -133,6 +133,8 @@ public final class Vault: @unchecked Sendable {
     }
 
     public var isUnlocked: Bool { masterKey != nil }
+    /// Whether this vault is a folder of format 3.
+    public var isFolder: Bool { folder != nil }
     public var kdfParameters: KDFParameters { parameters }
 
     /// The accounts as (16-byte UUID, name as given), in file order. Works while locked.

@@ -56,19 +56,22 @@ public final class MtmfsMount: Sendable {
             progress("\(problem): settings/ answers EIO until it can be read; the file is left as it is")
         }
         let activeKey = "ActiveServiceAccountUUID"
+        // The vault service, and its doors: the FUSE tree, the control files, the bus.
+        let vault = VaultService(vaultPath: dataDirectory.vaultPath, ownership: ownership, notifier: notifier,
+                                 autoLockSeconds: autoLockSeconds, prompts: Self.prompts(pinentry, mountPoint: mountPoint),
+                                 nodes: nodes)
         let accounts = AccountsTree(
-            vaultPath: dataDirectory.vaultPath, ownership: ownership, notifier: notifier,
+            service: vault,
             active: ActiveAccountLink(get: { settings.stringValue(forKey: activeKey) },
                                       set: { (value) throws(Errno) in try settings.setString(value, forKey: activeKey) }),
-            autoLockSeconds: autoLockSeconds,
-            prompts: Self.prompts(pinentry, mountPoint: mountPoint), nodes: nodes)
-        if let problem = accounts.statusLines().first(where: { $0.hasPrefix("vault_error=") }) {
+            nodes: nodes)
+        if let problem = vault.statusLines().first(where: { $0.hasPrefix("vault_error=") }) {
             progress(String(problem.dropFirst("vault_error=".count)) + ": accounts/ cannot be unlocked; the vault is left as it is "
                      + "(`mtmfs check` names what is wrong)")
         }
         let cache = CacheTree(databasePath: dataDirectory.cachePath, ownership: ownership, notifier: notifier, limit: cacheLimit,
                               nodes: nodes, progress: progress)
-        let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, accounts: accounts,
+        let statusLines = StatusReport(dataDirectory: dataDirectory, mountPoint: mountPoint, vault: vault,
                                        settings: settings, cache: cache)
         let control = ControlTree(files: [
             ControlTree.File(name: "status", mode: 0o444, contents: { statusLines.render() }),
@@ -79,31 +82,31 @@ public final class MtmfsMount: Sendable {
                 defer { if let base = bytes.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), bytes.count) } }
                 let passphrase = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<length]))
                 defer { passphrase.wipe() }
-                try accounts.unlock(passphrase: passphrase)
+                try vault.unlock(passphrase: passphrase)
             }),
             // Answered once the kernel was told to forget every field (`mtmfs lock` returns then).
-            ControlTree.File(name: "lock", mode: 0o200, command: { _ in accounts.lock(reason: "lock requested") },
+            ControlTree.File(name: "lock", mode: 0o200, command: { _ in vault.lock(reason: "lock requested") },
                              answerWhenDone: { answer in notifier.whenSent(answer) }),
             // "on" or "off", a newline, the passphrase.
             // Answered once the kernel was told to forget the pages guarding now covers.
             ControlTree.File(name: "guard", mode: 0o200, command: { (bytes) throws(Errno) in
                 try Self.withCommand(bytes) { (words, passphrase) throws(Errno) in
                     guard words.count == 1, words[0] == "on" || words[0] == "off" else { throw .invalidArgument }
-                    try accounts.setGuarding(words[0] == "on", passphrase: passphrase)
+                    try vault.setGuarding(words[0] == "on", passphrase: passphrase)
                 }
             }, answerWhenDone: { answer in notifier.whenSent(answer) }),
             // "trust ACCOUNT PATH…" or "untrust ACCOUNT PATH…" (tab-separated), a newline, the passphrase.
             ControlTree.File(name: "trust", mode: 0o200, command: { (bytes) throws(Errno) in
                 try Self.withCommand(bytes) { (words, passphrase) throws(Errno) in
                     guard words.count >= 3, words[0] == "trust" || words[0] == "untrust" else { throw .invalidArgument }
-                    try accounts.changeTrust(adding: words[0] == "trust", accountName: words[1], programs: Array(words[2...]),
+                    try vault.changeTrust(adding: words[0] == "trust", accountName: words[1], programs: Array(words[2...]),
                                              passphrase: passphrase)
                 }
             }, answerWhenDone: { answer in notifier.whenSent(answer) }),
-            ControlTree.File(name: "access", mode: 0o400, contents: { accounts.recentDecisions() }),
-            ControlTree.File(name: "find", mode: 0o600, query: { (bytes) throws(Errno) in try accounts.find(bytes) }),
+            ControlTree.File(name: "access", mode: 0o400, contents: { vault.recentDecisions() }),
+            ControlTree.File(name: "find", mode: 0o600, query: { (bytes) throws(Errno) in try vault.find(bytes) }),
         ], ownership: ownership, nodes: nodes)
-        accounts.catchLockSignal()
+        vault.catchLockSignal()
         let root = RootTree(subtrees: [
             accounts,
             settings,
@@ -129,7 +132,7 @@ public final class MtmfsMount: Sendable {
         // another program holds is said in one line, and the files are served without it.
         if let serviceOption {
             do {
-                secretService = try SecretServiceBus.start(store: accounts, replace: serviceOption == "secret_service=replace")
+                secretService = try SecretServiceBus.start(store: VaultSecretStore(service: vault), replace: serviceOption == "secret_service=replace")
             } catch {
                 Log.warning(error.description)
                 progress(error.description)
@@ -221,12 +224,12 @@ public final class MtmfsMount: Sendable {
 struct StatusReport: Sendable {
     let dataDirectory: DataDirectory
     let mountPoint: String
-    let accounts: AccountsTree
+    let vault: VaultService
     let settings: SettingsTree
     let cache: CacheTree
 
     func render() -> String {
-        let lines = accounts.statusLines() + settings.statusLines() + cache.statusLines() + [
+        let lines = vault.statusLines() + settings.statusLines() + cache.statusLines() + [
             "version=\(MtmfsVersion.string)",
             "data_dir=\(dataDirectory.path)",
             "log=\(Log.filePath ?? "syslog")",

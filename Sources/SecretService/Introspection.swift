@@ -1,8 +1,13 @@
 /// `org.freedesktop.DBus.Introspectable` for the service's objects: their interfaces as the
 /// specification defines them, and the paths below each (items are made and removed while
 /// the service runs, so the tree is described when asked).
-extension SecretServiceBus {
-    func introspection(_ object: Object, path: String) -> String {
+///
+/// Thread-safety: pure functions of what the bus thread hands them.
+enum Introspection {
+    /// The document for `object` at `path`: `items` is asked only for the collection;
+    /// `sessions` and `prompts` are the paths open now.
+    static func document(_ object: SecretServiceBus.Object, path: String, items: () -> [[UInt8]],
+                         sessions: [String], prompts: [String]) -> String {
         var interfaces = [Self.standardInterfaces]
         var children: [String] = []
         switch object {
@@ -11,7 +16,7 @@ extension SecretServiceBus {
             children = ["collection", "aliases", "session"] + (prompts.isEmpty ? [] : ["prompt"])
         case .collection:
             interfaces.append(Self.collectionXML)
-            children = store.allItems().map { String(SecretPaths.item($0).split(separator: "/").last!) }
+            children = items().map { String(SecretPaths.item($0).split(separator: "/").last!) }
         case .item:
             interfaces.append(Self.itemXML)
         case .session:
@@ -22,10 +27,10 @@ extension SecretServiceBus {
             if path == SecretPaths.root + "/collection" { children = ["login"] }
             if path == SecretPaths.aliases { children = SecretPaths.aliasNames }
             if path == SecretPaths.root + "/session" {
-                children = sessions.keys.sorted().map { String($0.split(separator: "/").last!) }
+                children = sessions.sorted().map { String($0.split(separator: "/").last!) }
             }
             if path == SecretPaths.root + "/prompt" {
-                children = prompts.keys.sorted().map { String($0.split(separator: "/").last!) }
+                children = prompts.sorted().map { String($0.split(separator: "/").last!) }
             }
         }
         return """

@@ -42,7 +42,8 @@ extension SecretServiceBus {
         switch call.interface {
         case "org.freedesktop.DBus.Introspectable":
             guard call.member == "Introspect" else { break }
-            let xml = introspection(object, path: call.path)
+            let xml = Introspection.document(object, path: call.path, items: { store.allItems() },
+                                             sessions: Array(sessions.keys), prompts: Array(prompts.keys))
             return Reply { $0.string(xml) }
         case "org.freedesktop.DBus.Peer":
             guard call.member == "Ping" else { break }

@@ -83,12 +83,12 @@ import Glibc
         let password = try accounts.lookup(parent: directory, name: "password", context: context).inode
         let passphrase = try SecureBytes(copying: Array("correct horse".utf8))
         defer { passphrase.wipe() }
-        try accounts.setGuarding(true, passphrase: passphrase)
+        try accounts.service.setGuarding(true, passphrase: passphrase)
         let requester = accounts.access.inspector.inspect(thread: sleeper.processIdentifier)
         try #require(requester.refusal == nil, "\(requester.refusal ?? "")")
         let ownProgram = try #require(requester.program)
         let uuid = try #require(AccountName.uuidBytes(trees.accountName))
-        try accounts.trust(ownProgram, account: uuid)
+        try accounts.service.trust(ownProgram, account: uuid)
 
         // Trusted: opens.
         let opened = try accounts.open(password, flags: O_RDONLY, context: context)
@@ -101,12 +101,12 @@ import Glibc
             hook = {
                 guard !hookRan.withLock({ $0 }) else { return }
                 hookRan.withLock { $0 = true }
-                try? accounts.changeTrust(adding: false, accountName: accountName, programs: [ownProgram.path], passphrase: passphrase)
+                try? accounts.service.changeTrust(adding: false, accountName: accountName, programs: [ownProgram.path], passphrase: passphrase)
             }
         }
         #expect(throws: Errno.permissionDenied) { try accounts.open(password, flags: O_RDONLY, context: context) }
         #expect(hookRan.withLock { $0 })
-        #expect(try accounts.trustedPrograms(of: uuid).isEmpty)
+        #expect(try accounts.service.trustedPrograms(of: uuid).isEmpty)
         // And the record says so: allowed never followed the untrust.
         accounts.afterOpenDecision.withLock { $0 = nil }
         #expect(throws: Errno.permissionDenied) { try accounts.open(password, flags: O_RDONLY, context: context) }

@@ -161,7 +161,7 @@ import Glibc
             accounts = AccountsTree(vaultPath: scratch + "/vault", ownership: ownership, notifier: KernelCacheNotifier(),
                                     active: ActiveAccountLink(get: { nil }, set: { _ in }), autoLockSeconds: 0,
                                     prompts: PromptSettings(environment: [], mountPoint: scratch), nodes: NodeTable())
-            try accounts.unlock(passphrase: passphrase)
+            try accounts.service.unlock(passphrase: passphrase)
             let context = RequestContext(uid: getuid(), gid: getgid(), pid: 1, umask: 0o022)
             let account = try accounts.makeDirectory(parent: accounts.space.root, name: accountName, mode: 0o700, context: context)
             accounts.forget(inode: account.inode, lookups: 1)
@@ -252,8 +252,8 @@ import Glibc
         let k = trees.accountsModel()
         let fd = k.open("password", O_WRONLY)
         k.write(fd, "typed before the lock\n")
-        trees.accounts.lock(reason: "test")
-        try trees.accounts.unlock(passphrase: try SecureBytes(copying: Array("correct horse".utf8)))
+        trees.accounts.service.lock(reason: "test")
+        try trees.accounts.service.unlock(passphrase: try SecureBytes(copying: Array("correct horse".utf8)))
         #expect(k.ftruncate(fd, 0) == -EACCES)
         #expect(k.close(fd) == -EACCES)
         #expect(k.contents("password") == "\n")

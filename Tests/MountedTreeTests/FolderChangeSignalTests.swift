@@ -40,9 +40,9 @@ import Testing
                                     active: ActiveAccountLink(get: { nil }, set: { _ in }), autoLockSeconds: 0,
                                     prompts: PromptSettings(environment: [], mountPoint: scratch), nodes: NodeTable())
         defer { accounts.shutDown() }
-        try accounts.unlock(passphrase: passphrase)
+        try accounts.service.unlock(passphrase: passphrase)
         let told = Mutex<[[UInt8]]>([])
-        accounts.observe { change in
+        VaultSecretStore(service: accounts.service).observe { change in
             if case .items(let uuids) = change { told.withLock { $0 += uuids } }
         }
 
@@ -57,7 +57,7 @@ import Testing
             try FileManager.default.copyItem(atPath: scratch + "/b/vault/" + device, toPath: scratch + "/a/vault/" + device)
         }
 
-        accounts.folderChanged()
+        accounts.service.folderChanged()
         #expect(told.withLock { $0 } == [changed])
         // The changed account reads its new label; another reads its own.
         let vault = try #require(accounts.state.withLock { $0.fields.vault })
@@ -102,7 +102,7 @@ import Testing
         try Self.twoMachines(scratch, count: count, passphrase: passphrase)
         let accounts = Self.tree(scratch)
         defer { accounts.shutDown() }
-        try accounts.unlock(passphrase: passphrase)
+        try accounts.service.unlock(passphrase: passphrase)
         let scansAtUnlock = try #require(accounts.state.withLock { $0.fields.vault?.lockedFolderScans })
 
         // The other machine relabels every account in one file.
@@ -126,7 +126,7 @@ import Testing
         // is free — another thread takes it at once. (A scan that found nothing new is not
         // the one looked at.)
         let seen = Mutex<(read: Int, opened: Int, lockFree: Bool)?>(nil)
-        accounts.afterFolderScanRead.withLock { hook in
+        accounts.service.afterFolderScanRead.withLock { hook in
             hook = { found in
                 guard found.readCount > 0 else { return }
                 let taken = ReplyOutsideLockTests.answersMeanwhile { accounts.state.withLock { _ in } }
@@ -141,7 +141,7 @@ import Testing
         // while its scan reads. (Scanned here only if it has not come within 20 s.)
         let deadline = ContinuousClock.now.advanced(by: .seconds(20))
         while seen.withLock({ $0 }) == nil && ContinuousClock.now < deadline { usleep(20_000) }
-        if seen.withLock({ $0 }) == nil { accounts.folderChanged() }
+        if seen.withLock({ $0 }) == nil { accounts.service.folderChanged() }
         let observed = try #require(seen.withLock { $0 })
         #expect(observed.read == 1 && observed.opened == 1)
         #expect(observed.lockFree, "the tree's lock was held while the file was read and opened")
@@ -149,8 +149,8 @@ import Testing
         #expect(accounts.state.withLock { $0.fields.vault?.lockedFolderScans } == scansAtUnlock, "a scan ran under the tree's lock")
         // (Noted by the scanning thread once its merge is done.)
         let noted = ContinuousClock.now.advanced(by: .seconds(10))
-        while accounts.lastFolderScan.withLock({ $0.unlocked }) == .zero && ContinuousClock.now < noted { usleep(10_000) }
-        #expect(accounts.lastFolderScan.withLock { $0.unlocked } > .zero)
+        while accounts.service.lastFolderScan.withLock({ $0.unlocked }) == .zero && ContinuousClock.now < noted { usleep(10_000) }
+        #expect(accounts.service.lastFolderScan.withLock { $0.unlocked } > .zero)
     }
 
     @Test func aLockReadsNothingFromTheDiskAndTheNextUnlockReadsItAll() throws {
@@ -161,15 +161,51 @@ import Testing
         try Self.twoMachines(scratch, count: 1_000, passphrase: passphrase)
         let accounts = Self.tree(scratch)
         defer { accounts.shutDown() }
-        try accounts.unlock(passphrase: passphrase)
+        try accounts.service.unlock(passphrase: passphrase)
         let scans = try #require(accounts.state.withLock { $0.fields.vault?.lockedFolderScans })
-        accounts.lock(reason: "test")
+        accounts.service.lock(reason: "test")
         #expect(accounts.state.withLock { $0.fields.vault?.lockedFolderScans } == scans, "the lock read the folder")
         // Locked, the listing stays (names from the clear parts kept at the lock).
         #expect(accounts.state.withLock { $0.fields.vault?.accounts.count } == 1_000)
-        #expect(accounts.isLocked)
-        try accounts.unlock(passphrase: passphrase)
+        #expect(VaultSecretStore(service: accounts.service).isLocked)
+        try accounts.service.unlock(passphrase: passphrase)
         #expect(try Self.label(accounts, 999) == "Account 999")
         #expect(accounts.state.withLock { $0.fields.vault?.accounts.count } == 1_000)
+    }
+
+    /// A lock seals what was due (a field unlinked a moment ago leaves at the lock) under
+    /// the service's lock, and writes and syncs it with the lock let go: another thread
+    /// takes the lock while the change file is written. The next unlock reads it.
+    @Test func aLockWritesAndSyncsItsChangesWithTheServicesLockLetGo() throws {
+        let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("mtmfs-lockwrite-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let passphrase = try SecureBytes(copying: Array("correct horse battery staple".utf8))
+        defer { passphrase.wipe() }
+        try Self.twoMachines(scratch, count: 10, passphrase: passphrase)
+        let accounts = Self.tree(scratch)
+        defer { accounts.shutDown() }
+        try accounts.service.unlock(passphrase: passphrase)
+        // The unlock held the service's lock only to open the vault: no key derivation.
+        #expect(accounts.service.lastUnlockHeld.withLock { $0 } > .zero)
+        #expect(accounts.service.lastUnlockHeld.withLock { $0 } < .seconds(2))
+        let context = RequestContext(uid: getuid(), gid: getgid(), pid: getpid(), umask: 0o022)
+        let directory = try accounts.lookup(parent: accounts.space.root, name: AccountName.string(Self.uuid(3)), context: context).inode
+        _ = try accounts.lookup(parent: directory, name: "label", context: context)
+        // Unlinked: it leaves a second later, or at the lock.
+        try accounts.unlink(parent: directory, name: "label", context: context)
+        let seen = Mutex<(writes: Int, lockFree: Bool)>((0, true))
+        accounts.service.whileSavesWrite.withLock { hook in
+            hook = {
+                let free = ReplyOutsideLockTests.answersMeanwhile { accounts.state.withLock { _ in } }
+                seen.withLock { $0 = ($0.writes + 1, $0.lockFree && free) }
+            }
+        }
+        accounts.service.lock(reason: "test")
+        accounts.service.whileSavesWrite.withLock { $0 = nil }
+        #expect(seen.withLock { $0.writes } == 1, "the lock wrote no change")
+        #expect(seen.withLock { $0.lockFree }, "the service's lock was held while the lock's change was written")
+        try accounts.service.unlock(passphrase: passphrase)
+        #expect(try Self.label(accounts, 3) == nil)
+        #expect(try Self.label(accounts, 4) == "Account 4")
     }
 }

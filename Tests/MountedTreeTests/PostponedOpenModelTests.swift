@@ -56,7 +56,7 @@ import Glibc
                                     prompts: PromptSettings(program: pinentry, environment: ["DISPLAY=:99"], timeout: 20,
                                                             mountPoint: scratch),
                                     nodes: NodeTable())
-            try accounts.unlock(passphrase: passphrase)
+            try accounts.service.unlock(passphrase: passphrase)
             // Made before guarding is on: nobody is trusted with it.
             let maker = KernelModel(accounts, directory: "")
             maker.context = RequestContext(uid: Self.nobody, gid: Self.nobody, pid: 1, umask: 0o022)
@@ -66,7 +66,7 @@ import Glibc
             let fd = owner.open("password", O_WRONLY | O_TRUNC)
             owner.write(fd, "hunter2\n")
             owner.close(fd)
-            try accounts.setGuarding(true, passphrase: passphrase)
+            try accounts.service.setGuarding(true, passphrase: passphrase)
         }
 
         deinit {

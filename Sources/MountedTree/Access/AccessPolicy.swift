@@ -5,7 +5,7 @@ import CredentialVault
 /// request, with who asks, what the request touches, the account's trusted list and the
 /// version of the trusted lists it read (`Vault.trustChanges`). The door then acts on the
 /// decision: an open is let through only if the version is still the vault's, checked
-/// under the tree's lock with the open itself (an `untrust` that lands between the two
+/// under the service's lock with the open itself (an `untrust` that lands between the two
 /// makes it decide again); it records the decision in `.mtmfs/access` when it suits it (an
 /// allowed open after its reply).
 ///

@@ -19,64 +19,42 @@ public struct ActiveAccountLink: Sendable {
     }
 }
 
-/// `accounts/`: one directory per service account of the credential vault, one file per
-/// field (SPEC §1–§3).
+/// `accounts/`: the FUSE door of the vault service — one directory per service account, one
+/// file per field (SPEC §1–§3).
 ///
 /// Locked, the account names (UUIDs) and field names are listed with size 0, and every
 /// read, write, mkdir and rmdir gets EACCES. Unlocked, fields read as their value plus one
 /// newline. Files — fields, editors' scratch files, the rules of every save strategy — are
 /// the editing engine's (`EditingEngine`, shared with `settings/`), with buffers in secure
-/// memory; `AccountFields` checks and seals values; `VaultSession` holds the lock state.
+/// memory; `AccountFields` checks and seals values. The tree translates requests into the
+/// service's state (`AccountNodes.swift`) under the service's one lock, and asks the
+/// service's access policy about every open guarding covers (`AccountsTree+Files.swift`).
 /// While unlocked the kernel may keep a field's pages for readers (see `PageCacheGate`;
 /// writers use direct I/O); every lock drops the pages and attributes of every field the
 /// kernel holds before it returns, so a descriptor or mapping made before a lock gets
 /// EACCES (SIGBUS) or nothing on its next read.
 ///
-/// Thread-safety: one mutex, never held during a key derivation; kernel notifications are
-/// sent after it is released.
+/// Thread-safety: the service's lock, never held during a key derivation; kernel
+/// notifications are sent after it is released.
 public final class AccountsTree: EditingTree {
     public let name = "accounts"
     public let space = InodeSpace.accounts
     public let nodes: NodeTable
-    let notifier: KernelCacheNotifier
+    /// What the tree is a door of.
+    public let service: VaultService
     let active: ActiveAccountLink
-    /// Readers keep the kernel's pages of a field until it changes or the vault locks.
-    let pageCache = PageCacheGate()
-    let state: Locked<State>
-    let running = Atomic<Bool>(true)
-    /// Wakes the watcher: a new deadline (an unlock, an unlinked field), SIGUSR1, shutdown.
-    let wakeup = Wakeup()
-    /// Who may read a password (SPEC §3a): requesters, prompts, decisions.
-    let access: AccessGuard
-    /// The vault is unlocked and guarded (a mirror of its sealed flag, read without the lock).
-    let guarded = Atomic<Bool>(false)
-    /// Guarding as last seen unlocked (status while locked).
-    let lastKnownGuarding = Atomic<KnownGuarding>(.unknown)
-    /// The text each open `trusted` or `conflicts/` file reads, by handle (the handles are the
-    /// vault session's, whose lock generation is in them: a lock empties the table, wiping
-    /// the conflicts, and refuses the handles of before).
-    let handleTexts = Locked(OpenFiles<HandleText>())
-    /// Secure copies of what a read replies, made under the tree's lock and sent after it
-    /// (an arena of their own: a lock's `releaseAll` of the vault's never frees one that is
-    /// still being sent).
+    /// Secure copies of what a read replies, made under the service's lock and sent after
+    /// it (an arena of their own: a lock's `releaseAll` of the vault's never frees one that
+    /// is still being sent).
     let replies = SecureArena()
-    /// The last guarding change on this mount turned it off (`mtmfs guard off`): then a
-    /// vault read again with guarding off is no roll-back.
-    let guardingTurnedOff = Atomic<Bool>(false)
-    /// READs of fields this mount answered (`.mtmfs/status` `field_reads`): a read the
-    /// kernel served from its pages does not count.
-    let fieldReads = Atomic<UInt64>(0)
-    /// The last scan of the vault folder: how long it read and opened files without the
-    /// tree's lock, and how long it then held the lock to merge them (the debug log says it).
-    let lastFolderScan = Locked<(unlocked: Duration, held: Duration)>((.zero, .zero))
-    /// Tests: runs between an open's decision (the tree's lock let go) and the open.
+    /// Tests: runs between an open's decision (the service's lock let go) and the open.
     let afterOpenDecision = Locked<(@Sendable () -> Void)?>(nil)
-    /// Tests: runs between a folder scan's read (the tree's lock let go) and its merge.
-    let afterFolderScanRead = Locked<(@Sendable (VaultFolder.Scan) -> Void)?>(nil)
-    /// Told of every change of the accounts (the Secret Service's signals).
-    let secretObservers: SecretObservers
-    /// The Secret Service is served: a lock keeps the index for its searches (`State.lockedSearch`).
-    let servesSecretService = Atomic<Bool>(false)
+
+    var state: Locked<VaultState> { service.state }
+    var notifier: KernelCacheNotifier { service.notifier }
+    var pageCache: PageCacheGate { service.pageCache }
+    var wakeup: Wakeup { service.wakeup }
+    var access: AccessGuard { service.access }
 
     static let directoryCache = CachePolicy(entryTimeout: 1, attributeTimeout: 1)
     /// Field attributes (sizes) may be cached while unlocked: every commit and every lock
@@ -86,27 +64,26 @@ public final class AccountsTree: EditingTree {
     /// lock then asks for it again (with its handle), and is refused.
     static let lockedFieldCache = CachePolicy(entryTimeout: 1, attributeTimeout: 0)
 
-    public init(vaultPath: String, ownership: Ownership, notifier: KernelCacheNotifier, active: ActiveAccountLink,
-                autoLockSeconds: Int, prompts: PromptSettings, nodes: NodeTable) {
-        self.notifier = notifier
-        self.nodes = nodes
-        self.access = AccessGuard(settings: prompts)
+    public init(service: VaultService, active: ActiveAccountLink, nodes: NodeTable) {
+        self.service = service
         self.active = active
-        let session = VaultSession(vaultPath: vaultPath, autoLockSeconds: autoLockSeconds)
-        let observers = SecretObservers()
-        self.secretObservers = observers
-        self.state = Locked(State(ownership: ownership, fields: AccountFields(session: session),
-                                  engine: EditingEngine(since: ownership.since, nodes: SubtreeNodes(table: nodes, space: .accounts)),
-                                  secretObservers: observers))
-        startWatcher()
+        self.nodes = nodes
     }
 
-    public func shutDown() {
-        running.store(false, ordering: .relaxed)
-        access.cancelAll()
-        lock(reason: "unmount")
-        wakeup.wake()
+    /// A door with a service of its own (tests, tools).
+    public convenience init(vaultPath: String, ownership: Ownership, notifier: KernelCacheNotifier, active: ActiveAccountLink,
+                            autoLockSeconds: Int, prompts: PromptSettings, nodes: NodeTable) {
+        self.init(service: VaultService(vaultPath: vaultPath, ownership: ownership, notifier: notifier,
+                                        autoLockSeconds: autoLockSeconds, prompts: prompts, nodes: nodes),
+                  active: active, nodes: nodes)
     }
+
+    /// Files held, editor's files linked, hidden fields (for tests and status).
+    var census: (files: Int, scratch: Int, hidden: Int) { service.census }
+
+    /// The mount ends: so does the service (its vault locked).
+    public func shutDown() { service.shutDown() }
+
 
     func symlinkAttributes(_ target: String) -> Attributes {
         let ownership = state.withLock { $0.ownership }
@@ -117,7 +94,7 @@ public final class AccountsTree: EditingTree {
 
     /// The entry of a node handed to the kernel (a lookup's, a listing's), counted as its
     /// reference here, under the lock that found the node.
-    private func handOut(_ s: State, _ local: LocalInode) throws(Errno) -> Entry {
+    private func handOut(_ s: VaultState, _ local: LocalInode) throws(Errno) -> Entry {
         let entry = Entry(attributes: try s.attributes(local, space), cache: s.cache(for: local))
         nodes.reference(entry.inode)
         return entry
@@ -128,9 +105,6 @@ public final class AccountsTree: EditingTree {
         nodes.reference(space.inode(.activeLink))
         return Entry(attributes: symlinkAttributes(target), cache: .none)
     }
-
-    /// Files held, editor's files linked, hidden fields (for tests and status).
-    var census: (files: Int, scratch: Int, hidden: Int) { state.withLock { $0.engine.census } }
 
     // MARK: FileSystem
 
@@ -173,14 +147,14 @@ public final class AccountsTree: EditingTree {
     public func setAttributes(of inode: InodeNumber, _ changes: AttributeChanges, handle: UInt64?,
                               context: RequestContext) throws(Errno) -> (Attributes, CachePolicy) {
         defer { SecureBytes.burnStack() }
-        let requester = handle == nil && changes.size != nil ? self.requester(context) : nil
+        let requester = handle == nil && changes.size != nil ? service.requester(context) : nil
         return try locked { (s) throws(Errno) in
             let local = space.local(of: inode)
             if ViewNode(local) != nil || TrustedListNode(local) != nil || ConflictNode(local) != nil { throw .permissionDenied }  // the views are read-only
             if changes.size != nil, handle == nil, let file = s.engine.files[local] {
                 // truncate(2) by name: a write without an open (one through a handle was decided at its open).
                 let directory: LocalInode? = if case .scratch(let parent, _) = file.role { parent } else { file.key?.account.directory }
-                if let directory { try requireTrust(&s, directory: directory, requester, context: context, what: "fields") }
+                if let directory { try service.requireTrust(&s, directory: directory, requester, context: context, what: "fields") }
             }
             _ = try s.attributes(local, space)
             // Through a descriptor from before a lock: refused, like its reads and writes.
@@ -215,7 +189,7 @@ public final class AccountsTree: EditingTree {
                               context: RequestContext) throws(Errno) -> Entry {
         guard space.local(of: parent) == .top else { throw .permissionDenied }  // accounts hold no directory
         // Guarded, the program that makes an account is trusted with it from the start.
-        let creator = requester(context)
+        let creator = service.requester(context)
         return try locked { (s) throws(Errno) in
             let made = try s.makeAccount(name, trusting: creator.flatMap { $0.refusal == nil ? $0.program : nil })
             return try handOut(s, made)
@@ -245,10 +219,10 @@ public final class AccountsTree: EditingTree {
             return
         }
         guard parentLocal == .top else { throw .notDirectory }
-        let requester = self.requester(context)
+        let requester = service.requester(context)
         try locked { (s) throws(Errno) in
             if let account = s.fields.account(named: name) {
-                try requireTrust(&s, directory: s.fields.id(of: account.uuid).directory, requester, context: context, what: "account")
+                try service.requireTrust(&s, directory: s.fields.id(of: account.uuid).directory, requester, context: context, what: "account")
             }
             try s.removeAccount(name)
         }
@@ -262,9 +236,9 @@ public final class AccountsTree: EditingTree {
             try active.set("")
             return
         }
-        let requester = parentLocal == .top ? nil : self.requester(context)
+        let requester = parentLocal == .top ? nil : service.requester(context)
         try locked { (s) throws(Errno) in
-            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: name) }
+            if parentLocal != .top { try service.requireTrust(&s, directory: parentLocal, requester, context: context, what: name) }
             // `rm -r` of an account unlinks its `trusted` too: nothing changes (only the
             // passphrase changes the list; it goes with the account).
             if name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil {
@@ -289,12 +263,12 @@ public final class AccountsTree: EditingTree {
             try setActive(target)
             return activeEntry(target)
         }
-        let requester = parentLocal == .top ? nil : self.requester(context)
+        let requester = parentLocal == .top ? nil : service.requester(context)
         return try locked { (s) throws(Errno) in
             if parentLocal != .top && name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil { throw .fileExists }
             if ConflictNode(parentLocal) != nil { throw .permissionDenied }
             if parentLocal != .top && name == ConflictNode.name && (try? s.lookup(parentLocal, name)) != nil { throw .fileExists }
-            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: "files") }
+            if parentLocal != .top { try service.requireTrust(&s, directory: parentLocal, requester, context: context, what: "files") }
             let made = try s.makeSymbolicLink(target, in: parentLocal, name, requester: context.pid)
             return try handOut(s, made)
         }
@@ -320,7 +294,7 @@ public final class AccountsTree: EditingTree {
             try locked { (s) throws(Errno) in try s.engine.unlink(name, in: .top, &s.fields) }
             return
         }
-        let requester = self.requester(context)
+        let requester = service.requester(context)
         try locked { (s) throws(Errno) in
             for (directory, fileName) in [(from, name), (to, newName)] where directory != .top {
                 if fileName == TrustedListNode.name && s.fields.account(at: directory) != nil { throw .permissionDenied }
@@ -328,8 +302,8 @@ public final class AccountsTree: EditingTree {
                     throw .permissionDenied
                 }
             }
-            if from != .top { try requireTrust(&s, directory: from, requester, context: context, what: newName) }
-            if to != .top && to != from { try requireTrust(&s, directory: to, requester, context: context, what: newName) }
+            if from != .top { try service.requireTrust(&s, directory: from, requester, context: context, what: newName) }
+            if to != .top && to != from { try service.requireTrust(&s, directory: to, requester, context: context, what: newName) }
             try s.rename(from, name, to, newName, flags: flags, requester: context.pid)
         }
     }
@@ -362,7 +336,7 @@ public final class AccountsTree: EditingTree {
         /// A person, at a prompt (for this run of the program).
         case person
         /// `AccessGuard.decide`, against this version of the trusted lists: the open
-        /// checks it under the tree's lock, and comes back to be decided again if a list
+        /// checks it under the service's lock, and comes back to be decided again if a list
         /// changed since.
         case against(UInt64)
     }
@@ -373,7 +347,7 @@ public final class AccountsTree: EditingTree {
         return opened
     }
 
-    /// The open itself, in one visit under the tree's lock. Not yet `decided`, guarding is
+    /// The open itself, in one visit under the service's lock. Not yet `decided`, guarding is
     /// asked first under that same lock (an open racing an unlock or `guard on` is never
     /// let through unchecked): an open it covers comes back to be decided, opening nothing.
     /// Decided against a version of the trusted lists that is no longer the vault's (an
@@ -431,12 +405,12 @@ public final class AccountsTree: EditingTree {
     public func create(parent: InodeNumber, name: String, mode: mode_t, flags: Int32,
                        context: RequestContext) throws(Errno) -> (Entry, OpenedFile) {
         let parentLocal = space.local(of: parent)
-        let requester = parentLocal == .top ? nil : self.requester(context)
+        let requester = parentLocal == .top ? nil : service.requester(context)
         return try locked { (s) throws(Errno) in
             if parentLocal != .top && name == TrustedListNode.name && s.fields.account(at: parentLocal) != nil { throw .fileExists }
             if ConflictNode(parentLocal) != nil { throw .permissionDenied }
             if parentLocal != .top && name == ConflictNode.name && (try? s.lookup(parentLocal, name)) != nil { throw .fileExists }
-            if parentLocal != .top { try requireTrust(&s, directory: parentLocal, requester, context: context, what: name) }
+            if parentLocal != .top { try service.requireTrust(&s, directory: parentLocal, requester, context: context, what: name) }
             let handle = s.fields.session.newHandle()
             let local = try s.create(space.local(of: parent), name, mode: mode, flags: flags, handle: handle,
                                      requester: context.pid)
@@ -454,7 +428,7 @@ public final class AccountsTree: EditingTree {
         if ConflictNode(space.local(of: inode)) != nil {
             return try readConflicts(handle: handle, offset: offset, size: size, reply: reply)
         }
-        fieldReads.add(1, ordering: .relaxed)
+        service.fieldReads.add(1, ordering: .relaxed)
         // Copied (into secure memory) under the lock, replied after it: no request of
         // accounts/ waits for a reply to reach the kernel.
         let copy = try state.withLock { (s) throws(Errno) -> SecureBytes? in
@@ -505,7 +479,7 @@ public final class AccountsTree: EditingTree {
     public func release(_ inode: InodeNumber, handle: UInt64, flags: Int32) {
         defer { SecureBytes.burnStack() }
         if TrustedListNode(space.local(of: inode)) != nil {
-            _ = handleTexts.withLock { $0.release(FileHandle(raw: handle)) }
+            _ = service.handleTexts.withLock { $0.release(FileHandle(raw: handle)) }
             return
         }
         if let node = ConflictNode(space.local(of: inode)) { return releaseConflicts(node, handle: handle) }
@@ -544,18 +518,4 @@ public final class AccountsTree: EditingTree {
     public func countsListing(of inode: InodeNumber) -> Bool { true }
 }
 
-/// Guarding as the mount last saw it unlocked: what `.mtmfs/status` says while locked, and
-/// what tells a vault read again with guarding off from a roll-back.
-///
-/// Thread-safety: a value, kept in an `Atomic`.
-enum KnownGuarding: UInt8, AtomicRepresentable {
-    case unknown, off, on
 
-    var status: String {
-        switch self {
-        case .unknown: "unknown"
-        case .off: "off"
-        case .on: "on"
-        }
-    }
-}

@@ -39,23 +39,35 @@ protocol DeferredSave: AnyObject, Sendable {
     func finish()
 }
 
-/// A tree served by the editing engine: its state behind one lock, and what every change
-/// does around it, written once for both trees — the kernel's copies of what changed are
-/// invalidated after the lock is let go, and the watcher is woken when an unlinked name
-/// must now leave sooner than it planned to look.
+/// State served by the editing engine behind one lock, and what every change does around
+/// it, written once for both trees — the kernel's copies of what changed are invalidated
+/// after the lock is let go, and the watcher is woken when an unlinked name must now leave
+/// sooner than it planned to look. `settings/` is its own (`SettingsTree`); `accounts/`'
+/// is the vault service's (`VaultService`), which its doors share.
 ///
 /// Thread-safety: `state` is the one lock; the notifier and the gate are thread-safe.
-protocol EditingTree: Subtree {
+protocol EditingLock: AnyObject, Sendable {
     associatedtype State: EditingTreeState
     var state: Locked<State> { get }
+    /// The inode numbers of the tree its changes invalidate.
+    var space: InodeSpace { get }
     var notifier: KernelCacheNotifier { get }
     /// Readers keep the kernel's pages of a file until it changes.
     var pageCache: PageCacheGate { get }
     /// Wakes the tree's watcher (its next deadline may now be sooner).
     var wakeup: Wakeup { get }
+    /// Called just before saves are written, with the lock let go (tests look at the lock).
+    func savesWillWrite()
 }
 
-extension EditingTree {
+extension EditingLock {
+    func savesWillWrite() {}
+}
+
+/// A tree of the mount served by the editing engine.
+protocol EditingTree: Subtree, EditingLock {}
+
+extension EditingLock {
     /// Runs `body` under the lock (refused with `admit`'s errno first), then sends the
     /// invalidations queued — whether or not the request succeeded: what changed before a
     /// failure changed.
@@ -79,6 +91,7 @@ extension EditingTree {
     /// Returns the first failure.
     func writeOutside(_ saves: [any DeferredSave]) -> Errno? {
         guard !saves.isEmpty else { return nil }
+        savesWillWrite()
         for save in saves { save.write() }
         let failure = saves.lazy.compactMap(\.failure).first
         let (invalidations, due) = state.withLock { s in

@@ -154,9 +154,9 @@ public struct DataDirectory: Hashable, Sendable {
         } catch {
             throw .unreadable(path, error)
         }
-        // (A conversion cut between its renames: the mount finishes it, `Vault.finishInterruptedConversion`.)
+        // (A conversion cut between its renames: the mount finishes it, `VaultConversion.finishInterruptedConversion`.)
         let vaultThere = FileExistence.exists(vaultPath)
-            || (FileExistence.exists(Vault.keptFilePath(for: vaultPath)) && FileExistence.exists(Vault.conversionPath(for: vaultPath)))
+            || (FileExistence.exists(VaultConversion.keptFilePath(for: vaultPath)) && FileExistence.exists(VaultConversion.conversionPath(for: vaultPath)))
         guard FileExistence.exists(settingsPath), FileExistence.exists(cachePath), vaultThere else {
             throw .notInitialized(path)
         }

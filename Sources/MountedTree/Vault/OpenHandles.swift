@@ -9,7 +9,7 @@
 ///
 /// Invariants: a handle is in `revoked` only while it is open; `revokedCount[file]` is the
 /// number of revoked handles of `file`, never 0 (the entry goes).
-/// Thread-safety: a value behind `AccountsTree`'s lock (inside `VaultSession`).
+/// Thread-safety: a value behind `VaultService`'s lock (inside `VaultSession`).
 struct OpenHandles {
     private var open: [LocalInode: Set<UInt64>] = [:]
     private var revoked: [UInt64: LocalInode] = [:]

@@ -23,7 +23,7 @@ struct FieldKey: Hashable, Sendable {
 /// The attribute names seen while the mount runs, each given a key index once
 /// (`AccountFields.names.count` + its position): an attribute's file is a key like a field's.
 ///
-/// Thread-safety: none of its own; it lives in `AccountFields`, behind the tree's lock.
+/// Thread-safety: none of its own; it lives in `AccountFields`, behind the service's lock.
 final class AttributeNames: @unchecked Sendable {
     private var names: [String] = []
     private var positions: [String: Int] = [:]
@@ -117,7 +117,7 @@ extension String {
 /// Also the accounts of the mount: a small `AccountID` for each UUID seen, whose directory
 /// inode follows from it.
 ///
-/// Thread-safety: a value behind `AccountsTree`'s lock.
+/// Thread-safety: a value behind `VaultService`'s lock.
 struct AccountFields: EditedStore, @unchecked Sendable {
     typealias Key = FieldKey
     typealias Buffer = SecureBytes

@@ -5,8 +5,86 @@ import CredentialVault
 import SecureMemory
 import FuseLowLevel
 import Posix
+import Synchronization
 
-extension AccountsTree {
+/// The vault service: the one owner of `accounts/`' vault — its session (locked, unlocking,
+/// unlocked: `VaultSession.Phase`), the folder and the other machines' files arriving in it,
+/// the index, guarding's trusted lists and decisions (`VaultService+Access.swift`), and who
+/// is told what changed. Its doors translate requests and own nothing of the vault: the FUSE
+/// tree (`AccountsTree`), the Secret Service's objects (`VaultSecretStore`) and the control
+/// files (`.mtmfs/lock`, `unlock`, `guard`, `trust`, `find`, `access`, `status`).
+///
+/// One lock (`state`), under which nothing slow happens: a key derivation, the decryption
+/// and merge of arriving files' parsing, a fold's and a save's writes and fsyncs, `/proc`
+/// reads and prompts all run with it let go, and come back to it with what they read
+/// checked against what moved meanwhile (the vault object, the folder's scan generation,
+/// the trusted lists' version). Kernel notifications are sent after it is released. What
+/// changed goes out as it happens: the kernel's copies of the fields and names it touched
+/// (`notifier`), and the accounts it touched to the bus (`secretObservers`).
+public final class VaultService: EditingLock, @unchecked Sendable {
+    let space = InodeSpace.accounts
+    let notifier: KernelCacheNotifier
+    /// Readers keep the kernel's pages of a field until it changes or the vault locks.
+    let pageCache = PageCacheGate()
+    let state: Locked<VaultState>
+    let running = Atomic<Bool>(true)
+    /// Wakes the watcher: a new deadline (an unlock, an unlinked field), SIGUSR1, shutdown.
+    let wakeup = Wakeup()
+    /// Who may read a password (SPEC §3a): requesters, prompts, decisions.
+    let access: AccessGuard
+    /// The vault is unlocked and guarded (a mirror of its sealed flag, read without the lock).
+    let guarded = Atomic<Bool>(false)
+    /// Guarding as last seen unlocked (status while locked).
+    let lastKnownGuarding = Atomic<KnownGuarding>(.unknown)
+    /// The text each open `trusted` or `conflicts/` file reads, by handle (the handles are the
+    /// vault session's, whose lock generation is in them: a lock empties the table, wiping
+    /// the conflicts, and refuses the handles of before).
+    let handleTexts = Locked(OpenFiles<HandleText>())
+    /// The last guarding change on this mount turned it off (`mtmfs guard off`): then a
+    /// vault read again with guarding off is no roll-back.
+    let guardingTurnedOff = Atomic<Bool>(false)
+    /// READs of fields answered (`.mtmfs/status` `field_reads`): a read the kernel served
+    /// from its pages does not count.
+    let fieldReads = Atomic<UInt64>(0)
+    /// The last scan of the vault folder: how long it read and opened files without the
+    /// service's lock, and how long it then held the lock to merge them (the debug log says it).
+    let lastFolderScan = Locked<(unlocked: Duration, held: Duration)>((.zero, .zero))
+    /// Tests: runs between a folder scan's read (the service's lock let go) and its merge.
+    let afterFolderScanRead = Locked<(@Sendable (VaultFolder.Scan) -> Void)?>(nil)
+    /// Tests: runs as vault change files are about to be written and synced (the service's
+    /// lock let go), with how many.
+    let whileSavesWrite = Locked<(@Sendable () -> Void)?>(nil)
+    /// How long the last unlock held the service's lock (the key derivation is outside it).
+    let lastUnlockHeld = Locked<Duration>(.zero)
+    /// Told of every change of the accounts (the Secret Service's signals).
+    let secretObservers = SecretObservers()
+    /// The Secret Service is served: a lock keeps the index for its searches (`VaultState.lockedSearch`).
+    let servesSecretService = Atomic<Bool>(false)
+
+    public init(vaultPath: String, ownership: Ownership, notifier: KernelCacheNotifier,
+                autoLockSeconds: Int, prompts: PromptSettings, nodes: NodeTable) {
+        self.notifier = notifier
+        self.access = AccessGuard(settings: prompts)
+        let session = VaultSession(vaultPath: vaultPath, autoLockSeconds: autoLockSeconds)
+        self.state = Locked(VaultState(ownership: ownership, fields: AccountFields(session: session),
+                                       engine: EditingEngine(since: ownership.since, nodes: SubtreeNodes(table: nodes, space: .accounts)),
+                                       secretObservers: secretObservers))
+        startWatcher()
+    }
+
+    /// At unmount: prompts cancelled, the vault locked, the watcher ended.
+    public func shutDown() {
+        running.store(false, ordering: .relaxed)
+        access.cancelAll()
+        lock(reason: "unmount")
+        wakeup.wake()
+    }
+
+    func savesWillWrite() { whileSavesWrite.withLock { $0 }?() }
+
+    /// Files held, editor's files linked, hidden fields (for tests and status).
+    var census: (files: Int, scratch: Int, hidden: Int) { state.withLock { $0.engine.census } }
+
     /// Locks on a request of the signals (`DaemonSignals`, SIGUSR1), at the auto-lock, and
     /// takes unlinked fields out once their delay has passed.
     /// The watcher: one thread asleep until the next thing due (the auto-lock, an unlinked
@@ -74,7 +152,7 @@ extension AccountsTree {
     /// whose changes came or went, the listing, and the names of accounts that went.
     ///
     /// In three steps, so that no request waits for the disk or the cipher: the scan's
-    /// basis and a copy of the key are taken under the tree's lock; the new files are read,
+    /// basis and a copy of the key are taken under the service's lock; the new files are read,
     /// another machine's synced, parsed and opened with it let go; they are merged under
     /// it again (a scan that a lock or unlock overtook is dropped and made again).
     func folderChanged() {
@@ -111,7 +189,7 @@ extension AccountsTree {
             if applied == .stale { continue }
             guard !invalidations.isEmpty else { return }
             Log.info("vault folder changed by another program: read again")
-            Log.debug("vault folder scan: \(start.duration(to: scanned)) reading and opening without the tree's lock, \(held) merging under it")
+            Log.debug("vault folder scan: \(start.duration(to: scanned)) reading and opening without the service's lock, \(held) merging under it")
             send(invalidations)
             return
         }
@@ -166,6 +244,9 @@ extension AccountsTree {
         }
         // Sizes cached as 0 while locked are dropped, so `ls -l` right after shows the real ones.
         let files = try state.withLock { (s) throws(Errno) -> [LocalInode] in
+            // (A leaf lock: nothing is taken under it.)
+            let taken = ContinuousClock.now
+            defer { lastUnlockHeld.withLock { $0 = taken.duration(to: .now) } }
             guard s.fields.vault === vault else {
                 kek.wipe()
                 throw .tryAgain
@@ -205,7 +286,7 @@ extension AccountsTree {
         // What opening the records needed only for a while goes back to the system.
         Syscall.trimHeap()
         // The single file a conversion kept goes once a later unlock of the folder worked.
-        let kept = Vault.keptFilePath(for: vault.path)
+        let kept = VaultConversion.keptFilePath(for: vault.path)
         if !converted, (try? Syscall.lstat(kept)) != nil {
             try? Syscall.unlink(kept)
             Log.info("vault.v2 (the single-file vault kept at its conversion) removed: the folder unlocked again")
@@ -219,33 +300,34 @@ extension AccountsTree {
             s.fields.session.reveal()
             Log.info("accounts unlocked")
         }
+        Log.debug("unlock: the service's lock held \(lastUnlockHeld.withLock { $0 }) to open the vault")
     }
 
     /// A single-file vault (format 1 or 2) becomes a folder at its first unlock (SPEC §2b):
-    /// written beside it from a second opening of the file (outside the tree's lock: that
+    /// written beside it from a second opening of the file (outside the service's lock: that
     /// derives keys), then, under the lock, the file is renamed `vault.v2`, the folder takes
     /// its name and is the tree's vault from then on. Nothing can change meanwhile (the
     /// vault is locked: every write gets EACCES). Returns the vault to unlock.
     func convert(_ vault: Vault, passphrase: SecureBytes) throws(Errno) -> Vault {
-        let path = vault.path, converting = Vault.conversionPath(for: path)
-        Vault.removeConversionLeftover(at: converting)
+        let path = vault.path, converting = VaultConversion.conversionPath(for: path)
+        VaultConversion.removeConversionLeftover(at: converting)
         do throws(VaultError) {
             let source = try Vault(path: path)
             try source.unlock(passphrase: passphrase)
             defer { source.lock() }
-            try source.writeAsFolder(at: converting, passphrase: passphrase)
+            try VaultConversion.write(source, asFolderAt: converting, passphrase: passphrase)
         } catch {
-            Vault.removeConversionLeftover(at: converting)
+            VaultConversion.removeConversionLeftover(at: converting)
             if error != .wrongPassphrase { Log.error("vault not converted to a folder: \(error.description)") }
             throw error.errno
         }
         let folder = try state.withLock { (s) throws(Errno) -> Vault in
             guard s.fields.vault === vault else {
-                Vault.removeConversionLeftover(at: converting)
+                VaultConversion.removeConversionLeftover(at: converting)
                 throw .tryAgain
             }
             do throws(VaultError) {
-                try Vault.swapInConverted(at: path)
+                try VaultConversion.swapInConverted(at: path)
                 // The renames durable before a change is written to the folder: undone by a
                 // power cut, the next unlock would take the folder for a leftover.
                 do throws(Errno) {
@@ -267,7 +349,7 @@ extension AccountsTree {
     }
 
     /// Zeroes every key and plaintext, and tells the kernel to forget every field it holds.
-    /// Under the tree's lock nothing reads or syncs the disk: the changes sealed on the way
+    /// Under the service's lock nothing reads or syncs the disk: the changes sealed on the way
     /// (removals due) are written after it, as a request's are.
     public func lock(reason: String) {
         defer { SecureBytes.burnStack() }
@@ -337,4 +419,74 @@ extension AccountsTree {
             return lines
         }
     }
+
+    /// The fields a question to `.mtmfs/find` may name (the password is not one).
+    static let searchableFields: [String: AccountField] = [
+        "label": .label, "protocol": .protocol, "server": .server, "port": .port,
+        "path": .path, "comment": .comment, "username": .username,
+    ]
+
+    /// Answers a question written to `.mtmfs/find` (what `mtmfs find` and the git credential
+    /// helper ask): lines `FIELD=VALUE`, each value to match exactly (an empty one matches an
+    /// empty field); the answer is the names of the matching accounts, one a line, in the
+    /// vault's order. Accounts are found through the vault's index (no scan): candidates
+    /// from the smallest group a criterion names, each then compared. An empty question
+    /// lists every account. Locked: EACCES; a line that is not `FIELD=VALUE` of a
+    /// searchable field: EINVAL.
+    public func find(_ question: UnsafeRawBufferPointer) throws(Errno) -> String {
+        var criteria: [AccountField: [UInt8]] = [:]
+        for line in question.split(separator: 0x0A, omittingEmptySubsequences: true) {
+            var line = Array(line)
+            if line.last == 0x0D { line.removeLast() }
+            guard let equals = line.firstIndex(of: UInt8(ascii: "=")),
+                  let field = Self.searchableFields[String(decoding: line[..<equals], as: UTF8.self)],
+                  criteria[field] == nil else { throw .invalidArgument }
+            criteria[field] = Array(line[(equals + 1)...])
+        }
+        let names = try locked { (s) throws(Errno) -> [String] in
+            try s.fields.session.requireOpen()
+            guard let vault = s.fields.vault else { throw .ioError }
+            return Self.matches(criteria, in: vault).compactMap { vault.name(of: $0) }
+        }
+        return names.map { $0 + "\n" }.joined()
+    }
+
+    /// The accounts that match every criterion: candidates from the smallest indexed group
+    /// the criteria name (or every account, for no criterion), each then compared.
+    static func matches(_ criteria: [AccountField: [UInt8]], in vault: Vault) -> [[UInt8]] {
+        var groups: [[[UInt8]]] = []
+        for attribute in IndexedAttribute.allCases {
+            guard let value = criteria[attribute.field] else { continue }
+            groups.append(value.withUnsafeBytes { (try? vault.accounts(with: attribute, equalTo: $0)) ?? [] })
+        }
+        if let server = criteria[.server], let username = criteria[.username] {
+            groups.append(server.withUnsafeBytes { s in
+                username.withUnsafeBytes { u in (try? vault.accounts(server: s, username: u)) ?? [] }
+            })
+        }
+        let candidates = groups.min { $0.count < $1.count } ?? vault.accounts.map(\.uuid)
+        return candidates.filter { uuid in
+            criteria.allSatisfy { field, wanted in
+                let stored = try? vault.storedField(field, of: uuid)
+                return (stored?.withUnsafeBytes { $0.elementsEqual(wanted) }) ?? wanted.isEmpty
+            }
+        }
+    }
 }
+
+/// Guarding as the mount last saw it unlocked: what `.mtmfs/status` says while locked, and
+/// what tells a vault read again with guarding off from a roll-back.
+///
+/// Thread-safety: a value, kept in an `Atomic`.
+enum KnownGuarding: UInt8, AtomicRepresentable {
+    case unknown, off, on
+
+    var status: String {
+        switch self {
+        case .unknown: "unknown"
+        case .off: "off"
+        case .on: "on"
+        }
+    }
+}
+

@@ -15,7 +15,16 @@ import SecretService
 ///
 /// Guarding decides for bus callers as for opens: the process behind the connection is
 /// looked at, and a program not trusted with an account sees its item locked.
-extension AccountsTree: SecretStore {
+public final class VaultSecretStore: SecretStore, @unchecked Sendable {
+    /// What the store is a door of.
+    let service: VaultService
+    var state: Locked<VaultState> { service.state }
+    var access: AccessGuard { service.access }
+
+    public init(service: VaultService) { self.service = service }
+
+    func locked<T: Sendable>(_ body: (inout VaultState) throws(Errno) -> T) throws(Errno) -> T { try service.locked(body) }
+
     static let mappedAttributes: [(attribute: String, field: AccountField, indexed: IndexedAttribute)] = [
         ("server", .server, .server), ("user", .username, .username), ("protocol", .protocol, .protocol),
         ("port", .port, .port), ("object", .path, .path),
@@ -169,7 +178,7 @@ extension AccountsTree: SecretStore {
             }
             let answered = Semaphore()
             let allowed = Locked(false)
-            ask(requester, access, waiter: PromptWaiter(
+            service.ask(requester, access, waiter: PromptWaiter(
                 isInterrupted: { prompt.isCancelled },
                 onInterrupt: { prompt.onCancel($0) },
                 allowed: { allowed.withLock { $0 = true }; answered.post() },
@@ -203,7 +212,7 @@ extension AccountsTree: SecretStore {
             }
             defer { passphrase.wipe() }
             do throws(Errno) {
-                try unlock(passphrase: passphrase)
+                try service.unlock(passphrase: passphrase)
                 Log.info("unlocked on the Secret Service (the passphrase given at the prompt)")
                 return true
             } catch {
@@ -232,7 +241,7 @@ extension AccountsTree: SecretStore {
 
     // MARK: Secrets
 
-    /// The secret of an item, decided once: the read happens under the tree's lock only
+    /// The secret of an item, decided once: the read happens under the service's lock only
     /// while the trusted lists are the version the decision read (else it is decided again).
     public func secret(_ uuid: [UInt8], caller: BusCaller) throws(SecretStoreError) -> (value: SecureBytes, contentType: String) {
         for _ in 0..<4 {
@@ -245,7 +254,7 @@ extension AccountsTree: SecretStore {
         throw .denied("the trusted lists kept changing")
     }
 
-    /// The read itself, under the tree's lock; nil when guarding's view changed since the
+    /// The read itself, under the service's lock; nil when guarding's view changed since the
     /// decision (`version`; nil: decided uncovered — guarding off).
     private func secretIfStill(_ uuid: [UInt8], decidedAgainst version: UInt64?) throws(SecretStoreError) -> (value: SecureBytes, contentType: String)? {
         try state.withLock { (s) throws(SecretStoreError) -> (SecureBytes, String)? in
@@ -317,11 +326,11 @@ extension AccountsTree: SecretStore {
         try change(uuid, removed: true) { (_, vault) throws(VaultError) in try vault.removeAccount(uuid: uuid) }
     }
 
-    public func lock() { lock(reason: "locked on the Secret Service") }
+    public func lock() { service.lock(reason: "locked on the Secret Service") }
 
     public func observe(_ handler: @escaping @Sendable (SecretStoreChange) -> Void) {
-        servesSecretService.store(true, ordering: .relaxed)
-        secretObservers.add(handler)
+        service.servesSecretService.store(true, ordering: .relaxed)
+        service.secretObservers.add(handler)
     }
 
     // MARK: Writing
@@ -363,10 +372,10 @@ extension AccountsTree: SecretStore {
         try change(uuid) { (_, vault) throws(VaultError) in try vault.setFields(fields, named: namedFields, of: uuid) }
     }
 
-    /// A change of one account on the bus, through the tree's lock as a file's is (saved
+    /// A change of one account on the bus, through the service's lock as a file's is (saved
     /// after the lock), then shown to the kernel and the bus.
     private func change(_ uuid: [UInt8], created: Bool = false, removed: Bool = false,
-                        _ body: (inout State, Vault) throws(VaultError) -> Void) throws(SecretStoreError) {
+                        _ body: (inout VaultState, Vault) throws(VaultError) -> Void) throws(SecretStoreError) {
         var attributesDirectory: LocalInode?
         let outcome: Result<String?, Errno> = Result { () throws(Errno) -> String? in
             try locked { (s) throws(Errno) -> String? in
@@ -391,9 +400,11 @@ extension AccountsTree: SecretStore {
         }
         switch outcome {
         case .success(let name):
-            send([.inode(.top)] + (removed ? name.map { [.entry(parent: .top, name: $0)] } ?? [] : [])
-                 + (attributesDirectory.map { [.inode($0)] } ?? []))
-            secretObservers.notify(.items([uuid]))
+            var invalidations: [Invalidation] = [.inode(.top)]
+            if removed, let name { invalidations.append(.entry(parent: .top, name: name)) }
+            if let attributesDirectory { invalidations.append(.inode(attributesDirectory)) }
+            service.send(invalidations)
+            service.secretObservers.notify(.items([uuid]))
         case .failure(let errno):
             switch errno {
             case .permissionDenied: throw .locked
@@ -405,45 +416,3 @@ extension AccountsTree: SecretStore {
     }
 }
 
-/// Who is told of changes of the accounts for the bus (the Secret Service's signals).
-///
-/// Thread-safety: handlers are kept and called under a lock of their own, which is never
-/// held while anything else is taken (a handler only posts to the bus thread).
-final class SecretObservers: Sendable {
-    private let handlers = Locked<[@Sendable (SecretStoreChange) -> Void]>([])
-
-    func add(_ handler: @escaping @Sendable (SecretStoreChange) -> Void) { handlers.withLock { $0.append(handler) } }
-
-    func notify(_ change: SecretStoreChange) {
-        for handler in handlers.withLock({ $0 }) { handler(change) }
-    }
-}
-
-/// A Secret Service prompt being answered: dismissed once, from any thread.
-///
-/// Thread-safety: behind its own lock; handlers run outside it.
-final class BusPrompt: Sendable {
-    private let state = Locked<(cancelled: Bool, handlers: [@Sendable () -> Void])>((false, []))
-
-    var isCancelled: Bool { state.withLock { $0.cancelled } }
-
-    /// `handler` runs at the dismissal (at once if it came).
-    func onCancel(_ handler: @escaping @Sendable () -> Void) {
-        let now = state.withLock { s -> Bool in
-            if s.cancelled { return true }
-            s.handlers.append(handler)
-            return false
-        }
-        if now { handler() }
-    }
-
-    func cancel() {
-        let handlers = state.withLock { s -> [@Sendable () -> Void] in
-            guard !s.cancelled else { return [] }
-            s.cancelled = true
-            defer { s.handlers.removeAll() }
-            return s.handlers
-        }
-        for handler in handlers { handler() }
-    }
-}

@@ -8,9 +8,9 @@ import Posix
 /// current (every lock starts a new one); `isOpen` is false from a lock until an unlock
 /// has made the kernel drop what it cached while locked (`Phase.revealing`).
 ///
-/// The key derivation of an unlock happens outside the tree's lock (see
-/// `AccountsTree.unlock`); the session only takes the finished key.
-/// Thread-safety: a value behind `AccountsTree`'s lock.
+/// The key derivation of an unlock happens outside the service's lock (see
+/// `VaultService.unlock`); the session only takes the finished key.
+/// Thread-safety: a value behind `VaultService`'s lock.
 struct VaultSession {
     let vaultPath: String
     var vault: Vault?
@@ -41,10 +41,10 @@ struct VaultSession {
         self.autoLockSeconds = autoLockSeconds
         // A save cut short by a kill leaves its (sealed) temporary file behind.
         AtomicFile.removeStaleTemporaries(of: vaultPath)
-        Vault.finishInterruptedConversion(at: vaultPath)
+        VaultConversion.finishInterruptedConversion(at: vaultPath)
         do {
             vault = try Vault(path: vaultPath)
-            vault?.defersWrites = true  // (a folder's: written by the request after the tree's lock, `AccountsTree.VaultSave`)
+            vault?.defersWrites = true  // (a folder's: written by the request after the service's lock, `VaultSave`)
         } catch {
             damage(error.description)
         }
@@ -118,7 +118,7 @@ struct VaultSession {
         vault?.lock()
         do {
             vault = try Vault(path: vaultPath)
-            vault?.defersWrites = true  // (a folder's: written by the request after the tree's lock, `AccountsTree.VaultSave`)
+            vault?.defersWrites = true  // (a folder's: written by the request after the service's lock, `VaultSave`)
             if let problem { Log.info("vault readable again: \(vaultPath) (was: \(problem))") }
             problem = nil
         } catch {

@@ -7,10 +7,10 @@ import SecureMemory
 /// A single-file vault (format 1 or 2) converted to a folder of format 3 (SPEC §2b: at its
 /// first unlock). The folder is written under a name of its own beside the file; the caller
 /// then renames the file to `vault.v2` and the folder into its place (`swapInConverted`).
-extension Vault {
-    /// Whether this vault is a folder of format 3.
-    public var isFolder: Bool { folder != nil }
-
+/// The single file is only read (`Vault`) and converted here: the product writes folders.
+///
+/// Thread-safety: functions of the paths given; `write` as the vault it reads.
+public enum VaultConversion {
     /// Where a conversion writes the folder before it takes the vault's name.
     public static func conversionPath(for path: String) -> String { path + ".converting" }
 
@@ -20,23 +20,23 @@ extension Vault {
     /// This unlocked single-file vault written as a new folder at `path` (which must not
     /// exist): every account in its order, its fields and trusted list, and the guarding
     /// flag; the key slot wraps a new master key under `passphrase` with this vault's limits.
-    public func writeAsFolder(at path: String, passphrase: SecureBytes) throws(VaultError) {
-        guard folder == nil else { throw .io(.invalidArgument) }
-        _ = try requireKey()
-        let converted = try Vault.createFolder(at: path, passphrase: passphrase, parameters: parameters, guarded: guarded)
+    public static func write(_ vault: Vault, asFolderAt path: String, passphrase: SecureBytes) throws(VaultError) {
+        guard !vault.isFolder else { throw .io(.invalidArgument) }
+        _ = try vault.requireKey()
+        let converted = try Vault.createFolder(at: path, passphrase: passphrase, parameters: vault.kdfParameters, guarded: vault.guarded)
         defer { converted.lock() }
-        try converted.folderAddAccounts(records.map { record in
-            (record.uuid, record.name, fields[record.uuid] ?? [:], trusted[record.uuid] ?? [])
+        try converted.folderAddAccounts(vault.records.map { record in
+            (record.uuid, record.name, vault.fields[record.uuid] ?? [:], vault.trusted[record.uuid] ?? [])
         })
     }
 
     /// Removes a folder a conversion left half-made (a crash): its files, one level of
     /// folders below, then the folder.
     public static func removeConversionLeftover(at path: String) {
-        guard isFolder(path) else { return }
+        guard Vault.isFolder(path) else { return }
         for name in (try? Syscall.listDirectory(path)) ?? [] {
             let inner = path + "/" + name
-            if isFolder(inner) {
+            if Vault.isFolder(inner) {
                 for file in (try? Syscall.listDirectory(inner)) ?? [] { try? Syscall.unlink(inner + "/" + file) }
                 try? Syscall.removeDirectory(inner)
             } else {
@@ -62,7 +62,7 @@ extension Vault {
     /// folder is whole: it was written before either rename).
     public static func finishInterruptedConversion(at path: String) {
         guard (try? Syscall.lstat(path)) == nil, (try? Syscall.lstat(keptFilePath(for: path))) != nil,
-              isFolder(conversionPath(for: path)) else { return }
+              Vault.isFolder(conversionPath(for: path)) else { return }
         try? swapInConverted(at: path)
     }
 }
