@@ -13,6 +13,12 @@ import Glibc
 /// one path are not ordered: the last rename wins.
 public enum AtomicFile {
     public static func replace(_ path: String, with contents: [UInt8], mode: mode_t = 0o600) throws(Errno) {
+        let result = contents.withUnsafeBytes { bytes in Result { () throws(Errno) in try replace(path, with: bytes, mode: mode) } }
+        try result.get()
+    }
+
+    /// As `replace(_:with:mode:)`, from bytes the caller keeps (a secret's memory).
+    public static func replace(_ path: String, with contents: UnsafeRawBufferPointer, mode: mode_t = 0o600) throws(Errno) {
         let directory = parentDirectory(of: path)
         let base = path.split(separator: "/").last.map(String.init) ?? path
         var temporary = ""

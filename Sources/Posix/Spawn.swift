@@ -18,19 +18,24 @@ public enum Spawn {
         case file(String, append: Bool = false)
         /// A descriptor of ours, duplicated onto the child's.
         case descriptor(Int32)
+        /// Ours, as it is (the child shares our terminal or pipe).
+        case inherited
 
         public static let null = Stream.file("/dev/null")
     }
 
     /// Starts `program` (looked up in PATH) with `arguments`; the child's pid.
-    /// `environment` replaces ours when given ("NAME=value" strings). With
+    /// `environment` replaces ours when given ("NAME=value" strings; `rawEnvironment`: the
+    /// same as C strings the caller owns, for values that must not be copied). With
     /// `ownProcessGroup` the child leads a new process group, so that `wait`'s timeout
     /// ends it with everything it started (a shell's editor), and SIGINT and SIGQUIT act on
     /// it by default; not for a child that must read the terminal.
     public static func start(_ program: String, _ arguments: [String], stdin: Stream = .null,
                              stdout: Stream = .null, stderr: Stream = .null,
                              closing: [Int32] = [], environment: [String]? = nil,
-                             ownProcessGroup: Bool = false, passing: [(Int32, as: Int32)] = []) throws(Errno) -> pid_t {
+                             ownProcessGroup: Bool = false, passing: [(Int32, as: Int32)] = [],
+                             rawEnvironment: UnsafePointer<UnsafeMutablePointer<CChar>?>? = nil,
+                             defaultSignals: [Int32] = []) throws(Errno) -> pid_t {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -51,6 +56,14 @@ public enum Spawn {
             posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK))
             posix_spawnattr_setpgroup(&attributes, 0)
         }
+        if !ownProcessGroup && !defaultSignals.isEmpty {
+            // Signals we ignore while the child runs (a wrapper's SIGINT) act on it by default.
+            var defaults = sigset_t()
+            sigemptyset(&defaults)
+            for signal in defaultSignals { sigaddset(&defaults, signal) }
+            posix_spawnattr_setsigdefault(&attributes, &defaults)
+            posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGDEF))
+        }
         for (fd, stream) in [(Int32(0), stdin), (1, stdout), (2, stderr)] {
             switch stream {
             case .file(let path, let append):
@@ -58,6 +71,8 @@ public enum Spawn {
                 posix_spawn_file_actions_addopen(&actions, fd, path, flags, 0o600)
             case .descriptor(let source):
                 posix_spawn_file_actions_adddup2(&actions, source, fd)
+            case .inherited:
+                break
             }
         }
         // Descriptors of ours the child gets under other numbers (a daemon's ready pipe as fd 3).
@@ -69,7 +84,11 @@ public enum Spawn {
         defer { cEnvironment?.forEach { free($0) } }
         var pid: pid_t = 0
         let rc: Int32
-        if cEnvironment != nil {
+        if let rawEnvironment {
+            // ("NAME=value" strings the caller keeps, in memory of its choosing: a secret's.)
+            rc = posix_spawnp(&pid, program, &actions, &attributes, &cArguments,
+                              UnsafeMutablePointer(mutating: rawEnvironment))
+        } else if cEnvironment != nil {
             rc = posix_spawnp(&pid, program, &actions, &attributes, &cArguments, &cEnvironment!)
         } else {
             rc = posix_spawnp(&pid, program, &actions, &attributes, &cArguments, environ)

@@ -495,7 +495,7 @@ final class Bench {
             ("W14 longest", "≤ 100 ms"), ("W14 space", "≤ 60 s"), ("W15 ", "≤ 0.5 s"),
             ("W17 ", "same at every size"), ("W18 ", "≤ 1"), ("W19 ", "same at every size"),
             ("W20 guard on ÷", "≤ 1.2×"), ("W26 secret-tool", "≤ gnome-keyring"), ("W26 SearchItems, ", "≤ 1.5×"),
-            ("W26 idle", "0"), ("W21 ", "≤ best peer"), ("W22 ", "≤ best peer"), ("W23 ", "≥ best peer"),
+            ("W26 idle", "0"), ("W27 mtmfs run ÷", "≤ 2×"), ("W21 ", "≤ best peer"), ("W22 ", "≤ best peer"), ("W23 ", "≥ best peer"),
         ]
         return byPrefix.first { workload.hasPrefix($0.0) }?.1 ?? "report"
     }

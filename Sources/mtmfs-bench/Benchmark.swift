@@ -86,10 +86,11 @@ enum Benchmark {
                 a big write and its log, a big delete under load, mounting with data stored;
                 W21–W23: random writes into a sparse file, a SQLite database inside, postmark
                 with an app's file sizes).
-                --vault: only W16, W17, W24 and W25, the cost of one field change and of finding an
+                --vault: only W16, W17, W24, W25 and W27, the cost of one field change and of finding an
                 account (by-server view, `mtmfs find`) with 10, 1,000 and 10,000 fully filled accounts
                 (`pass` beside them), an unlock after many changes (--changes N: how many, default
-                20,000; 100,000 take about 20 minutes), one change carried to a git remote. --daemon: only W18 and W19, idle wakeups a minute (bindfs
+                20,000; 100,000 take about 20 minutes), one change carried to a git remote, `mtmfs run`
+                with three references beside `cat` of their files. --daemon: only W18 and W19, idle wakeups a minute (bindfs
                 and gocryptfs beside mtmfs locked, unlocked, with --cache-limit over 100,000
                 files) and the cost of .mtmfs/status with 10 to 1,000,000 cache files. --guard:
                 only W20, `cat` of a password by a trusted program with guarding on beside the

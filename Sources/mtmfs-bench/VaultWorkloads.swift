@@ -214,6 +214,35 @@ extension Bench {
             let show = seconds { for _ in 0..<runs { Spawn.run("pass", ["show", "bench/password"]) } }
             record("W17 pass show (ms)", "pass", show / Double(runs) * 1000)
         }
+        if let store = stores.first { try scriptRound(store, runs: runs) }
+    }
+
+    /// W27: a script's secrets — `mtmfs run -- true` with three references in its
+    /// environment (`mtmfs://by-server/H/U/password`), whole process, against `cat` of the
+    /// three files through the mount (what `$(cat …)` three times would cost at best).
+    func scriptRound(_ store: (accounts: Int, mount: String, daemon: pid_t), runs: Int) throws {
+        let indexes = 0..<min(3, store.accounts)
+        let paths = indexes.map { store.mount + "/accounts/by-server/host\($0).example.com/user\($0)@example.com/password" }
+        let references = indexes.map { "SECRET_\($0)=mtmfs://by-server/host\($0).example.com/user\($0)@example.com/password" }
+        let environment = Spawn.environment(with: references)
+        let check = Spawn.output(mtmfs, ["run", "--mount", store.mount, "--no-masking", "--", "/bin/sh", "-c", "echo \"$SECRET_2\""],
+                                 environment: environment)
+        guard check.output == "pw-2-correct-horse-battery-staple\n" else {
+            throw BenchError("W27: mtmfs run does not give the command its secrets: \(check)")
+        }
+        func wholeProcess(_ program: String, _ arguments: [String], _ environment: [String]? = nil) -> Double {
+            seconds {
+                for _ in 0..<runs {
+                    guard let pid = try? Spawn.start(program, arguments, environment: environment) else { continue }
+                    Spawn.wait(pid)
+                }
+            } / Double(runs) * 1000
+        }
+        let cat = wholeProcess("/bin/cat", paths)
+        let run = wholeProcess(mtmfs, ["run", "--mount", store.mount, "--", "true"], environment)
+        record("W27 cat of 3 secrets' files, whole process (ms)", "mtmfs", cat)
+        record("W27 mtmfs run -- true, 3 references, whole process (ms)", "mtmfs", run)
+        if cat > 0 { record("W27 mtmfs run ÷ cat of the 3 files, same round (×)", "mtmfs", run / cat) }
     }
 
     func rss(of pid: pid_t) -> Double {

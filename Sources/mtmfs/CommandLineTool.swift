@@ -24,7 +24,8 @@ enum CommandLineTool {
     static var commands: [any Command.Type] { [
         InitCommand.self, MountCommand.self, UnmountCommand.self, UnlockCommand.self, LockCommand.self,
         StatusCommand.self, PasswdCommand.self, CheckCommand.self, SyncCommand.self, DemoCommand.self, FindCommand.self,
-        CredentialCommand.self, GuardCommand.self, TrustCommand.self, UntrustCommand.self,
+        CredentialCommand.self, GuardCommand.self, TrustCommand.self, UntrustCommand.self, RunCommand.self,
+        InjectCommand.self, ReadCommand.self,
     ] }
 
     static var overview: String {
@@ -88,4 +89,10 @@ enum Terminal {
     }
 
     static var isInteractive: Bool { isatty(0) == 1 }
+
+    /// Text from outside (a reference, a path) made safe for one line: control characters
+    /// become "?".
+    static func printable(_ text: String) -> String {
+        String(String.UnicodeScalarView(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : $0 }))
+    }
 }

@@ -420,6 +420,43 @@ struct GuardTests {
 
     /// `otp` and `totp` are guarded like `password` (SPEC §2d): a program not trusted with
     /// the account gets neither; a trusted one reads the code.
+    /// `mtmfs run`, `read` and `inject` are doors, never a trusted middleman (SPEC §6):
+    /// guarding decides on the program that runs them, one prompt for an account however
+    /// many references name it; denied, the exit status is 7 and the command does not run.
+    @Test func mtmfsRunReadAndInjectAskAboutTheirCaller() throws {
+        let mount = try GuardedMount()
+        defer { mount.close() }
+        try mount.makeAccount()
+        let reference = "mtmfs://\(GuardedMount.uuid)/password"
+        let environmentFile = mount.writable + "/app.env"
+        #expect(mount.shell("echo 'SAME=\(reference)' > \(environmentFile)").status == 0)
+        let run = "\(Run.mtmfs) run --mount \(mount.mountPoint)"
+        mount.answer("ok")
+        let before = mount.prompts
+        let allowed = mount.shell("PW=\(reference) \(run) --env-file \(environmentFile) -- /bin/sh -c "
+                                  + "'test \"$PW\" = hunter2 && test \"$SAME\" = hunter2 && echo ok'; exit $?")
+        #expect(allowed.stdout == "ok\n", "\(allowed)\nasked: \(mount.record)\ndecisions: \(mount.decisions)")
+        #expect(mount.prompts == before + 1, "one prompt for the account")
+        // Decided on the shell that ran `mtmfs run`, which the record names with it.
+        let decisions = mount.decisions
+        #expect(decisions.contains("allowed (allowed once at the prompt)") && decisions.contains("/usr/bin/dash"), "\(decisions)")
+        #expect(!decisions.contains("program=\(Run.mtmfs)"), "\(decisions)")
+
+        mount.answer("cancel")
+        let refused = mount.shell("PW=\(reference) \(run) -- /bin/sh -c 'echo ran'; exit $?")
+        #expect(refused.status == 7 && refused.stdout.isEmpty, "\(refused)")
+        #expect(refused.stderr.split(separator: "\n").count == 1 && !refused.stderr.contains("hunter2"), "\(refused)")
+        #expect(mount.prompts == before + 2)
+        #expect(mount.shell("\(Run.mtmfs) read --mount \(mount.mountPoint) \(reference); exit $?").status == 7)
+        #expect(mount.shell("echo '{{ \(reference) }}' | \(Run.mtmfs) inject --mount \(mount.mountPoint); exit $?").status == 7)
+        // Once the shell is trusted with the account, it reads through `mtmfs run` unasked.
+        #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"),
+                            mount.path("accounts/\(GuardedMount.uuid)"), "/usr/bin/dash").status == 0)
+        let asked = mount.prompts
+        #expect(mount.shell("PW=\(reference) \(run) -- /bin/sh -c 'test \"$PW\" = hunter2 && echo ok'; exit $?").stdout == "ok\n")
+        #expect(mount.prompts == asked)
+    }
+
     @Test func oneTimeCodesAreGuardedLikeThePassword() throws {
         let mount = try GuardedMount()
         defer { mount.close() }

@@ -1,0 +1,126 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+import Posix
+import SecureMemory
+
+/// A secret named for a script (SPEC §6): `mtmfs://ACCOUNT/FIELD`, ACCOUNT a UUID,
+/// `by-label/LABEL` or `by-server/HOST/USER` (the names of §2a's views, as `ls` shows them),
+/// FIELD a field (`password`, `username`, `totp`, …) or `attributes/NAME`.
+///
+/// It is read through the mount like any file, so guarding decides on the program that
+/// asked: `mtmfs` is never the requester, its caller is (`Requester.via`).
+///
+/// Thread-safety: a value.
+struct SecretReference: Hashable, CustomStringConvertible {
+    static let scheme = "mtmfs://"
+
+    /// The account's path under `accounts/`: `UUID`, `by-label/L` or `by-server/H/U`.
+    let account: String
+    /// The field's path under the account: `password`, or `attributes/NAME`.
+    let field: String
+
+    var description: String { Self.scheme + account + "/" + field }
+
+    static func isReference(_ text: String) -> Bool { text.hasPrefix(scheme) }
+
+    /// Parses `text`; a malformed reference is a usage error (exit 2) naming it.
+    init(_ text: String) throws(CommandFailure) {
+        guard text.hasPrefix(Self.scheme) else { throw Self.malformed(text, "it does not start with mtmfs://") }
+        let parts = text.dropFirst(Self.scheme.count).split(separator: "/", omittingEmptySubsequences: false).map(String.init)
+        if parts.contains(where: { $0.isEmpty || $0 == "." || $0 == ".." }) {
+            throw Self.malformed(text, "an empty, `.` or `..` part")
+        }
+        let accountParts = switch parts.first {
+        case "by-label": 2
+        case "by-server": 3
+        default: 1
+        }
+        guard parts.count > accountParts else { throw Self.malformed(text, "no field after the account") }
+        let field = parts[accountParts...]
+        guard field.count == 1 || (field.count == 2 && field.first == "attributes") else {
+            throw Self.malformed(text, "a field is one name, or attributes/NAME")
+        }
+        if accountParts == 1 && AccountName.uuidBytes(parts[0]) == nil {
+            throw Self.malformed(text, "the account is a UUID, by-label/LABEL or by-server/HOST/USER")
+        }
+        account = parts[..<accountParts].joined(separator: "/")
+        self.field = field.joined(separator: "/")
+    }
+
+    private static func malformed(_ text: String, _ why: String) -> CommandFailure {
+        // (A reference names an account and a field, never a value: it may be shown.)
+        CommandFailure("\(Terminal.printable(text)) is not a secret reference (\(why)); "
+                       + "write mtmfs://ACCOUNT/FIELD, ACCOUNT a UUID, by-label/LABEL or by-server/HOST/USER",
+                       exitCode: ExitCode.usage)
+    }
+
+    /// The secret, read from `mountPoint` into secure memory, without the one newline a
+    /// field's file ends with. Failures carry the exit codes of `mtmfs(1)`: no such account
+    /// or field (3), a view name several accounts share (4), locked (5), refused by
+    /// guarding (7). Nothing of a value is ever in a message.
+    func read(from mountPoint: String) throws(CommandFailure) -> SecureBytes {
+        let accounts = mountPoint + "/accounts/"
+        try checkUnambiguous(accounts)
+        let path = accounts + account + "/" + field
+        let fd: Int32
+        do {
+            fd = try Syscall.open(path, O_RDONLY)
+        } catch {
+            throw failure(error, mountPoint: mountPoint)
+        }
+        defer { Syscall.close(fd) }
+        do throws(Errno) {
+            let value = SecureBytes()
+            var capacity = 256
+            var count = 0
+            while true {
+                if value.count < capacity { try value.resize(to: capacity) }
+                let read = try value.withUnsafeMutableBytes { (buffer) throws(Errno) -> Int in
+                    try Syscall.read(fd, into: UnsafeMutableRawBufferPointer(rebasing: buffer[count...]))
+                }
+                if read == 0 { break }
+                count += read
+                if count == capacity { capacity *= 2 }
+            }
+            let ends = count > 0 && value.withUnsafeBytes { $0[count - 1] } == 0x0A
+            try value.resize(to: ends ? count - 1 : count)
+            return value
+        } catch {
+            throw failure(error, mountPoint: mountPoint)
+        }
+    }
+
+    /// A view name is one account's only when no other account's name in that directory is
+    /// it with a `~` suffix (§2a: the first account of a value has the name alone).
+    private func checkUnambiguous(_ accounts: String) throws(CommandFailure) {
+        guard account.hasPrefix("by-"), !account.contains("~") else { return }
+        let slash = account.lastIndex(of: "/")!
+        let directory = String(account[..<slash]), name = String(account[account.index(after: slash)...])
+        guard let names = try? Syscall.listDirectory(accounts + directory) else { return }
+        let others = names.filter { $0.hasPrefix(name + "~") }
+        guard others.isEmpty else {
+            throw CommandFailure("\(others.count + 1) accounts are \(Terminal.printable(account)): name one "
+                                 + "(\(Terminal.printable(directory + "/" + others[0])), or its UUID)",
+                                 exitCode: ExitCode.ambiguous)
+        }
+    }
+
+    private func failure(_ error: Errno, mountPoint: String) -> CommandFailure {
+        switch error {
+        case .noSuchFileOrDirectory, .notDirectory:
+            return CommandFailure("no \(Terminal.printable(description)): no such account or field in \(mountPoint)",
+                                  exitCode: ExitCode.noMatch)
+        case .permissionDenied:
+            if StatusFile.read(mountPoint: mountPoint)["state"] == "locked" {
+                return CommandFailure("the accounts of \(mountPoint) are locked: run `mtmfs unlock \(mountPoint)`",
+                                      exitCode: ExitCode.locked)
+            }
+            return CommandFailure("guarding refused \(Terminal.printable(description)) to this program "
+                                  + "(see \(mountPoint)/.mtmfs/access; `mtmfs trust` trusts a program)", exitCode: ExitCode.refused)
+        default:
+            return CommandFailure("cannot read \(Terminal.printable(description)) from \(mountPoint): \(error)")
+        }
+    }
+}
