@@ -224,8 +224,10 @@ public final class Vault: @unchecked Sendable {
 
     // MARK: Creating and opening
 
-    /// Creates an empty vault file at `path` (which must not exist) and returns it unlocked.
-    public static func create(at path: String, passphrase: SecureBytes, parameters: KDFParameters, guarded: Bool = false,
+    /// Creates an empty vault file of format 2 at `path` (which must not exist) and returns it
+    /// unlocked. Tests' fixtures only: the product makes folders (`createFolder`), and reads
+    /// and converts a single file (`VaultConversion`) but never writes one.
+    static func create(at path: String, passphrase: SecureBytes, parameters: KDFParameters, guarded: Bool = false,
                               random: RandomSource = SystemRandom()) throws(VaultError) -> Vault {
         guard parameters.isStrongEnough else { throw .weakParameters }
         Sodium.initialize()

@@ -30,6 +30,31 @@ public enum VaultConversion {
         })
     }
 
+    /// Converts the single-file vault at `path` into a folder in place, as a mount's first
+    /// unlock does, for a command that finds one unconverted (`mtmfs passwd`): written beside
+    /// it, swapped in, the renames synced. Returns the folder (locked); the file is kept as
+    /// `keptFilePath` for the caller to remove once the folder has served.
+    public static func convert(at path: String, passphrase: SecureBytes) throws(VaultError) -> Vault {
+        let converting = conversionPath(for: path)
+        removeConversionLeftover(at: converting)
+        do throws(VaultError) {
+            let source = try Vault(path: path)
+            try source.unlock(passphrase: passphrase)
+            defer { source.lock() }
+            try write(source, asFolderAt: converting, passphrase: passphrase)
+        } catch {
+            removeConversionLeftover(at: converting)
+            throw error
+        }
+        try swapInConverted(at: path)
+        do throws(Errno) {
+            try AtomicFile.syncDirectory(AtomicFile.parentDirectory(of: path))
+        } catch {
+            throw .io(error)
+        }
+        return try Vault(path: path)
+    }
+
     /// Removes a folder a conversion left half-made (a crash): its files, one level of
     /// folders below, then the folder.
     public static func removeConversionLeftover(at path: String) {

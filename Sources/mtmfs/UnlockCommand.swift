@@ -124,16 +124,25 @@ struct PasswdCommand: Command {
         }
         defer { withExtendedLifetime(claim) {} }
         try MountTable.refuseMounted(dataDirectory)  // a daemon of an earlier mtmfs takes no claim
-        let vault: Vault
+        let path = dataDirectory + "/vault"
+        var vault: Vault
         do {
-            vault = try Vault(path: dataDirectory + "/vault")
+            vault = try Vault(path: path)
         } catch {
             throw CommandFailure(error == .io(.noSuchFileOrDirectory)
                                  ? "no vault in \(dataDirectory): run `mtmfs init --data-dir \(dataDirectory)`" : error.description)
         }
         let current = try PassphraseInput.read(prompt: "Current passphrase: ", file: currentFile)
         defer { current.wipe() }
+        // A single file (format 1 or 2) is only read and converted, never written: it becomes
+        // a folder first, as at a mount's first unlock.
+        let converted = !vault.isFolder
         do {
+            if converted {
+                vault = try Progress.whileWorking("converting the vault to a folder") {
+                    Result { () throws(VaultError) in try VaultConversion.convert(at: path, passphrase: current) }
+                }.get()
+            }
             try vault.unlock(passphrase: current)
         } catch {
             throw CommandFailure(error == .wrongPassphrase ? "wrong passphrase; nothing was changed" : error.description)
@@ -146,6 +155,11 @@ struct PasswdCommand: Command {
             try vault.changePassphrase(to: new, parameters: kdf ?? vault.kdfParameters)
         } catch {
             throw CommandFailure(error.description)
+        }
+        if converted {
+            // The file still opens with the old passphrase: it goes now that the folder holds all.
+            try? Syscall.unlink(VaultConversion.keptFilePath(for: path))
+            print("The vault of \(dataDirectory) is now a folder (format 3).")
         }
         print("The passphrase of \(dataDirectory) is changed.")
     }

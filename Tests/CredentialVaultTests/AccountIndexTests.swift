@@ -1,4 +1,4 @@
-import CredentialVault
+@testable import CredentialVault
 import Foundation
 import Testing
 #if canImport(Glibc)

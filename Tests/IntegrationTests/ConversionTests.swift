@@ -83,4 +83,37 @@ import TestSupport
         #expect(Run.program("cat", [first.path("accounts/\(Self.uuid)/username")]).stdout == "alice\n")
         #expect(!FileManager.default.fileExists(atPath: vault + ".converting"))
     }
+
+    /// `mtmfs passwd` of a single file writes no single file: it converts the vault to a
+    /// folder first, then changes the passphrase there, and removes the file (which the old
+    /// passphrase still opened).
+    @Test func passwdConvertsASingleFileFirst() throws {
+        let vector = try Self.vector()
+        let scratch = Scratch("passwd-conversion")
+        defer { scratch.remove() }
+        let data = scratch.sub("data")
+        try #require(Run.initStore(data).status == 0)
+        try FileManager.default.removeItem(atPath: data + "/vault")
+        try? FileManager.default.removeItem(atPath: data + "/device")
+        try vector.write(to: URL(fileURLWithPath: data + "/vault"))
+        let current = scratch.sub("current"), new = scratch.sub("new")
+        try (Self.passphrase + "\n").write(toFile: current, atomically: true, encoding: .utf8)
+        try "a brand new passphrase for the folder\n".write(toFile: new, atomically: true, encoding: .utf8)
+        let changed = Run.mtmfs("passwd", "--data-dir", data, "--kdf", "interactive", "--passphrase-file", current,
+                                "--new-passphrase-file", new)
+        #expect(changed.status == 0, "\(changed)")
+        #expect(changed.stdout.contains("now a folder"), "\(changed)")
+        var isDirectory: ObjCBool = false
+        #expect(FileManager.default.fileExists(atPath: data + "/vault", isDirectory: &isDirectory) && isDirectory.boolValue)
+        #expect(!FileManager.default.fileExists(atPath: data + "/vault.v2"), "the file the old passphrase opens is gone")
+        // The new passphrase unlocks the folder, with the account and its guarding kept; the old does not.
+        let mountPoint = scratch.sub("mnt")
+        mkdir(mountPoint, 0o755)
+        try #require(Run.program(Run.mtmfs, ["mount", "--data-dir", data, mountPoint]).status == 0)
+        defer { Run.mtmfs("unmount", mountPoint) }
+        #expect(Run.mtmfs("unlock", mountPoint, input: Self.passphrase + "\n").status == 1)
+        #expect(Run.mtmfs("unlock", mountPoint, input: "a brand new passphrase for the folder\n").status == 0)
+        #expect(Run.program("cat", [mountPoint + "/accounts/\(Self.uuid)/username"]).stdout == "alice\n")
+        #expect(try MountStatus.read(mountPoint)["guard"] == "on", "guarding kept")
+    }
 }

@@ -1,4 +1,4 @@
-import CredentialVault
+@testable import CredentialVault
 import SecureMemory
 import Foundation
 import FuseLowLevel
