@@ -93,7 +93,29 @@ extension Vault {
 
     /// The names of fields the vault itself gives a meaning to; every other name is a named
     /// field (`namedFields`).
-    static let ownFieldNames: Set<String> = Set(AccountField.allCases.map(\.rawValue) + ["trusted", "guard"])
+    static let ownFieldNames: Set<String> = Set(AccountField.allCases.map(\.rawValue) + ["trusted", "guard", collectionLabelField])
+
+    /// The field of the all-zero UUID that holds the Secret Service collection's label.
+    static let collectionLabelField = "collection-label"
+
+    /// The Secret Service collection's label as set (nil: never set, or a single file):
+    /// sealed in the vault, so that it travels with the folder. Unlocked only.
+    public func collectionLabel() throws(VaultError) -> String? {
+        _ = try requireKey()
+        guard let folder, let field = VaultMerge.account(Self.vaultRecord, folder.changes(of: Self.vaultRecord))?
+            .fields[Self.collectionLabelField], field.shown.value.count > 0 else { return nil }
+        return field.shown.value.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// Sets the collection's label (empty: back to the default). A folder's only.
+    public func setCollectionLabel(_ label: String) throws(VaultError) {
+        _ = try requireKey()
+        guard folder != nil else { throw .io(.invalidArgument) }
+        let value: SecureBytes
+        do throws(Errno) { value = label.isEmpty ? SecureBytes() : try SecureBytes(copying: Array(label.utf8)) } catch { throw .io(error) }
+        defer { value.wipe() }
+        try writeFields([(Self.collectionLabelField, value)], of: Self.vaultRecord, name: Self.vaultRecordName)
+    }
 
     /// An account's named fields (not `AccountField`'s): a folder's only. The values are the
     /// vault's own secure bytes: do not keep or change them.

@@ -4,9 +4,9 @@
 ///
 /// Thread-safety: pure functions of what the bus thread hands them.
 enum Introspection {
-    /// The document for `object` at `path`: `items` is asked only for the collection;
+    /// The document for `object` at `path`: `items` is asked only for a collection;
     /// `sessions` and `prompts` are the paths open now.
-    static func document(_ object: SecretServiceBus.Object, path: String, items: () -> [[UInt8]],
+    static func document(_ object: SecretServiceBus.Object, path: String, items: (CollectionID) -> [[UInt8]],
                          sessions: [String], prompts: [String]) -> String {
         var interfaces = [Self.standardInterfaces]
         var children: [String] = []
@@ -14,17 +14,20 @@ enum Introspection {
         case .service:
             interfaces.append(Self.serviceXML)
             children = ["collection", "aliases", "session"] + (prompts.isEmpty ? [] : ["prompt"])
-        case .collection:
+        case .collection(let collection):
             interfaces.append(Self.collectionXML)
-            children = items().map { String(SecretPaths.item($0).split(separator: "/").last!) }
+            children = items(collection).map { String(SecretPaths.item($0, in: collection).split(separator: "/").last!) }
         case .item:
             interfaces.append(Self.itemXML)
         case .session:
             interfaces.append(Self.sessionXML)
         case .prompt:
             interfaces.append(Self.promptXML)
+        case .node where path == "/" || SecretPaths.root.hasPrefix(path + "/"):
+            let below = SecretPaths.root.dropFirst(path == "/" ? 1 : path.count + 1)
+            children = [String(below.prefix { $0 != "/" })]
         case .node:
-            if path == SecretPaths.root + "/collection" { children = ["login"] }
+            if path == SecretPaths.root + "/collection" { children = CollectionID.allCases.map(\.name) }
             if path == SecretPaths.aliases { children = SecretPaths.aliasNames }
             if path == SecretPaths.root + "/session" {
                 children = sessions.sorted().map { String($0.split(separator: "/").last!) }

@@ -6,8 +6,8 @@ import SecureMemory
 extension SecretServiceBus {
     enum Object {
         case service
-        case collection
-        case item([UInt8])
+        case collection(CollectionID)
+        case item(CollectionID, [UInt8])
         case session(String)
         case prompt(String)
         /// A path that is a directory of others (for introspection only).
@@ -21,19 +21,39 @@ extension SecretServiceBus {
     static let promptInterface = "org.freedesktop.Secret.Prompt"
     static let propertiesInterface = "org.freedesktop.DBus.Properties"
     static let labelProperty = "org.freedesktop.Secret.Item.Label"
+    /// An item's Type when it names no schema (`xdg:schema`), as gnome-keyring gives it.
+    static let genericType = "org.freedesktop.Secret.Generic"
     static let attributesProperty = "org.freedesktop.Secret.Item.Attributes"
+
+    /// The store of a collection: the vault's, or the session's in memory.
+    func source(_ collection: CollectionID) -> any SecretStore {
+        switch collection {
+        case .login: store
+        case .session: sessionItems
+        }
+    }
 
     func object(at path: String) throws(BusError) -> Object {
         if path == SecretPaths.root { return .service }
-        if SecretPaths.isCollection(path) { return .collection }
-        if let uuid = SecretPaths.uuid(ofItem: path) {
-            guard store.item(uuid) != nil else { throw .noSuchObject("no such item: \(path)") }
-            return .item(uuid)
+        // The paths above the service (/, /org, /org/freedesktop): nodes leading to it.
+        if path == "/" || SecretPaths.root.hasPrefix(path + "/") { return .node }
+        guard path.hasPrefix(SecretPaths.root + "/") else {
+            throw .unknownMethod("no such interface on object at path \(path)")
+        }
+        if let collection = SecretPaths.collection(at: path) { return .collection(collection) }
+        if let (collection, uuid) = SecretPaths.item(at: path) {
+            guard source(collection).item(uuid) != nil else { throw .noSuchObject("no such item: \(path)") }
+            return .item(collection, uuid)
         }
         if sessions[path] != nil { return .session(path) }
         if prompts[path] != nil { return .prompt(path) }
         if [SecretPaths.root + "/collection", SecretPaths.aliases, SecretPaths.root + "/session",
             SecretPaths.root + "/prompt"].contains(path) { return .node }
+        // A path where a collection or an item would be: what clients map to "no such item"
+        // (secretstorage's ItemNotFoundException, libsecret's).
+        if path.hasPrefix(SecretPaths.root + "/collection/") || path.hasPrefix(SecretPaths.aliases + "/") {
+            throw .noSuchObject("no such object: \(path)")
+        }
         throw BusError(name: "org.freedesktop.DBus.Error.UnknownObject", message: "no object at \(path)")
     }
 
@@ -42,7 +62,7 @@ extension SecretServiceBus {
         switch call.interface {
         case "org.freedesktop.DBus.Introspectable":
             guard call.member == "Introspect" else { break }
-            let xml = Introspection.document(object, path: call.path, items: { store.allItems() },
+            let xml = Introspection.document(object, path: call.path, items: { collection in source(collection).allItems() },
                                              sessions: Array(sessions.keys), prompts: Array(prompts.keys))
             return Reply { $0.string(xml) }
         case "org.freedesktop.DBus.Peer":
@@ -57,10 +77,10 @@ extension SecretServiceBus {
         switch object {
         case .service where interface == nil || interface == Self.serviceInterface:
             if let reply = try serviceMethod(call) { return reply }
-        case .collection where interface == nil || interface == Self.collectionInterface:
-            if let reply = try collectionMethod(call) { return reply }
-        case .item(let uuid) where interface == nil || interface == Self.itemInterface:
-            if let reply = try itemMethod(call, uuid) { return reply }
+        case .collection(let collection) where interface == nil || interface == Self.collectionInterface:
+            if let reply = try collectionMethod(call, collection) { return reply }
+        case .item(let collection, let uuid) where interface == nil || interface == Self.itemInterface:
+            if let reply = try itemMethod(call, collection, uuid) { return reply }
         case .session(let path) where interface == nil || interface == Self.sessionInterface:
             if call.member == "Close" {
                 // Only its own: a session is another connection's secret channel.
@@ -106,11 +126,11 @@ extension SecretServiceBus {
         case "CreateCollection":
             _ = try arguments.skip()
             let alias = try arguments.string()
-            guard SecretPaths.aliasNames.contains(alias) else {
-                throw .notSupported("one collection only: the vault (alias default or login)")
+            guard let collection = SecretPaths.collection(ofAlias: alias) else {
+                throw .notSupported("two collections only: the vault (alias default or login) and the session's (alias session)")
             }
             return Reply { writer in
-                writer.objectPath(SecretPaths.collection)
+                writer.objectPath(SecretPaths.path(of: collection))
                 writer.objectPath(SecretPaths.noPrompt)
             }
         case "SearchItems":
@@ -122,19 +142,19 @@ extension SecretServiceBus {
             // What the caller may use now comes back at once; the rest (the vault while
             // locked, items guarding keeps from it) needs a prompt: a person answers.
             let paths = try arguments.objectPaths()
-            var unlocked: [String] = [], asked: [[UInt8]] = []
-            var needsVault = false
+            var unlocked: [String] = [], asked: [[UInt8]] = [], withTheVault: [String] = []
             for path in paths {
                 if isUnlocked(path, for: call.caller) {
                     unlocked.append(path)
-                } else if SecretPaths.isCollection(path) {
-                    needsVault = true
-                } else if let uuid = SecretPaths.uuid(ofItem: path), store.item(uuid) != nil {
-                    asked.append(uuid)
+                } else if SecretPaths.collection(at: path) != nil {
+                    withTheVault.append(path)
+                } else if let (collection, uuid) = SecretPaths.item(at: path), source(collection).item(uuid) != nil {
+                    // (A session item is unlocked with the vault; a vault item may need guarding's yes too.)
+                    if collection == .login { asked.append(uuid) } else { withTheVault.append(path) }
                 }
             }
-            let prompt = needsVault || !asked.isEmpty
-                ? makePrompt(for: call.caller, .unlock(items: asked, collections: paths.filter(SecretPaths.isCollection)))
+            let prompt = !withTheVault.isEmpty || !asked.isEmpty
+                ? makePrompt(for: call.caller, .unlock(items: asked, collections: withTheVault))
                 : SecretPaths.noPrompt
             return Reply { writer in
                 writer.objectPaths(unlocked)
@@ -152,12 +172,12 @@ extension SecretServiceBus {
             let session = try requireSession(try arguments.objectPath(), call.caller)
             var secrets: [(String, SecureBytes, String)] = []  // (session: the caller's, checked above)
             for path in paths {
-                // (`secret` decides once per item; an item the caller may not read is left out.)
-                guard let uuid = SecretPaths.uuid(ofItem: path),
-                      let (value, type) = try? store.secret(uuid, caller: call.caller) else { continue }
+                // (`secret` decides once per item; an item locked or the caller may not read is
+                // left out, as gnome-keyring leaves it out.)
+                guard let (collection, uuid) = SecretPaths.item(at: path),
+                      let (value, type) = try? source(collection).secret(uuid, caller: call.caller) else { continue }
                 secrets.append((path, value, type))
             }
-            if store.isLocked { throw .isLocked() }
             return Reply(sensitive: true) { writer in
                 writer.open("a", "{o(oayays)}")
                 for (path, value, type) in secrets {
@@ -171,13 +191,13 @@ extension SecretServiceBus {
             }
         case "ReadAlias":
             let name = try arguments.string()
-            let path = SecretPaths.aliasNames.contains(name) ? SecretPaths.collection : SecretPaths.noPrompt
+            let path = SecretPaths.collection(ofAlias: name).map { SecretPaths.path(of: $0) } ?? SecretPaths.noPrompt
             return Reply { $0.objectPath(path) }
         case "SetAlias":
             let name = try arguments.string()
             let path = try arguments.objectPath()
-            guard SecretPaths.aliasNames.contains(name), SecretPaths.isCollection(path) else {
-                throw .notSupported("the aliases default and login name the vault; no other alias is kept")
+            guard let named = SecretPaths.collection(ofAlias: name), SecretPaths.collection(at: path) == named else {
+                throw .notSupported("the aliases default and login name the vault, session the session's collection; no other alias is kept")
             }
             return .empty
         default:
@@ -185,11 +205,16 @@ extension SecretServiceBus {
         }
     }
 
-    /// The matches of a search: those the caller may read now, and the others.
-    func search(_ attributes: [String: String], for caller: BusCaller) -> ([String], [String]) {
+    /// The matches of a search in `collections`: those the caller may read now, and the others.
+    func search(_ attributes: [String: String], for caller: BusCaller,
+                in collections: [CollectionID] = CollectionID.allCases) -> ([String], [String]) {
         var unlocked: [String] = [], locked: [String] = []
-        for uuid in store.search(attributes) {
-            if store.mayRead(uuid, caller: caller) { unlocked.append(SecretPaths.item(uuid)) } else { locked.append(SecretPaths.item(uuid)) }
+        for collection in collections {
+            let items = source(collection)
+            for uuid in items.search(attributes) {
+                let path = SecretPaths.item(uuid, in: collection)
+                if !items.isLocked && items.mayRead(uuid, caller: caller) { unlocked.append(path) } else { locked.append(path) }
+            }
         }
         return (unlocked, locked)
     }
@@ -217,6 +242,7 @@ extension SecretServiceBus {
         let attributes: [String: String]
         let caller: BusCaller
         let fromService: Bool
+        let collections: [CollectionID]
     }
 
     /// Before the mount's first unlock the attributes are sealed and nothing can be found:
@@ -224,10 +250,11 @@ extension SecretServiceBus {
     /// search waits, and the vault's passphrase is asked for (one prompt for every search
     /// waiting), as Unlock would; given, each search is answered; refused, each gets
     /// IsLocked. (A client whose call times out first finds the vault unlocked on its retry.)
-    func waitToSearch(_ call: BusCall, _ attributes: [String: String], fromService: Bool) -> Reply {
+    func waitToSearch(_ call: BusCall, _ attributes: [String: String], fromService: Bool,
+                      in collections: [CollectionID] = CollectionID.allCases) -> Reply {
         sd_bus_message_ref(call.message)
         waitingSearches.append(WaitingSearch(message: call.message, attributes: attributes,
-                                             caller: call.caller, fromService: fromService))
+                                             caller: call.caller, fromService: fromService, collections: collections))
         if searchPrompt == nil {
             searchPrompt = store.unlock(items: [], caller: call.caller) { [weak self] _ in
                 self?.post { $0.answerWaitingSearches() }
@@ -247,7 +274,7 @@ extension SecretServiceBus {
         if found { prompt?() }  // (unlocked another way: the dialog goes)
         for search in waiting {
             if found {
-                let (unlocked, locked) = self.search(search.attributes, for: search.caller)
+                let (unlocked, locked) = self.search(search.attributes, for: search.caller, in: search.collections)
                 send(Self.searchReply(unlocked, locked, fromService: search.fromService), to: search.message)
             } else {
                 sendError(.isLocked("the collection is locked: its passphrase was not given"), to: search.message)
@@ -268,9 +295,9 @@ extension SecretServiceBus {
     }
 
     func isUnlocked(_ path: String, for caller: BusCaller) -> Bool {
-        if SecretPaths.isCollection(path) { return !store.isLocked }
-        guard let uuid = SecretPaths.uuid(ofItem: path) else { return false }
-        return !store.isLocked && store.mayRead(uuid, caller: caller)
+        if SecretPaths.collection(at: path) != nil { return !store.isLocked }
+        guard let (collection, uuid) = SecretPaths.item(at: path) else { return false }
+        return !store.isLocked && source(collection).mayRead(uuid, caller: caller)
     }
 
     /// The caller's own session at `path`.
@@ -328,6 +355,8 @@ extension SecretServiceBus {
     ///
     /// Thread-safety: on the bus thread only.
     struct PendingPrompt {
+        /// `items`: the vault's items guarding may need a person's yes for; `collections`:
+        /// the paths unlocked with the vault (collections, session items).
         enum Work { case unlock(items: [[UInt8]], collections: [String]) }
         let owner: BusCaller
         let work: Work
@@ -373,7 +402,7 @@ extension SecretServiceBus {
         var objects: [String] = []
         if case .unlocked(_, let items) = outcome {
             if !store.isLocked { objects += collections }
-            objects += items.map(SecretPaths.item)
+            objects += items.map { SecretPaths.item($0) }
         }
         emit(path, Self.promptInterface, "Completed") { writer in
             writer.bool(outcome == .dismissed)
@@ -393,13 +422,14 @@ extension SecretServiceBus {
 
     // MARK: Collection
 
-    private func collectionMethod(_ call: BusCall) throws(BusError) -> Reply? {
+    private func collectionMethod(_ call: BusCall, _ collection: CollectionID) throws(BusError) -> Reply? {
         let arguments = call.arguments
+        let items = source(collection)
         switch call.member {
         case "SearchItems":
             let attributes = try arguments.stringDictionary()
-            guard store.canSearch else { return waitToSearch(call, attributes, fromService: false) }
-            let (unlocked, locked) = search(attributes, for: call.caller)
+            guard store.canSearch else { return waitToSearch(call, attributes, fromService: false, in: [collection]) }
+            let (unlocked, locked) = search(attributes, for: call.caller, in: [collection])
             return Self.searchReply(unlocked, locked, fromService: false)
         case "CreateItem":
             var label = "", attributes: [String: String] = [:]
@@ -418,17 +448,18 @@ extension SecretServiceBus {
             defer { secret.wipe() }
             let replace = try arguments.bool()
             let uuid = try storeCall { () throws(SecretStoreError) in
-                try store.createItem(label: label, attributes: attributes, secret: secret, contentType: type,
+                try items.createItem(label: label, attributes: attributes, secret: secret, contentType: type,
                                      replace: replace, caller: call.caller)
             }
-            signal(.items([uuid]))
-            let path = SecretPaths.item(uuid)
+            signal(.items([uuid]), in: collection)
+            let path = SecretPaths.item(uuid, in: collection)
             return Reply { writer in
                 writer.objectPath(path)
                 writer.objectPath(SecretPaths.noPrompt)
             }
         case "Delete":
-            throw .notSupported("the vault's collection cannot be deleted")
+            throw .notSupported(collection == .login ? "the vault's collection cannot be deleted"
+                                                     : "the session's collection lives until the mount ends")
         default:
             return nil
         }
@@ -436,13 +467,14 @@ extension SecretServiceBus {
 
     // MARK: Item
 
-    private func itemMethod(_ call: BusCall, _ uuid: [UInt8]) throws(BusError) -> Reply? {
+    private func itemMethod(_ call: BusCall, _ collection: CollectionID, _ uuid: [UInt8]) throws(BusError) -> Reply? {
         let arguments = call.arguments
+        let items = source(collection)
         switch call.member {
         case "GetSecret":
             let session = try requireSession(try arguments.objectPath(), call.caller)
-            guard !store.isLocked, store.mayRead(uuid, caller: call.caller) else { throw .isLocked("the item is locked") }
-            let (value, type) = try storeCall { () throws(SecretStoreError) in try store.secret(uuid, caller: call.caller) }
+            guard !items.isLocked, items.mayRead(uuid, caller: call.caller) else { throw .isLocked("the item is locked") }
+            let (value, type) = try storeCall { () throws(SecretStoreError) in try items.secret(uuid, caller: call.caller) }
             return Reply(sensitive: true) { writer in
                 Self.writeSecret(&writer, session: session, value: value, contentType: type)
                 value.wipe()
@@ -450,12 +482,12 @@ extension SecretServiceBus {
         case "SetSecret":
             let (secret, type) = try readSecret(arguments, call.caller)
             defer { secret.wipe() }
-            try storeCall { () throws(SecretStoreError) in try store.setSecret(uuid, secret, contentType: type, caller: call.caller) }
-            signal(.items([uuid]))
+            try storeCall { () throws(SecretStoreError) in try items.setSecret(uuid, secret, contentType: type, caller: call.caller) }
+            signal(.items([uuid]), in: collection)
             return .empty
         case "Delete":
-            try storeCall { () throws(SecretStoreError) in try store.delete(uuid, caller: call.caller) }
-            signal(.items([uuid]))
+            try storeCall { () throws(SecretStoreError) in try items.delete(uuid, caller: call.caller) }
+            signal(.items([uuid]), in: collection)
             return Reply { $0.objectPath(SecretPaths.noPrompt) }
         default:
             return nil
@@ -492,25 +524,28 @@ extension SecretServiceBus {
         let interface = given.isEmpty ? Self.interface(of: object) : given
         switch object {
         case .service where interface == Self.serviceInterface:
-            return [Property(name: "Collections", signature: "ao") { $0.objectPaths([SecretPaths.collection]) }]
-        case .collection where interface == Self.collectionInterface:
-            let items = store.allItems().map(SecretPaths.item)
+            let collections = CollectionID.allCases.map { SecretPaths.path(of: $0) }
+            return [Property(name: "Collections", signature: "ao") { $0.objectPaths(collections) }]
+        case .collection(let collection) where interface == Self.collectionInterface:
+            let items = source(collection).allItems().map { SecretPaths.item($0, in: collection) }
             let locked = store.isLocked
+            let label = source(collection).collectionLabel
             return [
                 Property(name: "Items", signature: "ao") { $0.objectPaths(items) },
-                Property(name: "Label", signature: "s") { $0.string("Login") },
+                Property(name: "Label", signature: "s") { $0.string(label) },
                 Property(name: "Locked", signature: "b") { $0.bool(locked) },
                 Property(name: "Created", signature: "t") { $0.uint64(0) },
                 Property(name: "Modified", signature: "t") { $0.uint64(0) },
             ]
-        case .item(let uuid) where interface == Self.itemInterface:
-            guard let item = store.item(uuid) else { throw .noSuchObject() }
-            let locked = store.isLocked || !store.mayRead(uuid, caller: caller)
+        case .item(let collection, let uuid) where interface == Self.itemInterface:
+            let items = source(collection)
+            guard let item = items.item(uuid) else { throw .noSuchObject() }
+            let locked = items.isLocked || !items.mayRead(uuid, caller: caller)
             return [
                 Property(name: "Locked", signature: "b") { $0.bool(locked) },
                 Property(name: "Attributes", signature: "a{ss}") { $0.stringDictionary(item.attributes) },
                 Property(name: "Label", signature: "s") { $0.string(item.label) },
-                Property(name: "Type", signature: "s") { $0.string(item.attributes["xdg:schema"] ?? "") },
+                Property(name: "Type", signature: "s") { $0.string(item.attributes["xdg:schema"] ?? Self.genericType) },
                 Property(name: "Created", signature: "t") { $0.uint64(item.created) },
                 Property(name: "Modified", signature: "t") { $0.uint64(item.modified) },
             ]
@@ -558,20 +593,28 @@ extension SecretServiceBus {
             }
         case "Set":
             let interface = try arguments.string(), name = try arguments.string()
-            guard case .item(let uuid) = object, interface == Self.itemInterface else {
+            if case .collection(let collection) = object, interface == Self.collectionInterface || interface.isEmpty, name == "Label" {
+                let label = try arguments.variant("s") { () throws(BusError) in try arguments.string() }
+                try storeCall { () throws(SecretStoreError) in try source(collection).setCollectionLabel(label, caller: call.caller) }
+                propertiesChanged(SecretPaths.path(of: collection), Self.collectionInterface,
+                                  changed: [Property(name: "Label", signature: "s") { $0.string(label) }])
+                return .empty
+            }
+            guard case .item(let collection, let uuid) = object, interface == Self.itemInterface || interface.isEmpty else {
                 throw .accessDenied("\(interface).\(name) cannot be set here")
             }
+            let items = source(collection)
             switch name {
             case "Label":
                 let label = try arguments.variant("s") { () throws(BusError) in try arguments.string() }
-                try storeCall { () throws(SecretStoreError) in try store.setLabel(uuid, label, caller: call.caller) }
+                try storeCall { () throws(SecretStoreError) in try items.setLabel(uuid, label, caller: call.caller) }
             case "Attributes":
                 let attributes = try arguments.variant("a{ss}") { () throws(BusError) in try arguments.stringDictionary() }
-                try storeCall { () throws(SecretStoreError) in try store.setAttributes(uuid, attributes, caller: call.caller) }
+                try storeCall { () throws(SecretStoreError) in try items.setAttributes(uuid, attributes, caller: call.caller) }
             default:
                 throw .accessDenied("\(interface).\(name) is read only")
             }
-            signal(.items([uuid]))
+            signal(.items([uuid]), in: collection)
             return .empty
         default:
             throw .unknownMethod("no method \(call.member) of \(Self.propertiesInterface)")
@@ -580,36 +623,77 @@ extension SecretServiceBus {
 
     // MARK: Signals
 
-    /// Tells the bus what changed: items made, changed or removed; the lock state.
-    func signal(_ change: SecretStoreChange) {
+    /// Tells the bus what changed: items made, changed or removed; the lock state. A client's
+    /// proxies of items (libsecret keeps those it loaded while locked) learn the truth from
+    /// `PropertiesChanged` on each item and `ItemChanged` on its collection, sent before a
+    /// prompt's `Completed` (both are posted to this thread in that order).
+    func signal(_ change: SecretStoreChange, in collection: CollectionID = .login) {
+        let items = source(collection)
+        let collectionPath = SecretPaths.path(of: collection)
         switch change {
         case .items(let uuids):
             var itemsChanged = false
             for uuid in uuids {
-                let path = SecretPaths.item(uuid)
-                let exists = store.item(uuid) != nil
+                let path = SecretPaths.item(uuid, in: collection)
+                let item = items.item(uuid)
                 let member: String
-                switch (known.contains(uuid), exists) {
-                case (false, true): member = "ItemCreated"; known.insert(uuid); itemsChanged = true
-                case (true, false): member = "ItemDeleted"; known.remove(uuid); itemsChanged = true
+                switch (known[collection, default: []].contains(uuid), item != nil) {
+                case (false, true): member = "ItemCreated"; known[collection, default: []].insert(uuid); itemsChanged = true
+                case (true, false): member = "ItemDeleted"; known[collection]?.remove(uuid); itemsChanged = true
                 case (true, true): member = "ItemChanged"
                 case (false, false): continue
                 }
-                emit(SecretPaths.collection, Self.collectionInterface, member) { $0.objectPath(path) }
+                if let item, member == "ItemChanged", !items.isLocked { propertiesChanged(path, Self.itemInterface, changed: Self.shown(item)) }
+                emit(collectionPath, Self.collectionInterface, member) { $0.objectPath(path) }
             }
-            if itemsChanged { propertiesChanged(SecretPaths.collection, Self.collectionInterface, invalidated: ["Items"]) }
+            if itemsChanged { propertiesChanged(collectionPath, Self.collectionInterface, invalidated: ["Items"]) }
         case .lockState:
-            if store.isLocked == false { known = Set(store.allItems()) }
+            let locked = store.isLocked
+            for id in CollectionID.allCases {
+                let source = self.source(id)
+                let path = SecretPaths.path(of: id)
+                // Locked: the items known while unlocked (the listing keeps them); unlocked: all.
+                let uuids = locked ? Array(known[id] ?? []) : source.allItems()
+                if !locked { known[id] = Set(uuids) }
+                for uuid in uuids {
+                    let itemPath = SecretPaths.item(uuid, in: id)
+                    var changed = [Property(name: "Locked", signature: "b") { $0.bool(true) }]
+                    if !locked, let item = source.item(uuid) {
+                        // (Guarded, Locked depends on who asks: a client reads it again, through Unlock.)
+                        changed = Self.shown(item) + (source.guardsItems ? [] : [Property(name: "Locked", signature: "b") { $0.bool(false) }])
+                    }
+                    propertiesChanged(itemPath, Self.itemInterface, changed: changed)
+                    emit(path, Self.collectionInterface, "ItemChanged") { $0.objectPath(itemPath) }
+                }
+                propertiesChanged(path, Self.collectionInterface, changed: [Property(name: "Locked", signature: "b") { $0.bool(locked) }],
+                                  invalidated: ["Items"])
+                emit(SecretPaths.root, Self.serviceInterface, "CollectionChanged") { $0.objectPath(path) }
+            }
             if !waitingSearches.isEmpty && store.canSearch { answerWaitingSearches() }
-            propertiesChanged(SecretPaths.collection, Self.collectionInterface, invalidated: ["Locked", "Items"])
-            emit(SecretPaths.root, Self.serviceInterface, "CollectionChanged") { $0.objectPath(SecretPaths.collection) }
         }
     }
 
-    private func propertiesChanged(_ path: String, _ interface: String, invalidated: [String]) {
+    /// An unlocked item's properties as a client caches them (all but Locked).
+    static func shown(_ item: SecretItem) -> [Property] {
+        [
+            Property(name: "Label", signature: "s") { $0.string(item.label) },
+            Property(name: "Attributes", signature: "a{ss}") { $0.stringDictionary(item.attributes) },
+            Property(name: "Type", signature: "s") { $0.string(item.attributes["xdg:schema"] ?? Self.genericType) },
+            Property(name: "Created", signature: "t") { $0.uint64(item.created) },
+            Property(name: "Modified", signature: "t") { $0.uint64(item.modified) },
+        ]
+    }
+
+    func propertiesChanged(_ path: String, _ interface: String, changed: [Property] = [], invalidated: [String] = []) {
         emit(path, Self.propertiesInterface, "PropertiesChanged") { writer in
             writer.string(interface)
             writer.open("a", "{sv}")
+            for property in changed {
+                writer.open("e", "sv")
+                writer.string(property.name)
+                writer.variant(property.signature) { property.write(&$0) }
+                writer.close()
+            }
             writer.close()
             writer.open("a", "s")
             for name in invalidated { writer.string(name) }

@@ -20,6 +20,8 @@ public final class SecretServiceBus: @unchecked Sendable {
     public static let name = "org.freedesktop.secrets"
 
     let store: any SecretStore
+    /// The `session` collection: in memory, locked and unlocked with the vault.
+    let sessionItems: SessionCollection
     private let bus: OpaquePointer
     private let wakeup = Wakeup()
     private let work = Locked<[@Sendable (SecretServiceBus) -> Void]>([])
@@ -34,8 +36,8 @@ public final class SecretServiceBus: @unchecked Sendable {
     var nextPrompt = 0
     /// The process behind each connection seen (asked of the bus once, pinned).
     private var callers: [String: BusCaller] = [:]
-    /// The items signalled so far (to tell a made one from a changed one).
-    var known: Set<[UInt8]> = []
+    /// The items signalled so far, by collection (to tell a made one from a changed one).
+    var known: [CollectionID: Set<[UInt8]>] = [:]
     /// Searches made before the mount's first unlock, answered once the passphrase is given
     /// (or refused); the prompt that asks for it, while it is up.
     var waitingSearches: [WaitingSearch] = []
@@ -43,6 +45,7 @@ public final class SecretServiceBus: @unchecked Sendable {
 
     private init(store: any SecretStore, bus: OpaquePointer) {
         self.store = store
+        self.sessionItems = SessionCollection(vault: store)
         self.bus = bus
     }
 
@@ -67,7 +70,10 @@ public final class SecretServiceBus: @unchecked Sendable {
         }
         let service = SecretServiceBus(store: store, bus: bus)
         let context = Unmanaged.passUnretained(service).toOpaque()
-        guard sd_bus_add_fallback(bus, nil, SecretPaths.root, { message, context, _ in
+        // Every path, not only the service's: a call to a path where nothing is answers what
+        // clients map to "no such item" (GDBus's UnknownMethod, as gnome-keyring's), not
+        // sd-bus's UnknownObject.
+        guard sd_bus_add_fallback(bus, nil, "/", { message, context, _ in
             guard let message, let context else { return 0 }
             return Unmanaged<SecretServiceBus>.fromOpaque(context).takeUnretainedValue().handle(message)
         }, context) >= 0,
@@ -78,7 +84,7 @@ public final class SecretServiceBus: @unchecked Sendable {
               }, context) >= 0 else {
             throw SecretServiceError("the Secret Service could not register its objects on the bus")
         }
-        service.known = Set(store.allItems())
+        service.known[.login] = Set(store.allItems())
         store.observe { [weak service] change in service?.post { $0.signal(change) } }
         guard let thread = Threads.start({ service.serve() }) else {
             throw SecretServiceError("no thread for the Secret Service")
@@ -146,6 +152,7 @@ public final class SecretServiceBus: @unchecked Sendable {
             if poll(&polled, 2, timeout) > 0 && polled[1].revents != 0 { wakeup.wait(until: .now) }
         }
         searchPrompt?()
+        sessionItems.wipe()
         for search in waitingSearches { sd_bus_message_unref(search.message) }
         waitingSearches.removeAll()
         _ = sd_bus_release_name(bus, Self.name)

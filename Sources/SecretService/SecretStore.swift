@@ -133,6 +133,13 @@ public protocol SecretStore: AnyObject, Sendable {
     func setLabel(_ uuid: [UInt8], _ label: String, caller: BusCaller) throws(SecretStoreError)
     func setAttributes(_ uuid: [UInt8], _ attributes: [String: String], caller: BusCaller) throws(SecretStoreError)
     func delete(_ uuid: [UInt8], caller: BusCaller) throws(SecretStoreError)
+    /// Whether who may read an item depends on the caller (guarding is on): then its
+    /// `Locked` is not told to every client at an unlock.
+    var guardsItems: Bool { get }
+    /// The collection's label (`Login` until one is set).
+    var collectionLabel: String { get }
+    /// Sets the collection's label (kept with the items: the vault's travels with it).
+    func setCollectionLabel(_ label: String, caller: BusCaller) throws(SecretStoreError)
     /// Locks as `mtmfs lock` does.
     func lock()
     /// Asks a person, for `caller`: the vault's passphrase when it is locked, then (with

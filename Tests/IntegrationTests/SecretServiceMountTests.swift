@@ -512,7 +512,9 @@ struct SecretServiceMountTests {
             ("call(S, SERVICE, 'OpenSession', 'sv', (DH, ('ay', b'')))", invalidArgs, "an empty DH public key"),
             ("call(S, SERVICE, 'OpenSession', 'sv', (DH, ('ay', bytes([1]))))", invalidArgs, "a DH public key of 1 (its powers are trivial)"),
             ("call(S, SERVICE, 'OpenSession', 's', ('plain',))", invalidArgs, "OpenSession without its input"),
-            ("call(C + '/00', ITEM, 'GetSecret', 'o', ('/',))", unknownObject, "a path under the collection that is no item's"),
+            // (What secretstorage and libsecret map to "no such item", as gnome-keyring's answer is mapped.)
+            ("call(C + '/00', ITEM, 'GetSecret', 'o', ('/',))", noSuchObject, "a path under the collection that is no item's"),
+            ("call(S + '/collection/nothing', PROPERTIES, 'Get', 'ss', (COLLECTION, 'Label'))", noSuchObject, "a collection that does not exist"),
             ("call(C + '/' + '0' * 32, ITEM, 'GetSecret', 'o', ('/',))", noSuchObject, "an item that does not exist"),
             ("call(S + '/nothing', 'org.freedesktop.DBus.Introspectable', 'Introspect')", unknownObject, "an unknown path"),
             ("call(S, SERVICE, 'NoSuchMethod')", unknownMethod, "an unknown method"),
@@ -650,11 +652,12 @@ struct SecretServiceMountTests {
         #expect(FileManager.default.fileExists(atPath: mnt + "/settings/IsFirstRun"))
     }
 
-    /// One collection (SPEC §2c): CreateCollection with the alias `default` gives it back
-    /// (no prompt), any other is NotSupported; ReadAlias names it for `default` and
-    /// `login`, and "/" for any other; /org/freedesktop/secrets/aliases/default is an object
-    /// of its own with the collection's properties and items.
-    @Test func theAliasDefaultIsTheOneCollection() throws {
+    /// Two collections (SPEC §2c): the vault's (aliases `default` and `login`) and the
+    /// session's (alias `session`). CreateCollection with one of those aliases gives its
+    /// collection back (no prompt), any other is NotSupported; ReadAlias names them, "/" for
+    /// any other; /org/freedesktop/secrets/aliases/default is an object of its own with the
+    /// collection's properties and items.
+    @Test func theAliasesNameTheTwoCollections() throws {
         let store = try ServedStore()
         defer { store.close() }
         #expect(store.run("secret-tool", ["store", "--label=L", "service", "s"], input: "v").status == 0)
@@ -669,6 +672,8 @@ struct SecretServiceMountTests {
             print(call(S, SERVICE, 'ReadAlias', 's', ('default',)))
             print(call(S, SERVICE, 'ReadAlias', 's', ('login',)))
             print(call(S, SERVICE, 'ReadAlias', 's', ('another',)))
+            print(call(S, SERVICE, 'ReadAlias', 's', ('session',)))
+            print(call(S, SERVICE, 'CreateCollection', 'a{sv}s', (label, 'session')))
             print(call(S, SERVICE, 'SetAlias', 'so', ('default', C)))
             print(call(S, PROPERTIES, 'Get', 'ss', (SERVICE, 'Collections')))
             alias = call(S + '/aliases/default', PROPERTIES, 'GetAll', 's', (COLLECTION,))
@@ -686,8 +691,10 @@ struct SecretServiceMountTests {
             "('\(collection)',)",
             "('\(collection)',)",
             "('/',)",
+            "('/org/freedesktop/secrets/collection/session',)",
+            "('/org/freedesktop/secrets/collection/session', '/')",
             "()",
-            "(('ao', ['\(collection)']),)",
+            "(('ao', ['\(collection)', '/org/freedesktop/secrets/collection/session']),)",
             "['Created', 'Items', 'Label', 'Locked', 'Modified'] True True",
             "(('s', 'Login'),)",
             "True",

@@ -38,28 +38,57 @@ public final class VaultSecretStore: SecretStore, @unchecked Sendable {
 
     public var isLocked: Bool { state.withLock { !$0.fields.session.isOpen } }
 
+    public var guardsItems: Bool { service.guarded.load(ordering: .acquiring) }
+
     public var canSearch: Bool { state.withLock { $0.fields.session.isOpen || $0.lockedSearch != nil } }
 
     public func allItems() -> [[UInt8]] {
         state.withLock { s in s.fields.session.isOpen ? (s.fields.vault?.accounts.map(\.uuid) ?? []) : [] }
     }
 
+    /// Unlocked, the item as the vault holds it; locked, as the lock found it (its label and
+    /// attributes, kept for the bus as gnome-keyring shows a locked item's: libsecret reads
+    /// them from the proxies it made while locked), else blank.
     public func item(_ uuid: [UInt8]) -> SecretItem? {
         state.withLock { s -> SecretItem? in
             guard let vault = s.fields.vault, vault.hasAccount(uuid: uuid) else { return nil }
-            guard s.fields.session.isOpen else { return SecretItem(uuid: uuid, label: "", attributes: [:], created: 0, modified: 0) }
-            func text(_ value: SecureBytes?) -> String { value.map { $0.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } } ?? "" }
-            var attributes: [String: String] = [:]
-            for (name, value) in (try? vault.namedFields(of: uuid)) ?? [:] where name.hasPrefix(Self.attributePrefix) {
-                attributes[String(name.dropFirst(Self.attributePrefix.count))] = text(value)
+            guard s.fields.session.isOpen else {
+                return s.lockedItems[uuid] ?? SecretItem(uuid: uuid, label: "", attributes: [:], created: 0, modified: 0)
             }
-            for mapped in Self.mappedAttributes {
-                if let value = try? vault.storedField(mapped.field, of: uuid) { attributes[mapped.attribute] = text(value) }
-            }
-            let times = vault.times(of: uuid) ?? (0, 0)
-            return SecretItem(uuid: uuid, label: text(try? vault.storedField(.label, of: uuid)), attributes: attributes,
-                              created: times.created / 1000, modified: times.modified / 1000)
+            return Self.view(uuid, in: vault)
         }
+    }
+
+    /// An account as an item (unlocked; under the service's lock).
+    static func view(_ uuid: [UInt8], in vault: Vault) -> SecretItem {
+        func text(_ value: SecureBytes?) -> String { value.map { $0.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } } ?? "" }
+        var attributes: [String: String] = [:]
+        for (name, value) in (try? vault.namedFields(of: uuid)) ?? [:] where name.hasPrefix(Self.attributePrefix) {
+            attributes[String(name.dropFirst(Self.attributePrefix.count))] = text(value)
+        }
+        for mapped in Self.mappedAttributes {
+            if let value = try? vault.storedField(mapped.field, of: uuid) { attributes[mapped.attribute] = text(value) }
+        }
+        let times = vault.times(of: uuid) ?? (0, 0)
+        return SecretItem(uuid: uuid, label: text(try? vault.storedField(.label, of: uuid)), attributes: attributes,
+                          created: times.created / 1000, modified: times.modified / 1000)
+    }
+
+    /// Every item as it is now, read a few hundred at a time (the service's lock is let go
+    /// between them): what a lock keeps for the bus.
+    static func views(of service: VaultService) -> [[UInt8]: SecretItem] {
+        let uuids = service.state.withLock { s in s.fields.session.isOpen ? (s.fields.vault?.accounts.map(\.uuid) ?? []) : [] }
+        var views: [[UInt8]: SecretItem] = [:]
+        views.reserveCapacity(uuids.count)
+        for start in stride(from: 0, to: uuids.count, by: 256) {
+            service.state.withLock { s in
+                guard s.fields.session.isOpen, let vault = s.fields.vault else { return }
+                for uuid in uuids[start..<min(uuids.count, start + 256)] where vault.hasAccount(uuid: uuid) {
+                    views[uuid] = view(uuid, in: vault)
+                }
+            }
+        }
+        return views
     }
 
     /// Unlocked, through the vault's index; locked, through the index the lock kept (the
@@ -327,6 +356,39 @@ public final class VaultSecretStore: SecretStore, @unchecked Sendable {
     }
 
     public func lock() { service.lock(reason: "locked on the Secret Service") }
+
+    /// The label last read while unlocked (it is sealed: locked, the last one seen shows).
+    private let knownCollectionLabel = Locked<String?>(nil)
+
+    public var collectionLabel: String {
+        let read = state.withLock { s -> String?? in
+            guard s.fields.session.isOpen, let vault = s.fields.vault else { return .none }
+            return .some((try? vault.collectionLabel()) ?? nil)
+        }
+        switch read {
+        case .none: return knownCollectionLabel.withLock { $0 } ?? "Login"
+        case .some(let label):
+            knownCollectionLabel.withLock { $0 = label }
+            return label ?? "Login"
+        }
+    }
+
+    public func setCollectionLabel(_ label: String, caller: BusCaller) throws(SecretStoreError) {
+        do throws(Errno) {
+            try locked { (s) throws(Errno) in
+                try s.fields.session.requireOpen()
+                guard let vault = s.fields.vault else { throw .ioError }
+                do throws(VaultError) { try vault.setCollectionLabel(label) } catch { throw error.errno }
+            }
+        } catch {
+            switch error {
+            case .permissionDenied: throw .locked
+            case .invalidArgument: throw .invalid("a single-file vault keeps no label")
+            default: throw .failed("the vault could not be saved: \(error)")
+            }
+        }
+        knownCollectionLabel.withLock { $0 = label.isEmpty ? nil : label }
+    }
 
     public func observe(_ handler: @escaping @Sendable (SecretStoreChange) -> Void) {
         service.servesSecretService.store(true, ordering: .relaxed)

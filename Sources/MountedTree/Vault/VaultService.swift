@@ -272,6 +272,7 @@ public final class VaultService: EditingLock, @unchecked Sendable {
             s.fields.session.touched()
             s.fields.session.unlocked()
             s.lockedSearch = nil  // (its key wiped: the vault's own index serves again)
+            s.lockedItems = [:]
             noteGuarding(s)
             return Array(s.engine.files.keys)
         }
@@ -353,6 +354,9 @@ public final class VaultService: EditingLock, @unchecked Sendable {
     /// (removals due) are written after it, as a request's are.
     public func lock(reason: String) {
         defer { SecureBytes.burnStack() }
+        // What the bus shows of locked items (labels, attributes), read before the lock
+        // with the service's lock taken a few hundred items at a time.
+        let views = servesSecretService.load(ordering: .relaxed) ? VaultSecretStore.views(of: self) : [:]
         let (invalidations, saves) = state.withLock { s -> ([Invalidation], [any DeferredSave]) in
             let wasUnlocked = s.fields.session.isUnlocked
             // Fields unlinked a moment ago leave now, while the vault can still seal.
@@ -366,6 +370,7 @@ public final class VaultService: EditingLock, @unchecked Sendable {
             let viewNames = s.viewNamesToForget()
             if wasUnlocked && servesSecretService.load(ordering: .relaxed) {
                 s.lockedSearch = s.fields.vault?.takeIndexForLockedSearch()
+                s.lockedItems = views
             }
             s.fields.session.lock()
             noteGuarding(s)

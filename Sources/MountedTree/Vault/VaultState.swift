@@ -24,6 +24,9 @@ struct VaultState: EditingTreeState, @unchecked Sendable {
     /// While locked, with the Secret Service served: the index as the lock found it, so
     /// that a search finds the items it will unlock (SPEC §2c). Gone at unlock.
     var lockedSearch: LockedSearchIndex?
+    /// With it, the items as the lock found them (label, attributes, times: no secret),
+    /// which the bus shows while locked, as gnome-keyring does. Gone at unlock.
+    var lockedItems: [[UInt8]: SecretItem] = [:]
 
     /// Every request but a release needs a vault (EIO while none can be read).
     func admit() throws(Errno) {
