@@ -103,6 +103,15 @@ public final class MtmfsMount: Sendable {
                                              passphrase: passphrase)
                 }
             }, answerWhenDone: { answer in notifier.whenSent(answer) }),
+            // The passphrase alone: EACCES unless it is the vault's (`mtmfs export` asks it again).
+            ControlTree.File(name: "verify", mode: 0o200, command: { (bytes) throws(Errno) in
+                let length = OneNewline.valueEnd(bytes)
+                guard length > 0 else { throw .invalidArgument }
+                defer { if let base = bytes.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), bytes.count) } }
+                let passphrase = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<length]))
+                defer { passphrase.wipe() }
+                try vault.checkPassphrase(passphrase)
+            }),
             ControlTree.File(name: "access", mode: 0o400, contents: { vault.recentDecisions() }),
             ControlTree.File(name: "find", mode: 0o600, query: { (bytes) throws(Errno) in try vault.find(bytes) }),
         ], ownership: ownership, nodes: nodes)

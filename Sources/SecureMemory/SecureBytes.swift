@@ -181,6 +181,12 @@ public enum Sodium {
     public static let initialized: Bool = sodium_init() >= 0
     public static func initialize() { precondition(initialized, "sodium_init failed") }
 
+    /// A uniformly random number in 0..<upper (libsodium's `randombytes_uniform`: no modulo bias).
+    public static func uniform(_ upper: UInt32) -> UInt32 {
+        initialize()
+        return randombytes_uniform(upper)
+    }
+
     public static func randomBytes(_ count: Int) -> [UInt8] {
         initialize()
         var bytes = [UInt8](repeating: 0, count: count)

@@ -123,7 +123,18 @@ extension Bench {
                 throw BenchError("W26: the SearchItems client on \(service.name) failed")
             }
             record("W26 SearchItems round trip, \(service.accounts) accounts (µs)", service.name, microseconds)
-            if service.name == "mtmfs" { searches[service.accounts] = microseconds }
+            if service.name == "mtmfs" {
+                searches[service.accounts] = microseconds
+                // A lock with the bus served keeps every item's label and attributes for it
+                // (read before the lock) and signals every item; the unlock signals them again.
+                let mount = root + "/mtmfs-w26-\(service.accounts)"
+                let lock = seconds { Spawn.run("/usr/bin/env", onBus(service.address, mtmfs, ["lock", mount])) }
+                let unlock = seconds {
+                    Spawn.run("/usr/bin/env", onBus(service.address, mtmfs, ["unlock", "--passphrase-file", root + "/w3-pass", mount]))
+                }
+                record("W26 mtmfs lock, bus served, \(service.accounts) accounts (ms)", service.name, lock * 1000)
+                record("W26 mtmfs unlock, bus served, \(service.accounts) accounts (ms)", service.name, unlock * 1000)
+            }
         }
         if let small = searches[secretServiceSizes[0]], let large = searches[secretServiceSizes[1]], small > 0 {
             record("W26 SearchItems, \(secretServiceSizes[1]) ÷ \(secretServiceSizes[0]) accounts, same round (×)", "mtmfs", large / small)

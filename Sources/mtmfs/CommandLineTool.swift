@@ -25,7 +25,7 @@ enum CommandLineTool {
         InitCommand.self, MountCommand.self, UnmountCommand.self, UnlockCommand.self, LockCommand.self,
         StatusCommand.self, PasswdCommand.self, CheckCommand.self, SyncCommand.self, DemoCommand.self, FindCommand.self,
         CredentialCommand.self, GuardCommand.self, TrustCommand.self, UntrustCommand.self, RunCommand.self,
-        InjectCommand.self, ReadCommand.self,
+        InjectCommand.self, ReadCommand.self, GenerateCommand.self, NewCommand.self, ImportCommand.self, ExportCommand.self,
     ] }
 
     static var overview: String {

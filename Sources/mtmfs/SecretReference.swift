@@ -63,12 +63,22 @@ struct SecretReference: Hashable, CustomStringConvertible {
     func read(from mountPoint: String) throws(CommandFailure) -> SecureBytes {
         let accounts = mountPoint + "/accounts/"
         try checkUnambiguous(accounts)
-        let path = accounts + account + "/" + field
+        guard let value = try Self.readFile(accounts + account + "/" + field, mountPoint: mountPoint, naming: description) else {
+            throw CommandFailure("no \(Terminal.printable(description)): no such account or field in \(mountPoint)",
+                                 exitCode: ExitCode.noMatch)
+        }
+        return value
+    }
+
+    /// A field's text read into secure memory, without its one trailing newline; nil when
+    /// there is no such file. `naming` says what it is in a message (never its value).
+    static func readFile(_ path: String, mountPoint: String, naming: String) throws(CommandFailure) -> SecureBytes? {
         let fd: Int32
         do {
             fd = try Syscall.open(path, O_RDONLY)
         } catch {
-            throw failure(error, mountPoint: mountPoint)
+            if error == .noSuchFileOrDirectory || error == .notDirectory { return nil }
+            throw failure(error, naming: naming, mountPoint: mountPoint)
         }
         defer { Syscall.close(fd) }
         do throws(Errno) {
@@ -88,7 +98,7 @@ struct SecretReference: Hashable, CustomStringConvertible {
             try value.resize(to: ends ? count - 1 : count)
             return value
         } catch {
-            throw failure(error, mountPoint: mountPoint)
+            throw failure(error, naming: naming, mountPoint: mountPoint)
         }
     }
 
@@ -107,20 +117,17 @@ struct SecretReference: Hashable, CustomStringConvertible {
         }
     }
 
-    private func failure(_ error: Errno, mountPoint: String) -> CommandFailure {
+    private static func failure(_ error: Errno, naming: String, mountPoint: String) -> CommandFailure {
         switch error {
-        case .noSuchFileOrDirectory, .notDirectory:
-            return CommandFailure("no \(Terminal.printable(description)): no such account or field in \(mountPoint)",
-                                  exitCode: ExitCode.noMatch)
         case .permissionDenied:
             if StatusFile.read(mountPoint: mountPoint)["state"] == "locked" {
                 return CommandFailure("the accounts of \(mountPoint) are locked: run `mtmfs unlock \(mountPoint)`",
                                       exitCode: ExitCode.locked)
             }
-            return CommandFailure("guarding refused \(Terminal.printable(description)) to this program "
+            return CommandFailure("guarding refused \(Terminal.printable(naming)) to this program "
                                   + "(see \(mountPoint)/.mtmfs/access; `mtmfs trust` trusts a program)", exitCode: ExitCode.refused)
         default:
-            return CommandFailure("cannot read \(Terminal.printable(description)) from \(mountPoint): \(error)")
+            return CommandFailure("cannot read \(Terminal.printable(naming)) from \(mountPoint): \(error)")
         }
     }
 }

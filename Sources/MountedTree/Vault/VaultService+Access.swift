@@ -147,7 +147,7 @@ extension VaultService {
     }
 
     /// EACCES unless `passphrase` is the vault's (the derivation runs outside the lock).
-    func checkPassphrase(_ passphrase: SecureBytes) throws(Errno) {
+    public func checkPassphrase(_ passphrase: SecureBytes) throws(Errno) {
         defer { SecureBytes.burnStack() }
         let vault = try locked { (s) throws(Errno) -> Vault in
             try s.fields.session.requireOpen()

@@ -1,0 +1,235 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CredentialVault
+import Posix
+import SecureMemory
+
+/// `mtmfs import FORMAT [FILE]`: accounts from another password manager's export, through
+/// the mount (as `mkdir` and `echo` make them: the program that runs `mtmfs import` is their
+/// creator, so guarding trusts it with them). All or nothing: the whole file is read and
+/// checked first, and a failure while writing undoes what this import wrote.
+struct ImportCommand: Command {
+    static let name = "import"
+    static let abstract = "read accounts from a csv or Bitwarden export (a second import updates)"
+    static let usage = """
+    Usage: mtmfs import csv|bitwarden [--mount MOUNT] [FILE]
+
+    Reads FILE (default: standard input) into the unlocked mount:
+      csv        Chrome's, Firefox's or 1Password's CSV export (told apart by the header:
+                 name/title, url, username, password, note(s), otpauth, guid, …)
+      bitwarden  Bitwarden's unencrypted JSON export (logins and notes; custom fields
+                 become attributes/, totp becomes otp)
+    `mtmfs export` writes both. An account keeps the source's id where it is a UUID
+    (Bitwarden's id, Firefox's guid), and a second import of the same file updates those
+    accounts in place; without one, an account with the same label, url and username is
+    updated. A URL the url field cannot hold is kept as the attribute url. Prints what was
+    made and updated. Any error (a damaged file, an unknown column) changes nothing.
+
+    Exit status: 0 imported; 5 locked; 6 no mount; 7 guarding refused; 1 a bad file or
+    anything else; 2 wrong command line.
+    """
+    static let flags: Set<String> = []
+    static let options: Set<String> = ["--mount"]
+
+    let format: String
+    let file: String?
+    let mount: String?
+
+    init(_ arguments: Arguments) throws(CommandFailure) {
+        let positionals = try arguments.positionals(1...2, named: "FORMAT")
+        format = positionals[0]
+        guard ["csv", "bitwarden"].contains(format) else { throw .usage("FORMAT is csv or bitwarden", command: Self.name) }
+        file = positionals.count > 1 ? positionals[1] : nil
+        mount = arguments.value("--mount")
+    }
+
+    func run() throws(CommandFailure) {
+        let mountPoint = try MountChoice.resolve(mount)
+        let data = try Self.readInput(file)
+        defer { data.wipe() }
+        let accounts: [ImportedAccount]
+        do throws(ImportError) {
+            accounts = format == "csv" ? try CSVImport.parse(data) : try BitwardenImport.parse(data)
+        } catch {
+            throw CommandFailure("\(Terminal.printable(file ?? "standard input")): \(error.message); nothing was imported")
+        }
+        defer { accounts.forEach { $0.wipe() } }
+        var writer = AccountWriter(mountPoint: mountPoint)
+        do throws(CommandFailure) {
+            let existing = try writer.existingAccounts()
+            for account in accounts { try writer.put(account, existing: existing) }
+        } catch {
+            writer.undo()
+            throw CommandFailure(error.description + "; nothing was imported", exitCode: error.exitCode)
+        }
+        writer.finish()
+        print("imported \(accounts.count) accounts: \(writer.made.count) made, \(writer.updated) updated"
+              + (writer.skippedAttributes > 0 ? ", \(writer.skippedAttributes) attributes with names too long for a file left out" : ""))
+    }
+
+    /// The whole input, in secure memory.
+    static func readInput(_ path: String?) throws(CommandFailure) -> SecureBytes {
+        let data = SecureBytes()
+        do throws(Errno) {
+            let fd = try path.map { (path) throws(Errno) in try Syscall.open(path, O_RDONLY) } ?? 0
+            defer { if path != nil { Syscall.close(fd) } }
+            var count = 0, capacity = 65_536
+            while true {
+                if data.count < capacity { try data.resize(to: capacity) }
+                let read = try data.withUnsafeMutableBytes { (buffer) throws(Errno) -> Int in
+                    try Syscall.read(fd, into: UnsafeMutableRawBufferPointer(rebasing: buffer[count...]))
+                }
+                if read == 0 { break }
+                count += read
+                if count == capacity { capacity *= 2 }
+            }
+            try data.resize(to: count)
+        } catch {
+            data.wipe()
+            throw CommandFailure("cannot read \(Terminal.printable(path ?? "standard input")): \(error)")
+        }
+        return data
+    }
+}
+
+/// Writes imported accounts through the mount and remembers how to undo it: the accounts it
+/// made (removed), and the old text of each field it changed (written back).
+///
+/// Thread-safety: none of its own; one thread.
+struct AccountWriter {
+    let mountPoint: String
+    var accounts: String { mountPoint + "/accounts/" }
+    private(set) var made: [String] = []
+    private(set) var updated = 0
+    private(set) var skippedAttributes = 0
+    /// Field files changed, with their text before (nil: there was none).
+    private var changed: [(path: String, old: SecureBytes?)] = []
+
+    init(mountPoint: String) { self.mountPoint = mountPoint }
+
+    /// The accounts there are: UUID name → label, url, username (what a record without an
+    /// id is matched by; no secret).
+    func existingAccounts() throws(CommandFailure) -> [String: [String]] {
+        var found: [String: [String]] = [:]
+        let names: [String]
+        do { names = try Syscall.listDirectory(accounts) } catch {
+            throw CommandFailure("cannot list \(accounts): \(error)")
+        }
+        for name in names where AccountName.uuidBytes(name) != nil {
+            var key: [String] = []
+            for field in ["label", "url", "username"] {
+                let value = try SecretReference.readFile(accounts + name + "/" + field, mountPoint: mountPoint, naming: "\(name)/\(field)")
+                key.append(value.map { v in defer { v.wipe() }; return v.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } } ?? "")
+                value?.wipe()
+            }
+            found[name] = key
+        }
+        return found
+    }
+
+    mutating func put(_ account: ImportedAccount, existing: [String: [String]]) throws(CommandFailure) {
+        // Its account: the source's UUID, else one with its label, url and username, else new.
+        var name: String?
+        if let uuid = account.uuid, let id = account.id {
+            name = existing.keys.first { AccountName.uuidBytes($0) == uuid } ?? id
+        } else {
+            let key = [account.text("label"), account.text("url"), account.text("username")]
+            name = existing.first { $0.value == key }?.key
+        }
+        let directory: String
+        if let name, existing[name] != nil {
+            directory = accounts + name
+            updated += 1
+        } else {
+            let uuid = name ?? AccountName.string(NewCommand.randomUUID())
+            directory = accounts + uuid
+            do { try Syscall.mkdir(directory, mode: 0o700) } catch {
+                throw NewCommand.failure(error, "make the account \(uuid)", mountPoint: mountPoint)
+            }
+            made.append(directory)
+        }
+        var attributes = account.attributes
+        for field in ["label", "username", "password", "comment", "url", "otp"] {
+            guard let value = account.fields[field] else { continue }
+            let fits = value.withUnsafeBytes { bytes in
+                switch field {
+                case "url": AccountFieldSyntax.parseURL(bytes) != nil
+                case "otp": AccountFieldSyntax.isValid(bytes, for: .otp)
+                default: AccountFieldSyntax.isValid(bytes, for: AccountField(rawValue: field) ?? .comment)
+                }
+            }
+            // (What the field cannot hold is kept, as an attribute of its name.)
+            if !fits { attributes.append((field, value)); continue }
+            try write(value, to: directory + "/" + field, isNew: made.last == directory)
+        }
+        for (attribute, value) in attributes {
+            let file = Self.attributeFile(attribute)
+            guard file.utf8.count <= 255 else { skippedAttributes += 1; continue }
+            try write(value, to: directory + "/attributes/" + file, isNew: made.last == directory)
+        }
+    }
+
+    /// An attribute's file name (the rule of `attributes/`: `%`, `/`, `.`, `..` and the
+    /// empty name escaped).
+    static func attributeFile(_ name: String) -> String {
+        switch name {
+        case "": return "%"
+        case ".": return "%2E"
+        case "..": return "%2E%2E"
+        default:
+            return String(name.flatMap { character -> [Character] in
+                switch character {
+                case "%": Array("%25")
+                case "/": Array("%2F")
+                default: [character]
+                }
+            })
+        }
+    }
+
+    private mutating func write(_ value: SecureBytes, to path: String, isNew: Bool) throws(CommandFailure) {
+        if !isNew {
+            let old = try SecretReference.readFile(path, mountPoint: mountPoint, naming: String(path.dropFirst(accounts.count)))
+            changed.append((path, old))
+        }
+        do throws(Errno) {
+            try value.append([0x0A])
+            defer { try? value.resize(to: value.count - 1) }
+            try value.withUnsafeBytes { (bytes) throws(Errno) in
+                let fd = try Syscall.open(path, O_WRONLY | O_CREAT | O_TRUNC, mode: 0o600)
+                defer { Syscall.close(fd) }
+                try Syscall.writeAll(fd, bytes)
+                try Syscall.fsync(fd)
+            }
+        } catch {
+            throw NewCommand.failure(error, "write \(String(path.dropFirst(accounts.count)))", mountPoint: mountPoint)
+        }
+    }
+
+    /// Takes back what was written: made accounts removed, changed fields written back.
+    mutating func undo() {
+        for directory in made.reversed() { NewCommand.remove(directory) }
+        for (path, old) in changed.reversed() {
+            if let old {
+                try? old.append([0x0A])
+                old.withUnsafeBytes { bytes in
+                    if let fd = try? Syscall.open(path, O_WRONLY | O_TRUNC) {
+                        try? Syscall.writeAll(fd, bytes)
+                        Syscall.close(fd)
+                    }
+                }
+                old.wipe()
+            } else {
+                try? Syscall.unlink(path)
+            }
+        }
+        changed.removeAll()
+    }
+
+    /// The old texts go (the import stands).
+    mutating func finish() {
+        changed.forEach { $0.old?.wipe() }
+        changed.removeAll()
+    }
+}

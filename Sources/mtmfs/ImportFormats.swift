@@ -1,0 +1,395 @@
+import CredentialVault
+import Posix
+import SecureMemory
+
+/// One account read from another password manager's export, its values in secure memory.
+///
+/// Thread-safety: none of its own; one thread.
+struct ImportedAccount {
+    /// The source's id when it is a UUID (Bitwarden's id, Firefox's guid), as written: the
+    /// account of that UUID is updated, or made with that name; nil: matched by label, url
+    /// and username.
+    var id: String? {
+        didSet { if let id, AccountName.uuidBytes(id) == nil { self.id = nil } }
+    }
+    var uuid: [UInt8]? { id.flatMap(AccountName.uuidBytes) }
+    var fields: [String: SecureBytes] = [:]
+    var attributes: [(String, SecureBytes)] = []
+
+    func wipe() {
+        fields.values.forEach { $0.wipe() }
+        attributes.forEach { $0.1.wipe() }
+    }
+
+    func text(_ field: String) -> String {
+        fields[field].map { $0.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } } ?? ""
+    }
+}
+
+/// A failure to read an export: where, and why (never a value).
+struct ImportError: Error {
+    let message: String
+    init(_ message: String) { self.message = message }
+}
+
+/// CSV exports (RFC 4180) of the browsers and 1Password, told apart by their header: the
+/// columns each has are mapped onto fields; a column none of them has is an error.
+///
+/// Thread-safety: pure functions.
+enum CSVImport {
+    /// Column names (lower-cased) and the field each fills ("" : read and left out).
+    static let columns: [String: String] = [
+        "name": "label", "title": "label", "url": "url", "login_uri": "url", "username": "username",
+        "login_username": "username", "password": "password", "login_password": "password", "note": "comment",
+        "notes": "comment", "otpauth": "otp", "totp": "otp", "login_totp": "otp", "guid": "id",
+        // Firefox's and 1Password's columns that have no field.
+        "httprealm": "", "formactionorigin": "", "timecreated": "", "timelastused": "", "timepasswordchanged": "",
+        "favorite": "", "archived": "", "tags": "",
+    ]
+
+    /// Every record of `data` (held in secure memory by the caller).
+    static func parse(_ data: SecureBytes) throws(ImportError) -> [ImportedAccount] {
+        var records: [[SecureBytes]] = []
+        defer { records.forEach { $0.forEach { $0.wipe() } } }
+        try data.withUnsafeBytes { (bytes) throws(ImportError) in records = try rows(bytes) }
+        guard let header = records.first else { throw ImportError("the file is empty") }
+        let names = header.map { $0.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }.lowercased() }
+        var mapping: [String?] = []
+        for name in names {
+            guard let field = columns[name] else {
+                throw ImportError("unknown column \"\(name)\" (known: Chrome's, Firefox's and 1Password's CSV columns)")
+            }
+            mapping.append(field.isEmpty ? nil : field)
+        }
+        guard mapping.contains("password") else { throw ImportError("no password column") }
+        var accounts: [ImportedAccount] = []
+        do throws(ImportError) {
+            for (number, row) in records.dropFirst().enumerated() {
+                guard row.count == mapping.count else {
+                    throw ImportError("line \(number + 2): \(row.count) fields where the header has \(mapping.count)")
+                }
+                var account = ImportedAccount()
+                for (index, field) in mapping.enumerated() {
+                    guard let field, row[index].count > 0 else { continue }
+                    let copy: SecureBytes
+                    do throws(Errno) { copy = try row[index].copy() } catch { throw ImportError("no secure memory (\(error))") }
+                    if field == "id" {
+                        account.id = copy.withUnsafeBytes { String(decoding: $0, as: UTF8.self).trimmingBraces }
+                        copy.wipe()
+                    } else {
+                        account.fields[field] = copy
+                    }
+                }
+                accounts.append(account)
+            }
+        } catch {
+            accounts.forEach { $0.wipe() }
+            throw error
+        }
+        return accounts
+    }
+
+    /// The records of a CSV text: quoted fields may hold commas, quotes (doubled) and
+    /// newlines; CRLF or LF ends a record; a trailing newline makes no empty record.
+    static func rows(_ bytes: UnsafeRawBufferPointer) throws(ImportError) -> [[SecureBytes]] {
+        var rows: [[SecureBytes]] = []
+        var row: [SecureBytes] = []
+        var field = SecureBytes()
+        var quoted = false, atFieldStart = true
+        var index = 0
+        var line = 1
+        func take(_ byte: UInt8) throws(ImportError) {
+            do throws(Errno) { try field.append([byte]) } catch { throw ImportError("no secure memory (\(error))") }
+        }
+        func endField() {
+            row.append(field)
+            field = SecureBytes()
+            atFieldStart = true
+        }
+        do throws(ImportError) {
+            // (A UTF-8 byte order mark, as Excel writes, is not part of the first name.)
+            if bytes.count >= 3, bytes[0] == 0xEF, bytes[1] == 0xBB, bytes[2] == 0xBF { index = 3 }
+            while index < bytes.count {
+                let byte = bytes[index]
+                if quoted {
+                    if byte == 0x22 {
+                        if index + 1 < bytes.count, bytes[index + 1] == 0x22 {
+                            try take(0x22)
+                            index += 1
+                        } else {
+                            quoted = false
+                        }
+                    } else {
+                        if byte == 0x0A { line += 1 }
+                        try take(byte)
+                    }
+                } else if byte == 0x22 && atFieldStart {
+                    quoted = true
+                    atFieldStart = false
+                } else if byte == 0x2C {
+                    endField()
+                } else if byte == 0x0A || byte == 0x0D {
+                    if byte == 0x0D, index + 1 < bytes.count, bytes[index + 1] == 0x0A { index += 1 }
+                    endField()
+                    rows.append(row)
+                    row = []
+                    line += 1
+                } else {
+                    atFieldStart = false
+                    try take(byte)
+                }
+                index += 1
+            }
+            if quoted { throw ImportError("line \(line): a quoted field is not closed") }
+            if !row.isEmpty || field.count > 0 || !atFieldStart {
+                endField()
+                rows.append(row)
+            }
+        } catch {
+            rows.forEach { $0.forEach { $0.wipe() } }
+            row.forEach { $0.wipe() }
+            field.wipe()
+            throw error
+        }
+        field.wipe()
+        return rows.filter { !($0.count == 1 && $0[0].count == 0) }
+    }
+}
+
+extension String {
+    /// Without the braces some exports put around a GUID (`{…}`).
+    var trimmingBraces: String {
+        hasPrefix("{") && hasSuffix("}") ? String(dropFirst().dropLast()) : self
+    }
+}
+
+/// Bitwarden's unencrypted JSON export: `items` of type 1 (logins) and 2 (secure notes),
+/// with `fields` as attributes. The text is read in secure memory and every string is
+/// decoded into secure memory; nothing of a value goes through a Swift string but names.
+///
+/// Thread-safety: pure functions.
+enum BitwardenImport {
+    static func parse(_ data: SecureBytes) throws(ImportError) -> [ImportedAccount] {
+        try data.withUnsafeBytes { (bytes) throws(ImportError) -> [ImportedAccount] in
+            var parser = JSONScanner(bytes)
+            let root = try parser.document()
+            guard case .object(let top) = root else { throw ImportError("not a Bitwarden export (no top-level object)") }
+            if case .bool(true)? = top["encrypted"] {
+                throw ImportError("an encrypted Bitwarden export: export it unencrypted (JSON) to import it")
+            }
+            guard case .array(let items)? = top["items"] else { throw ImportError("not a Bitwarden export (no items)") }
+            var accounts: [ImportedAccount] = []
+            do throws(ImportError) {
+                for (number, item) in items.enumerated() {
+                    guard case .object(let members) = item else { throw ImportError("item \(number + 1) is not an object") }
+                    guard case .number(let type)? = members["type"], type == 1 || type == 2 else { continue }  // (cards, identities: no account)
+                    var account = ImportedAccount()
+                    if case .string(let range)? = members["id"] {
+                        account.id = String(decoding: try parser.bytes(range), as: UTF8.self)
+                    }
+                    func set(_ field: String, _ value: JSONScanner.Value?) throws(ImportError) {
+                        guard case .string(let range)? = value else { return }
+                        let secure = try parser.secure(range)
+                        if secure.count > 0 { account.fields[field] = secure } else { secure.wipe() }
+                    }
+                    try set("label", members["name"])
+                    try set("comment", members["notes"])
+                    if case .object(let login)? = members["login"] {
+                        try set("username", login["username"])
+                        try set("password", login["password"])
+                        try set("otp", login["totp"])
+                        if case .array(let uris)? = login["uris"], case .object(let first)? = uris.first {
+                            try set("url", first["uri"])
+                        }
+                    }
+                    if case .array(let fields)? = members["fields"] {
+                        for field in fields {
+                            guard case .object(let pair) = field, case .string(let name)? = pair["name"] else { continue }
+                            let value: SecureBytes
+                            if case .string(let range)? = pair["value"] { value = try parser.secure(range) } else { value = SecureBytes() }
+                            account.attributes.append((String(decoding: try parser.bytes(name), as: UTF8.self), value))
+                        }
+                    }
+                    accounts.append(account)
+                }
+            } catch {
+                accounts.forEach { $0.wipe() }
+                throw error
+            }
+            return accounts
+        }
+    }
+}
+
+/// A JSON reader (RFC 8259) that keeps strings as ranges of the text, decoded on demand
+/// (into secure memory for values).
+///
+/// Thread-safety: none of its own; one thread, over bytes the caller keeps.
+struct JSONScanner {
+    indirect enum Value {
+        case object([String: Value])
+        case array([Value])
+        /// The range of a string's text between its quotes (escapes not yet decoded).
+        case string(Range<Int>)
+        case number(Double)
+        case bool(Bool)
+        case null
+    }
+
+    let text: UnsafeRawBufferPointer
+    var index = 0
+    var depth = 0
+
+    init(_ text: UnsafeRawBufferPointer) { self.text = text }
+
+    mutating func document() throws(ImportError) -> Value {
+        let value = try self.value()
+        skipSpace()
+        guard index == text.count else { throw error("text after the document") }
+        return value
+    }
+
+    private func error(_ why: String) -> ImportError { ImportError("JSON at byte \(index): \(why)") }
+
+    private mutating func skipSpace() {
+        while index < text.count, [0x20, 0x09, 0x0A, 0x0D].contains(text[index]) { index += 1 }
+    }
+
+    private mutating func value() throws(ImportError) -> Value {
+        skipSpace()
+        guard index < text.count else { throw error("the text ends early") }
+        switch text[index] {
+        case 0x7B:
+            depth += 1
+            defer { depth -= 1 }
+            guard depth < 64 else { throw error("nested too deep") }
+            index += 1
+            var members: [String: Value] = [:]
+            skipSpace()
+            if index < text.count, text[index] == 0x7D { index += 1; return .object(members) }
+            while true {
+                skipSpace()
+                guard index < text.count, text[index] == 0x22 else { throw error("a member name is expected") }
+                let name = String(decoding: try bytes(try stringRange()), as: UTF8.self)
+                skipSpace()
+                guard index < text.count, text[index] == 0x3A else { throw error("':' is expected") }
+                index += 1
+                members[name] = try value()
+                skipSpace()
+                guard index < text.count else { throw error("the text ends early") }
+                if text[index] == 0x2C { index += 1; continue }
+                guard text[index] == 0x7D else { throw error("',' or '}' is expected") }
+                index += 1
+                return .object(members)
+            }
+        case 0x5B:
+            depth += 1
+            defer { depth -= 1 }
+            guard depth < 64 else { throw error("nested too deep") }
+            index += 1
+            var elements: [Value] = []
+            skipSpace()
+            if index < text.count, text[index] == 0x5D { index += 1; return .array(elements) }
+            while true {
+                elements.append(try value())
+                skipSpace()
+                guard index < text.count else { throw error("the text ends early") }
+                if text[index] == 0x2C { index += 1; continue }
+                guard text[index] == 0x5D else { throw error("',' or ']' is expected") }
+                index += 1
+                return .array(elements)
+            }
+        case 0x22:
+            return .string(try stringRange())
+        case 0x74, 0x66, 0x6E:
+            for (word, value) in [("true", Value.bool(true)), ("false", .bool(false)), ("null", .null)] {
+                let bytes = Array(word.utf8)
+                if index + bytes.count <= text.count, Array(text[index..<index + bytes.count]) == bytes {
+                    index += bytes.count
+                    return value
+                }
+            }
+            throw error("an unknown word")
+        default:
+            let start = index
+            while index < text.count, (0x30...0x39).contains(text[index]) || [0x2D, 0x2B, 0x2E, 0x65, 0x45].contains(text[index]) { index += 1 }
+            guard index > start, let number = Double(String(decoding: text[start..<index], as: UTF8.self)) else {
+                throw error("a value is expected")
+            }
+            return .number(number)
+        }
+    }
+
+    /// The range inside a string's quotes; `index` goes past its end.
+    private mutating func stringRange() throws(ImportError) -> Range<Int> {
+        index += 1
+        let start = index
+        while index < text.count, text[index] != 0x22 {
+            guard text[index] >= 0x20 else { throw error("a control character in a string") }
+            index += text[index] == 0x5C ? 2 : 1
+        }
+        guard index < text.count else { throw error("a string is not closed") }
+        index += 1
+        return start..<(index - 1)
+    }
+
+    /// A string's bytes, escapes decoded (for names: not secret).
+    func bytes(_ range: Range<Int>) throws(ImportError) -> [UInt8] {
+        let secure = try self.secure(range)
+        defer { secure.wipe() }
+        return secure.withUnsafeBytes { Array($0) }
+    }
+
+    /// A string's bytes, escapes decoded, in secure memory.
+    func secure(_ range: Range<Int>) throws(ImportError) -> SecureBytes {
+        let out = SecureBytes()
+        do throws(Errno) {
+            var position = range.lowerBound
+            var pendingHigh: UInt32?
+            func scalar(_ value: UInt32) throws(Errno) {
+                var utf8: [UInt8] = []
+                if let unicode = Unicode.Scalar(value) { utf8 = Array(String(unicode).utf8) } else { utf8 = [0xEF, 0xBF, 0xBD] }
+                try out.append(utf8)
+            }
+            while position < range.upperBound {
+                let byte = text[position]
+                guard byte == 0x5C else {
+                    var end = position
+                    while end < range.upperBound, text[end] != 0x5C { end += 1 }
+                    try out.append(UnsafeRawBufferPointer(rebasing: text[position..<end]))
+                    position = end
+                    continue
+                }
+                let kind = text[position + 1]
+                position += 2
+                switch kind {
+                case 0x6E: try out.append([0x0A])
+                case 0x74: try out.append([0x09])
+                case 0x72: try out.append([0x0D])
+                case 0x62: try out.append([0x08])
+                case 0x66: try out.append([0x0C])
+                case 0x75:
+                    guard position + 4 <= range.upperBound,
+                          let code = UInt32(String(decoding: text[position..<position + 4], as: UTF8.self), radix: 16) else {
+                        out.wipe()
+                        throw Errno.invalidArgument
+                    }
+                    position += 4
+                    if (0xD800...0xDBFF).contains(code) {
+                        pendingHigh = code
+                    } else if (0xDC00...0xDFFF).contains(code), let high = pendingHigh {
+                        try scalar(0x10000 + ((high - 0xD800) << 10) + (code - 0xDC00))
+                        pendingHigh = nil
+                    } else {
+                        try scalar(code)
+                    }
+                default: try out.append([kind])  // \" \\ \/
+                }
+            }
+        } catch {
+            out.wipe()
+            throw ImportError(error == .invalidArgument ? "JSON: a bad \\u escape" : "no secure memory (\(error))")
+        }
+        return out
+    }
+}
