@@ -70,26 +70,13 @@ struct ImportCommand: Command {
 
     /// The whole input, in secure memory.
     static func readInput(_ path: String?) throws(CommandFailure) -> SecureBytes {
-        let data = SecureBytes()
         do throws(Errno) {
             let fd = try path.map { (path) throws(Errno) in try Syscall.open(path, O_RDONLY) } ?? 0
             defer { if path != nil { Syscall.close(fd) } }
-            var count = 0, capacity = 65_536
-            while true {
-                if data.count < capacity { try data.resize(to: capacity) }
-                let read = try data.withUnsafeMutableBytes { (buffer) throws(Errno) -> Int in
-                    try Syscall.read(fd, into: UnsafeMutableRawBufferPointer(rebasing: buffer[count...]))
-                }
-                if read == 0 { break }
-                count += read
-                if count == capacity { capacity *= 2 }
-            }
-            try data.resize(to: count)
+            return try SecretReference.readAll(fd)
         } catch {
-            data.wipe()
             throw CommandFailure("cannot read \(Terminal.printable(path ?? "standard input")): \(error)")
         }
-        return data
     }
 }
 

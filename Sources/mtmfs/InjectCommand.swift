@@ -54,9 +54,8 @@ struct InjectCommand: Command {
     /// The template with each `{{ mtmfs://… }}` replaced, in secure memory.
     static func fill(_ template: [UInt8], mount given: String?) throws(CommandFailure) -> SecureBytes {
         let out = SecureBytes()
-        var read: [SecretReference: SecureBytes] = [:]
-        defer { for secret in read.values { secret.wipe() } }
-        var mountPoint: String?
+        var reader = SecretReader(mount: given)
+        defer { reader.wipe() }
         var index = 0, copiedFrom = 0
         let open = Array("{{".utf8), close = Array("}}".utf8)
         func starts(_ bytes: [UInt8], at position: Int) -> Bool {
@@ -79,15 +78,7 @@ struct InjectCommand: Command {
                     index = end + 2
                     continue
                 }
-                let reference = try SecretReference(inside)
-                if mountPoint == nil { mountPoint = try MountChoice.resolve(given) }
-                let secret: SecureBytes
-                if let known = read[reference] {
-                    secret = known
-                } else {
-                    secret = try reference.read(from: mountPoint!)
-                    read[reference] = secret
-                }
+                let secret = try reader.secret(try SecretReference(inside))
                 do throws(Errno) {
                     try out.append(Array(template[copiedFrom..<index]))  // (the template's own text: no secret)
                     try secret.withUnsafeBytes { (bytes) throws(Errno) in try out.append(bytes) }

@@ -243,8 +243,7 @@ final class SecretEnvironment {
             if values[name] == nil { order.append(name) }
             values[name] = value
         }
-        var mountPoint: String?
-        var read: [SecretReference: SecureBytes] = [:]
+        var reader = SecretReader(mount: given)
         do throws(CommandFailure) {
             for name in order {
                 let value = values[name]!
@@ -252,16 +251,7 @@ final class SecretEnvironment {
                     plain.append(name + "=" + value)
                     continue
                 }
-                let reference = try SecretReference(value)
-                if mountPoint == nil { mountPoint = try MountChoice.resolve(given) }
-                let secret: SecureBytes
-                if let known = read[reference] {
-                    secret = known
-                } else {
-                    secret = try reference.read(from: mountPoint!)
-                    read[reference] = secret
-                    secrets.append(secret)
-                }
+                let secret = try reader.secret(try SecretReference(value))
                 do throws(Errno) {
                     entryStarts.append(entries.count)
                     try entries.append(Array((name + "=").utf8))
@@ -272,9 +262,11 @@ final class SecretEnvironment {
                 }
             }
         } catch {
+            secrets = reader.values
             wipe()
             throw error
         }
+        secrets = reader.values
     }
 
     /// The environment as C strings (plain ones copied, secret ones in place), for a spawn.

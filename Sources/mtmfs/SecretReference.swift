@@ -82,20 +82,8 @@ struct SecretReference: Hashable, CustomStringConvertible {
         }
         defer { Syscall.close(fd) }
         do throws(Errno) {
-            let value = SecureBytes()
-            var capacity = 256
-            var count = 0
-            while true {
-                if value.count < capacity { try value.resize(to: capacity) }
-                let read = try value.withUnsafeMutableBytes { (buffer) throws(Errno) -> Int in
-                    try Syscall.read(fd, into: UnsafeMutableRawBufferPointer(rebasing: buffer[count...]))
-                }
-                if read == 0 { break }
-                count += read
-                if count == capacity { capacity *= 2 }
-            }
-            let ends = count > 0 && value.withUnsafeBytes { $0[count - 1] } == 0x0A
-            try value.resize(to: ends ? count - 1 : count)
+            let value = try readAll(fd)
+            if value.count > 0, value.withUnsafeBytes({ $0[value.count - 1] }) == 0x0A { try value.resize(to: value.count - 1) }
             return value
         } catch {
             throw failure(error, naming: naming, mountPoint: mountPoint)
@@ -117,6 +105,28 @@ struct SecretReference: Hashable, CustomStringConvertible {
         }
     }
 
+    /// Everything `fd` reads to its end, in secure memory.
+    static func readAll(_ fd: Int32) throws(Errno) -> SecureBytes {
+        let value = SecureBytes()
+        var capacity = 256, count = 0
+        do throws(Errno) {
+            while true {
+                if value.count < capacity { try value.resize(to: capacity) }
+                let read = try value.withUnsafeMutableBytes { (buffer) throws(Errno) -> Int in
+                    try Syscall.read(fd, into: UnsafeMutableRawBufferPointer(rebasing: buffer[count...]))
+                }
+                if read == 0 { break }
+                count += read
+                if count == capacity { capacity *= 2 }
+            }
+            try value.resize(to: count)
+        } catch {
+            value.wipe()
+            throw error
+        }
+        return value
+    }
+
     private static func failure(_ error: Errno, naming: String, mountPoint: String) -> CommandFailure {
         switch error {
         case .permissionDenied:
@@ -130,4 +140,29 @@ struct SecretReference: Hashable, CustomStringConvertible {
             return CommandFailure("cannot read \(Terminal.printable(naming)) from \(mountPoint): \(error)")
         }
     }
+}
+
+/// The secrets of a command's references, each read once (a reference used twice is one
+/// read, one prompt), from the mount found at the first one (no reference: no mount needed).
+///
+/// Thread-safety: none of its own; one thread.
+struct SecretReader {
+    let given: String?
+    private var mountPoint: String?
+    private(set) var read: [SecretReference: SecureBytes] = [:]
+    /// The distinct values, in the order first read.
+    private(set) var values: [SecureBytes] = []
+
+    init(mount given: String?) { self.given = given }
+
+    mutating func secret(_ reference: SecretReference) throws(CommandFailure) -> SecureBytes {
+        if let known = read[reference] { return known }
+        if mountPoint == nil { mountPoint = try MountChoice.resolve(given) }
+        let secret = try reference.read(from: mountPoint!)
+        read[reference] = secret
+        values.append(secret)
+        return secret
+    }
+
+    func wipe() { values.forEach { $0.wipe() } }
 }

@@ -131,6 +131,42 @@ final class ServedStore {
     }
 }
 
+/// A listener of the service's signals (`SecretServiceMountTests.signalListener`), one line
+/// a signal, in a file of the store's scratch directory; ended at `close()`.
+final class SignalListener {
+    let file: String
+    let pid: pid_t
+    private var from = 0
+
+    init(_ store: ServedStore) throws {
+        file = store.scratch.sub("signals")
+        pid = Run.start("/usr/bin/env", ["DBUS_SESSION_BUS_ADDRESS=" + store.bus.address, "/usr/bin/python3", "-c",
+                                         SecretServiceMountTests.signalListener], stdout: file, stderr: file)
+        try #require(Poll.until(seconds: 10) { self.lines().first == "listening" }, "the listener: \(lines())")
+        from = 1
+    }
+
+    /// The lines heard since the last `heard`.
+    func lines() -> [String] { Array((TestFile.read(file) ?? "").split(separator: "\n").map(String.init).dropFirst(from)) }
+
+    /// Waits until every one of `expected` is heard (and `settle` more), expects it, and
+    /// returns what was heard; the next call hears only what comes after.
+    @discardableResult
+    func heard(_ expected: [String], _ what: String, settle: UInt32 = 0) -> [String] {
+        let all = Poll.until(seconds: 10) { expected.allSatisfy(self.lines().contains) }
+        if settle > 0 { usleep(settle) }
+        let now = lines()
+        #expect(all, "\(what): heard \(now)")
+        from += now.count
+        return now
+    }
+
+    func close() {
+        kill(pid, SIGTERM)
+        _ = Run.wait(pid, timeout: 5)
+    }
+}
+
 /// gnome-keyring's Secret Service on a bus of its own (the reference): a fresh login
 /// keyring in the scratch home, unlocked with a password on standard input.
 final class ReferenceKeyring {
@@ -736,27 +772,10 @@ struct SecretServiceMountTests {
         #expect(store.run("secret-tool", ["store", "--label=Other", "service", "other"], input: "o").status == 0)
         let other = try #require(store.accounts.first { $0 != mail })
         func item(_ account: String) -> String { account.replacingOccurrences(of: "-", with: "").lowercased() }
-        let heard = store.scratch.sub("signals")
-        let listener = Run.start("/usr/bin/env", ["DBUS_SESSION_BUS_ADDRESS=" + store.bus.address, "/usr/bin/python3", "-c",
-                                                  Self.signalListener], stdout: heard, stderr: heard)
-        defer {
-            kill(listener, SIGTERM)
-            _ = Run.wait(listener, timeout: 5)
-        }
-        var from = 0
-        func signals() -> [String] { Array((TestFile.read(heard) ?? "").split(separator: "\n").map(String.init).dropFirst(from)) }
-        try #require(Poll.until(seconds: 10) { signals().first == "listening" }, "the listener: \(signals())")
-        from = 1
+        let listener = try SignalListener(store)
+        defer { listener.close() }
         /// Waits until every one of `expected` is heard; then listens afresh.
-        func expectHeard(_ expected: [String], _ what: String) {
-            let all = Poll.until(seconds: 10) {
-                let now = signals()
-                return expected.allSatisfy { now.contains($0) }
-            }
-            let heardNow = signals()
-            #expect(all, "\(what): heard \(heardNow)")
-            from += heardNow.count
-        }
+        func expectHeard(_ expected: [String], _ what: String) { _ = listener.heard(expected, what) }
         let items = "PropertiesChanged /org/freedesktop/secrets/collection/login org.freedesktop.Secret.Collection Items"
         // In the mount: a field written, an account made with mkdir and its fields, rm -r.
         #expect(Run.shell("echo changed > \(store.path("accounts/\(mail)/password"))").status == 0)
