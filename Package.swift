@@ -53,7 +53,7 @@ let package = Package(
         .target(name: "MountAssembly",
                 dependencies: ["MountedTree", "FuseLowLevel", "SecretService", "SecureMemory", "CredentialVault", "Posix"]),
         // Command line only.
-        .executableTarget(name: "mtmfs", dependencies: ["MountAssembly", "MountedTree", "FuseLowLevel", "SettingsStore", "CacheStore", "SecureMemory", "CredentialVault", "Posix"]),
+        .executableTarget(name: "mtmfs", dependencies: ["MountAssembly", "MountedTree", "FuseLowLevel", "SettingsStore", "CacheStore", "SecureMemory", "CredentialVault", "SecretService", "Posix"]),
         // Side-by-side measurements against a native directory and peers.
         .executableTarget(name: "mtmfs-bench", dependencies: ["Posix", "SecureMemory", "CredentialVault", "CSQLite"]),
         // The benchmark's floor, in C: the least a libfuse low-level daemon does (a tree in

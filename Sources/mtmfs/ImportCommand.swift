@@ -14,12 +14,19 @@ struct ImportCommand: Command {
     static let abstract = "read accounts from a csv or Bitwarden export (a second import updates)"
     static let usage = """
     Usage: mtmfs import csv|bitwarden [--mount MOUNT] [FILE]
+           mtmfs import secret-service [--mount MOUNT] [--bus-name NAME] [--collection ALIAS]
 
     Reads FILE (default: standard input) into the unlocked mount:
       csv        Chrome's, Firefox's or 1Password's CSV export (told apart by the header:
                  name/title, url, username, password, note(s), otpauth, guid, …)
       bitwarden  Bitwarden's unencrypted JSON export (logins and notes; custom fields
                  become attributes/, totp becomes otp)
+      secret-service
+                 every item of a running Secret Service's collection (gnome-keyring's,
+                 KeePassXC's; default: the collection `default` of org.freedesktop.secrets on
+                 the session bus — a mount serving its own must not hold that name), mapped as
+                 mtmfs's bus maps an account: server, user, protocol, port, object are fields,
+                 every other attribute an attribute; the collection must be unlocked
     `mtmfs export` writes both. An account keeps the source's id where it is a UUID
     (Bitwarden's id, Firefox's guid), and a second import of the same file updates those
     accounts in place; without one, an account with the same label, url and username is
@@ -30,29 +37,42 @@ struct ImportCommand: Command {
     anything else; 2 wrong command line.
     """
     static let flags: Set<String> = []
-    static let options: Set<String> = ["--mount"]
+    static let options: Set<String> = ["--mount", "--bus-name", "--collection"]
 
     let format: String
     let file: String?
     let mount: String?
+    let busName: String
+    let alias: String
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         let positionals = try arguments.positionals(1...2, named: "FORMAT")
         format = positionals[0]
-        guard ["csv", "bitwarden"].contains(format) else { throw .usage("FORMAT is csv or bitwarden", command: Self.name) }
+        guard ["csv", "bitwarden", "secret-service"].contains(format) else {
+            throw .usage("FORMAT is csv, bitwarden or secret-service", command: Self.name)
+        }
         file = positionals.count > 1 ? positionals[1] : nil
+        if format == "secret-service" && file != nil { throw .usage("secret-service reads no file", command: Self.name) }
         mount = arguments.value("--mount")
+        busName = arguments.value("--bus-name") ?? "org.freedesktop.secrets"
+        alias = arguments.value("--collection") ?? "default"
     }
 
     func run() throws(CommandFailure) {
         let mountPoint = try MountChoice.resolve(mount)
-        let data = try Self.readInput(file)
-        defer { data.wipe() }
         let accounts: [ImportedAccount]
-        do throws(ImportError) {
-            accounts = format == "csv" ? try CSVImport.parse(data) : try BitwardenImport.parse(data)
-        } catch {
-            throw CommandFailure("\(Terminal.printable(file ?? "standard input")): \(error.message); nothing was imported")
+        if format == "secret-service" {
+            do throws(ImportError) { accounts = try SecretServiceImport.read(busName: busName, alias: alias) } catch {
+                throw CommandFailure("\(error.message); nothing was imported")
+            }
+        } else {
+            let data = try Self.readInput(file)
+            defer { data.wipe() }
+            do throws(ImportError) {
+                accounts = format == "csv" ? try CSVImport.parse(data) : try BitwardenImport.parse(data)
+            } catch {
+                throw CommandFailure("\(Terminal.printable(file ?? "standard input")): \(error.message); nothing was imported")
+            }
         }
         defer { accounts.forEach { $0.wipe() } }
         var writer = AccountWriter(mountPoint: mountPoint)
@@ -137,7 +157,7 @@ struct AccountWriter {
             made.append(directory)
         }
         var attributes = account.attributes
-        for field in ["label", "username", "password", "comment", "url", "otp"] {
+        for field in ["label", "username", "password", "comment", "url", "protocol", "server", "port", "path", "otp"] {
             guard let value = account.fields[field] else { continue }
             let fits = value.withUnsafeBytes { bytes in
                 switch field {

@@ -1,5 +1,6 @@
 import CredentialVault
 import Posix
+import SecretService
 import SecureMemory
 
 /// One account read from another password manager's export, its values in secure memory.
@@ -22,7 +23,13 @@ struct ImportedAccount {
     }
 
     func text(_ field: String) -> String {
-        fields[field].map { $0.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } } ?? ""
+        if field == "url", fields["url"] == nil {
+            // Composed from its parts as the mount composes `url` (what an account is matched by).
+            let server = text("server"), port = text("port"), scheme = text("protocol")
+            guard !server.isEmpty else { return "" }
+            return (scheme.isEmpty ? "" : scheme + "://") + server + (port.isEmpty ? "" : ":" + port) + text("path")
+        }
+        return fields[field].map { $0.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } } ?? ""
     }
 }
 
@@ -391,5 +398,56 @@ struct JSONScanner {
             throw ImportError(error == .invalidArgument ? "JSON: a bad \\u escape" : "no secure memory (\(error))")
         }
         return out
+    }
+}
+
+/// Another program's Secret Service on the session bus: one collection's items (label,
+/// attributes, secret), mapped as mtmfs's own bus maps an account (SPEC §2c): `server`,
+/// `user`, `protocol`, `port`, `object` are fields, every other attribute an attribute; a
+/// secret that is not UTF-8 text, or a content type other than text/plain, is refused.
+///
+/// Thread-safety: one thread.
+enum SecretServiceImport {
+    static let mapped = ["server": "server", "user": "username", "protocol": "protocol", "port": "port", "object": "path"]
+
+    static func read(busName: String, alias: String) throws(ImportError) -> [ImportedAccount] {
+        var items: [SecretServiceClient.Item] = []
+        var locked = false
+        do throws(SecretServiceError) {
+            let client = try SecretServiceClient(name: busName)
+            let collection = try client.collection(alias: alias)
+            locked = try client.isLocked(collection)
+            if !locked { items = try client.items(of: collection) }
+        } catch {
+            throw ImportError(error.description)
+        }
+        if locked { throw ImportError("the collection \(alias) of \(busName) is locked: unlock it there first") }
+        defer { items.forEach { $0.wipe() } }
+        var accounts: [ImportedAccount] = []
+        do throws(ImportError) {
+            for item in items {
+                guard item.contentType.isEmpty || item.contentType == "text/plain",
+                      item.secret.withUnsafeBytes({ AccountFieldSyntax.isValid($0, for: .password) }) else {
+                    throw ImportError("the item \(Terminal.printable(item.label)) holds a secret that is not text (\(item.contentType))")
+                }
+                var account = ImportedAccount()
+                do throws(Errno) {
+                    account.fields["label"] = try SecureBytes(copying: Array(item.label.utf8))
+                    account.fields["password"] = try item.secret.copy()
+                    for (name, value) in item.attributes.sorted(by: { $0.key < $1.key }) {
+                        let secure = try SecureBytes(copying: Array(value.utf8))
+                        if let field = mapped[name] { account.fields[field] = secure } else { account.attributes.append((name, secure)) }
+                    }
+                } catch {
+                    account.wipe()
+                    throw ImportError("no secure memory (\(error))")
+                }
+                accounts.append(account)
+            }
+        } catch {
+            accounts.forEach { $0.wipe() }
+            throw error
+        }
+        return accounts
     }
 }

@@ -311,4 +311,40 @@ struct SecretServiceClientsTests {
         let keys = store.run("secret-tool", ["search", "--all", "application", "chromium"])
         #expect(keys.stdout.components(separatedBy: "label = Chromium Safe Storage").count - 1 == 1, "one key: \(keys)")
     }
+
+    /// `mtmfs import secret-service` from gnome-keyring on its bus: the same items, in the
+    /// files and on the mount's own bus; a second import updates; a locked collection is
+    /// refused with nothing changed.
+    @Test func importFromARunningSecretService() throws {
+        let reference = try ReferenceKeyring()
+        defer { reference.close() }
+        #expect(reference.run("secret-tool", ["store", "--label=Mail", "server", "mail.example.com", "user", "alice", "protocol", "imaps",
+                                              "port", "993"], input: "m41l").status == 0)
+        #expect(reference.run("secret-tool", ["store", "--label=App key", "application", "myapp"], input: "k3y").status == 0)
+        let store = try ServedStore()
+        defer { store.close() }
+        func importing() -> CommandResult {
+            var environment = reference.bus.environment
+            environment["HOME"] = reference.scratch.sub("home")
+            return Run.program(Run.mtmfs, ["import", "secret-service", "--mount", store.mountPoint], environment: environment)
+        }
+        let first = importing()
+        #expect(first.stdout == "imported 2 accounts: 2 made, 0 updated\n", "\(first)")
+        let mail = try #require(store.accounts.first { store.field($0, "label") == "Mail\n" })
+        #expect(store.field(mail, "username") == "alice\n" && store.field(mail, "url") == "imaps://mail.example.com:993\n"
+                && store.field(mail, "password") == "m41l\n")
+        // On the mount's own bus, as any item.
+        #expect(store.run("secret-tool", ["lookup", "server", "mail.example.com", "user", "alice"]).stdout == "m41l")
+        #expect(store.run("secret-tool", ["lookup", "application", "myapp"]).stdout == "k3y")
+        #expect(importing().stdout == "imported 2 accounts: 0 made, 2 updated\n")
+        // gnome-keyring locked: refused, nothing changed.
+        #expect(reference.python("""
+            import secretstorage
+            secretstorage.get_default_collection(secretstorage.dbus_init()).lock()
+            """).status == 0)
+        let before = store.accounts
+        let locked = importing()
+        #expect(locked.status == 1 && locked.stderr.contains("is locked"), "\(locked)")
+        #expect(store.accounts == before)
+    }
 }
