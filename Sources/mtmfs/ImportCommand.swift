@@ -15,6 +15,7 @@ struct ImportCommand: Command {
     static let usage = """
     Usage: mtmfs import csv|bitwarden [--mount MOUNT] [FILE]
            mtmfs import secret-service [--mount MOUNT] [--bus-name NAME] [--collection ALIAS]
+           mtmfs import pass [--mount MOUNT] [STORE]
 
     Reads FILE (default: standard input) into the unlocked mount:
       csv        Chrome's, Firefox's or 1Password's CSV export (told apart by the header:
@@ -27,6 +28,10 @@ struct ImportCommand: Command {
                  the session bus — a mount serving its own must not hold that name), mapped as
                  mtmfs's bus maps an account: server, user, protocol, port, object are fields,
                  every other attribute an attribute; the collection must be unlocked
+      pass       a pass store (STORE, default $PASSWORD_STORE_DIR or ~/.password-store),
+                 decrypted by gpg as `pass show` does: the first line the password, otpauth://
+                 the otp, `user:`/`login:` the username, `url:` the url, other `key: value`
+                 lines attributes, the rest the comment; NAME.gpg is labelled NAME
     `mtmfs export` writes both. An account keeps the source's id where it is a UUID
     (Bitwarden's id, Firefox's guid), and a second import of the same file updates those
     accounts in place; without one, an account with the same label, url and username is
@@ -48,11 +53,14 @@ struct ImportCommand: Command {
     init(_ arguments: Arguments) throws(CommandFailure) {
         let positionals = try arguments.positionals(1...2, named: "FORMAT")
         format = positionals[0]
-        guard ["csv", "bitwarden", "secret-service"].contains(format) else {
-            throw .usage("FORMAT is csv, bitwarden or secret-service", command: Self.name)
+        guard ["csv", "bitwarden", "secret-service", "pass"].contains(format) else {
+            throw .usage("FORMAT is csv, bitwarden, secret-service or pass", command: Self.name)
         }
         file = positionals.count > 1 ? positionals[1] : nil
         if format == "secret-service" && file != nil { throw .usage("secret-service reads no file", command: Self.name) }
+        if format == "pass", let file, (try? Syscall.lstat(file)).map({ $0.st_mode & S_IFMT == S_IFDIR }) != true {
+            throw .usage("pass reads a store's directory", command: Self.name)
+        }
         mount = arguments.value("--mount")
         busName = arguments.value("--bus-name") ?? "org.freedesktop.secrets"
         alias = arguments.value("--collection") ?? "default"
@@ -63,6 +71,12 @@ struct ImportCommand: Command {
         let accounts: [ImportedAccount]
         if format == "secret-service" {
             do throws(ImportError) { accounts = try SecretServiceImport.read(busName: busName, alias: alias) } catch {
+                throw CommandFailure("\(error.message); nothing was imported")
+            }
+        } else if format == "pass" {
+            let home = Paths.environment("HOME") ?? ""
+            let store = file ?? Paths.environment("PASSWORD_STORE_DIR") ?? home + "/.password-store"
+            do throws(ImportError) { accounts = try PassImport.read(store) } catch {
                 throw CommandFailure("\(error.message); nothing was imported")
             }
         } else {

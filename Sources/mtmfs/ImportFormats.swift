@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import CredentialVault
 import Posix
 import SecretService
@@ -449,5 +452,107 @@ enum SecretServiceImport {
             throw error
         }
         return accounts
+    }
+}
+
+/// A `pass` store (`pass`'s own layout): every `NAME.gpg` below the directory is an account
+/// labelled NAME (its path), decrypted by `gpg` as `pass show` does; its first line is the
+/// password, `otpauth://` lines the otp, `key: value` lines fields (`user`, `username`,
+/// `login` → username; `url`, `website`, `site` → url) or attributes, any other line the
+/// comment. gpg's output goes through a pipe straight into secure memory.
+///
+/// Thread-safety: one thread.
+enum PassImport {
+    static let usernames: Set<String> = ["user", "username", "login"]
+    static let urls: Set<String> = ["url", "website", "site"]
+
+    static func read(_ directory: String) throws(ImportError) -> [ImportedAccount] {
+        guard (try? Syscall.lstat(directory + "/.gpg-id")) != nil else {
+            throw ImportError("\(Terminal.printable(directory)) is not a pass store (no .gpg-id)")
+        }
+        var names: [String] = []
+        func walk(_ relative: String) {
+            let path = relative.isEmpty ? directory : directory + "/" + relative
+            for name in ((try? Syscall.listDirectory(path)) ?? []).sorted() where !name.hasPrefix(".") {
+                let inner = relative.isEmpty ? name : relative + "/" + name
+                guard let info = try? Syscall.lstat(directory + "/" + inner) else { continue }
+                if info.st_mode & S_IFMT == S_IFDIR { walk(inner) } else if name.hasSuffix(".gpg") { names.append(inner) }
+            }
+        }
+        walk("")
+        var accounts: [ImportedAccount] = []
+        do throws(ImportError) {
+            for name in names {
+                let text = try decrypt(directory + "/" + name, naming: name)
+                defer { text.wipe() }
+                accounts.append(try account(String(name.dropLast(4)), text))
+            }
+        } catch {
+            accounts.forEach { $0.wipe() }
+            throw error
+        }
+        return accounts
+    }
+
+    /// `gpg --decrypt` of one entry, its output read from a pipe into secure memory.
+    static func decrypt(_ path: String, naming name: String) throws(ImportError) -> SecureBytes {
+        let pipe: (read: Int32, write: Int32)
+        do { pipe = try Syscall.pipe() } catch { throw ImportError("cannot make a pipe for gpg: \(error)") }
+        defer { Syscall.close(pipe.read) }
+        let pid: pid_t
+        do {
+            pid = try Spawn.start("gpg", ["--quiet", "--batch", "--yes", "--decrypt", path], stdin: .null,
+                                  stdout: .descriptor(pipe.write), stderr: .null)
+        } catch {
+            Syscall.close(pipe.write)
+            throw ImportError("cannot run gpg (\(error)): install gnupg")
+        }
+        Syscall.close(pipe.write)
+        let text: SecureBytes
+        do { text = try SecretReference.readAll(pipe.read) } catch {
+            _ = Spawn.wait(pid)
+            throw ImportError("cannot read gpg's output for \(name): \(error)")
+        }
+        guard Spawn.wait(pid) == 0 else {
+            text.wipe()
+            throw ImportError("gpg could not decrypt \(Terminal.printable(name)) (is its secret key in this GNUPGHOME, its agent unlocked?)")
+        }
+        return text
+    }
+
+    /// One entry's text as an account.
+    static func account(_ label: String, _ text: SecureBytes) throws(ImportError) -> ImportedAccount {
+        var account = ImportedAccount()
+        do throws(Errno) {
+            account.fields["label"] = try SecureBytes(copying: Array(label.utf8))
+            let comment = SecureBytes()
+            try text.withUnsafeBytes { (all) throws(Errno) in
+                var lines = all.split(separator: 0x0A, omittingEmptySubsequences: false)
+                if lines.last?.isEmpty == true { lines.removeLast() }
+                for (number, line) in lines.enumerated() {
+                    let bytes = UnsafeRawBufferPointer(rebasing: line)
+                    if number == 0 {
+                        account.fields["password"] = try SecureBytes(copying: bytes)
+                    } else if bytes.starts(with: Array("otpauth://".utf8)) {
+                        account.fields["otp"] = try SecureBytes(copying: bytes)
+                    } else if let colon = bytes.firstIndex(of: 0x3A), colon > 0, colon + 1 < bytes.count, bytes[colon + 1] == 0x20,
+                              !bytes[..<colon].contains(0x20) {
+                        let key = String(decoding: bytes[..<colon], as: UTF8.self).lowercased()
+                        let value = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[(colon + 2)...]))
+                        if usernames.contains(key) { account.fields["username"] = value }
+                        else if urls.contains(key) { account.fields["url"] = value }
+                        else { account.attributes.append((String(decoding: bytes[..<colon], as: UTF8.self), value)) }
+                    } else if !bytes.isEmpty {
+                        if comment.count > 0 { try comment.append([0x0A]) }
+                        try comment.append(bytes)
+                    }
+                }
+            }
+            if comment.count > 0 { account.fields["comment"] = comment } else { comment.wipe() }
+        } catch {
+            account.wipe()
+            throw ImportError("no secure memory (\(error))")
+        }
+        return account
     }
 }

@@ -15,6 +15,13 @@ enum Paths {
         return absolute(given ?? DataDirectory.defaultPath(environment: environment))
     }
 
+    /// An environment variable's value (nil: unset or empty).
+    static func environment(_ name: String) -> String? {
+        guard let value = getenv(name) else { return nil }
+        let text = String(cString: value)
+        return text.isEmpty ? nil : text
+    }
+
     /// `path` made absolute against the working directory, without touching the disk.
     static func absolute(_ path: String) -> String {
         if path.hasPrefix("/") { return path }

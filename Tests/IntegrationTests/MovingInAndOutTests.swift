@@ -227,4 +227,52 @@ extension MountedStore {
         #expect(TestFile.read(account + "/attributes/a%2Fb") == "x\n")
         #expect(TestFile.read(account + "/totp")?.count == 7)
     }
+
+    /// A `pass` store made by `pass` itself with a throwaway GPG key: every entry imports
+    /// (password, username, url, otp, other `key: value` lines, the rest as comment); a
+    /// second import updates; without the key nothing changes.
+    @Test(.enabled(if: Spawn.exists("pass") && Spawn.exists("gpg")))
+    func aPassStoreImports() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
+        let gnupg = store.scratch.sub("gnupg"), passStore = store.scratch.sub("password-store")
+        mkdir(gnupg, 0o700)
+        var environment = ProcessInfo.processInfo.environment
+        environment["GNUPGHOME"] = gnupg
+        environment["PASSWORD_STORE_DIR"] = passStore
+        defer { Run.program("gpgconf", ["--kill", "all"], environment: environment) }
+        let key = Run.program("gpg", ["--batch", "--passphrase", "", "--quick-gen-key", "mtmfs-test@example.com", "default", "default",
+                                      "never"], environment: environment)
+        try #require(key.status == 0, "\(key)")
+        try #require(Run.program("pass", ["init", "mtmfs-test@example.com"], environment: environment).status == 0)
+        let entry = "s3cret-pass\nuser: alice\nurl: https://github.com/login\notpauth://totp/GitHub:alice?secret=JBSWY3DPEHPK3PXP\n"
+            + "recovery: r3c0v3ry\nsome free text\n"
+        #expect(Run.program("pass", ["insert", "-m", "web/github"], input: entry, environment: environment).status == 0)
+        #expect(Run.program("pass", ["insert", "-m", "mail"], input: "m41l\n", environment: environment).status == 0)
+        func importing(_ environment: [String: String]) -> CommandResult {
+            Run.program(Run.mtmfs, ["import", "pass", "--mount", store.mountPoint, passStore], environment: environment)
+        }
+        let first = importing(environment)
+        #expect(first.stdout == "imported 2 accounts: 2 made, 0 updated\n", "\(first)")
+        let github = try #require(store.accounts.first { TestFile.read(store.path("accounts/\($0)/label")) == "web/github\n" })
+        let directory = store.path("accounts/\(github)")
+        #expect(TestFile.read(directory + "/password") == "s3cret-pass\n")
+        #expect(TestFile.read(directory + "/username") == "alice\n")
+        #expect(TestFile.read(directory + "/url") == "https://github.com/login\n")
+        #expect(TestFile.read(directory + "/totp")?.count == 7)
+        #expect(TestFile.read(directory + "/attributes/recovery") == "r3c0v3ry\n")
+        #expect(TestFile.read(directory + "/comment") == "some free text\n")
+        #expect(importing(environment).stdout == "imported 2 accounts: 0 made, 2 updated\n")
+        // Without the key (another GNUPGHOME): an error, nothing changed.
+        let other = store.scratch.sub("other-gnupg")
+        mkdir(other, 0o700)
+        var keyless = environment
+        keyless["GNUPGHOME"] = other
+        defer { Run.program("gpgconf", ["--kill", "all"], environment: keyless) }
+        let before = store.accounts
+        let refused = importing(keyless)
+        #expect(refused.status == 1 && refused.stderr.contains("gpg could not decrypt"), "\(refused)")
+        #expect(store.accounts == before)
+    }
 }
