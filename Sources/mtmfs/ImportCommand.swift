@@ -18,8 +18,8 @@ struct ImportCommand: Command {
            mtmfs import pass [--mount MOUNT] [STORE]
 
     Reads FILE (default: standard input) into the unlocked mount:
-      csv        Chrome's, Firefox's or 1Password's CSV export (told apart by the header:
-                 name/title, url, username, password, note(s), otpauth, guid, …)
+      csv        Chrome's, Firefox's, 1Password's or KeePassXC's CSV export (told apart by
+                 the header: name/title, url, username, password, note(s), otpauth/totp, guid, …)
       bitwarden  Bitwarden's unencrypted JSON export (logins and notes; custom fields
                  become attributes/, totp becomes otp)
       secret-service

@@ -42,7 +42,7 @@ struct ImportError: Error {
     init(_ message: String) { self.message = message }
 }
 
-/// CSV exports (RFC 4180) of the browsers and 1Password, told apart by their header: the
+/// CSV exports (RFC 4180) of the browsers, 1Password and KeePassXC, told apart by their header: the
 /// columns each has are mapped onto fields; a column none of them has is an error.
 ///
 /// Thread-safety: pure functions.
@@ -52,9 +52,9 @@ enum CSVImport {
         "name": "label", "title": "label", "url": "url", "login_uri": "url", "username": "username",
         "login_username": "username", "password": "password", "login_password": "password", "note": "comment",
         "notes": "comment", "otpauth": "otp", "totp": "otp", "login_totp": "otp", "guid": "id",
-        // Firefox's and 1Password's columns that have no field.
+        // Firefox's, 1Password's and KeePassXC's columns that have no field.
         "httprealm": "", "formactionorigin": "", "timecreated": "", "timelastused": "", "timepasswordchanged": "",
-        "favorite": "", "archived": "", "tags": "",
+        "favorite": "", "archived": "", "tags": "", "group": "", "icon": "", "last modified": "", "created": "",
     ]
 
     /// Every record of `data` (held in secure memory by the caller).

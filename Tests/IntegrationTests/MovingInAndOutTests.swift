@@ -206,6 +206,16 @@ extension MountedStore {
         #expect(imported.status == 0, "\(imported)")
         let bank = try #require(store.accounts.first { TestFile.read(store.path("accounts/\($0)/label")) == "Bank\n" })
         #expect(TestFile.read(store.path("accounts/\(bank)/totp"))?.count == 7, "the otp imported: a code reads")
+        // KeePassXC's CSV (`keepassxc-cli export --format csv`).
+        let keepassxc = store.scratch.sub("keepassxc.csv")
+        try TestFile.write("""
+            "Group","Title","Username","Password","URL","Notes","TOTP","Icon","Last Modified","Created"
+            "Root/Work","Wiki","grace","w1k1","https://wiki.example.com","on the intranet","","0","2024-01-02T03:04:05Z","2024-01-02T03:04:05Z"
+
+            """, to: keepassxc)
+        #expect(Run.mtmfs("import", "csv", "--mount", store.mountPoint, keepassxc).status == 0)
+        let wiki = try #require(store.accounts.first { TestFile.read(store.path("accounts/\($0)/label")) == "Wiki\n" })
+        #expect(TestFile.read(store.path("accounts/\(wiki)/comment")) == "on the intranet\n")
         let bitwarden = store.scratch.sub("bitwarden.json")
         try TestFile.write(#"""
             {"encrypted": false, "folders": [], "items": [
