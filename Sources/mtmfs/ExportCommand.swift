@@ -323,4 +323,21 @@ enum Base64 {
         }
         return String(decoding: out, as: UTF8.self)
     }
+
+    /// The bytes of base64 text (white space skipped); nil when it is not base64.
+    static func decode(_ text: [UInt8]) -> [UInt8]? {
+        var bits: UInt32 = 0, count = 0
+        var out: [UInt8] = []
+        for byte in text where ![0x20, 0x09, 0x0A, 0x0D].contains(byte) {
+            if byte == UInt8(ascii: "=") { break }
+            guard let value = alphabet.firstIndex(of: byte) else { return nil }
+            bits = bits << 6 | UInt32(value)
+            count += 6
+            if count >= 8 {
+                count -= 8
+                out.append(UInt8(truncatingIfNeeded: bits >> UInt32(count)))
+            }
+        }
+        return out
+    }
 }

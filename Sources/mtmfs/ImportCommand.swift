@@ -13,7 +13,7 @@ struct ImportCommand: Command {
     static let name = "import"
     static let abstract = "read accounts from a csv or Bitwarden export (a second import updates)"
     static let usage = """
-    Usage: mtmfs import csv|bitwarden [--mount MOUNT] [FILE]
+    Usage: mtmfs import csv|bitwarden|keepassxc [--mount MOUNT] [FILE]
            mtmfs import secret-service [--mount MOUNT] [--bus-name NAME] [--collection ALIAS]
            mtmfs import pass [--mount MOUNT] [STORE]
 
@@ -22,6 +22,9 @@ struct ImportCommand: Command {
                  the header: name/title, url, username, password, note(s), otpauth/totp, guid, …)
       bitwarden  Bitwarden's unencrypted JSON export (logins and notes; custom fields
                  become attributes/, totp becomes otp)
+      keepassxc  KeePass XML, as KeePassXC exports it (keepassxc-cli export --format xml):
+                 every entry of every group (not its history), Title, UserName, Password,
+                 URL, Notes and otp as fields, any other string an attribute
       secret-service
                  every item of a running Secret Service's collection (gnome-keyring's,
                  KeePassXC's; default: the collection `default` of org.freedesktop.secrets on
@@ -53,8 +56,8 @@ struct ImportCommand: Command {
     init(_ arguments: Arguments) throws(CommandFailure) {
         let positionals = try arguments.positionals(1...2, named: "FORMAT")
         format = positionals[0]
-        guard ["csv", "bitwarden", "secret-service", "pass"].contains(format) else {
-            throw .usage("FORMAT is csv, bitwarden, secret-service or pass", command: Self.name)
+        guard ["csv", "bitwarden", "keepassxc", "secret-service", "pass"].contains(format) else {
+            throw .usage("FORMAT is csv, bitwarden, keepassxc, secret-service or pass", command: Self.name)
         }
         file = positionals.count > 1 ? positionals[1] : nil
         if format == "secret-service" && file != nil { throw .usage("secret-service reads no file", command: Self.name) }
@@ -83,7 +86,11 @@ struct ImportCommand: Command {
             let data = try Self.readInput(file)
             defer { data.wipe() }
             do throws(ImportError) {
-                accounts = format == "csv" ? try CSVImport.parse(data) : try BitwardenImport.parse(data)
+                switch format {
+                case "csv": accounts = try CSVImport.parse(data)
+                case "keepassxc": accounts = try KeePassXMLImport.parse(data)
+                default: accounts = try BitwardenImport.parse(data)
+                }
             } catch {
                 throw CommandFailure("\(Terminal.printable(file ?? "standard input")): \(error.message); nothing was imported")
             }

@@ -556,3 +556,142 @@ enum PassImport {
         return account
     }
 }
+
+/// KeePass XML, as `keepassxc-cli export --format xml` and KeePassXC's "Export to XML"
+/// write it (and `mtmfs export keepassxc`): every `Entry` of every `Group` (not the old
+/// versions kept in its `History`), its `String`s mapped — Title, UserName, Password, URL,
+/// Notes, otp — and any other key as an attribute; its UUID (base64) kept as the account's.
+/// Values stay in secure memory; a value still protected (`Protected="True"`, the inner XML
+/// of a database, not an export) is refused.
+///
+/// Thread-safety: pure functions.
+enum KeePassXMLImport {
+    static let fields = ["Title": "label", "UserName": "username", "Password": "password", "URL": "url", "Notes": "comment",
+                         "otp": "otp"]
+
+    static func parse(_ data: SecureBytes) throws(ImportError) -> [ImportedAccount] {
+        try data.withUnsafeBytes { (text) throws(ImportError) -> [ImportedAccount] in
+            var accounts: [ImportedAccount] = []
+            var stack: [String] = []
+            var current: ImportedAccount?
+            var key: String?
+            var value: SecureBytes?
+            var uuidText: [UInt8]?
+            var index = 0
+            var sawRoot = false
+            do throws(ImportError) {
+                while index < text.count {
+                    guard text[index] == 0x3C else {
+                        // Character data: kept only where it is read (a String's Key or Value, an Entry's UUID).
+                        let end = (index..<text.count).first { text[$0] == 0x3C } ?? text.count
+                        let piece = UnsafeRawBufferPointer(rebasing: text[index..<end])
+                        switch stack.last {
+                        case "Value" where value != nil: try decode(piece, into: value!)
+                        case "Key" where key != nil:
+                            let decoded = SecureBytes()
+                            try decode(piece, into: decoded)
+                            key! += decoded.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+                            decoded.wipe()
+                        case "UUID" where stack.dropLast().last == "Entry" && current != nil: uuidText = Array(piece)
+                        default: break
+                        }
+                        index = end
+                        continue
+                    }
+                    guard let close = (index..<text.count).first(where: { text[$0] == 0x3E }) else {
+                        throw ImportError("XML at byte \(index): a tag is not closed")
+                    }
+                    let tag = String(decoding: text[(index + 1)..<close], as: UTF8.self)
+                    index = close + 1
+                    if tag.hasPrefix("?") || tag.hasPrefix("!") { continue }
+                    if tag.hasPrefix("/") {
+                        let name = String(tag.dropFirst()).trimmed(of: " \t\n")
+                        guard stack.last == name else { throw ImportError("XML: </\(name)> closes <\(stack.last ?? "nothing")>") }
+                        stack.removeLast()
+                        if name == "String", current != nil, !stack.contains("History"), let key, let value {
+                            if let field = fields[key] {
+                                if value.count > 0 { current!.fields[field] = value } else { value.wipe() }
+                            } else {
+                                current!.attributes.append((key, value))
+                            }
+                        } else if name == "String" {
+                            value?.wipe()
+                        }
+                        if name == "String" { (key, value) = (nil, nil) }
+                        if name == "Entry", var entry = current, !stack.contains("History") {
+                            if let uuidText, let bytes = Base64.decode(uuidText), bytes.count == 16 {
+                                entry.id = AccountName.string(bytes)
+                            }
+                            accounts.append(entry)
+                            current = nil
+                            uuidText = nil
+                        }
+                        continue
+                    }
+                    let selfClosing = tag.hasSuffix("/")
+                    let name = String((selfClosing ? String(tag.dropLast()) : tag).prefix { $0 != " " && $0 != "\t" && $0 != "\n" })
+                    if stack.isEmpty {
+                        guard name == "KeePassFile" else { throw ImportError("not KeePass XML (its root is <\(name)>)") }
+                        sawRoot = true
+                    }
+                    if selfClosing { continue }
+                    stack.append(name)
+                    if name == "Entry" && !stack.dropLast().contains("History") && current == nil { current = ImportedAccount() }
+                    if name == "String" && current != nil && !stack.contains("History") { (key, value) = ("", nil) }
+                    if name == "Value" && key != nil {
+                        if tag.contains("Protected=\"True\"") {
+                            throw ImportError("a protected value (the XML of a database, not an export): export it from KeePassXC")
+                        }
+                        value = SecureBytes()
+                    }
+                }
+                guard sawRoot else { throw ImportError("not KeePass XML (no <KeePassFile>)") }
+                guard stack.isEmpty else { throw ImportError("XML: <\(stack.last!)> is not closed") }
+            } catch {
+                accounts.forEach { $0.wipe() }
+                current?.wipe()
+                value?.wipe()
+                throw error
+            }
+            return accounts
+        }
+    }
+
+    /// Character data with its entity references resolved, appended to `out`.
+    static func decode(_ piece: UnsafeRawBufferPointer, into out: SecureBytes) throws(ImportError) {
+        var index = 0
+        func add(_ bytes: UnsafeRawBufferPointer) throws(ImportError) {
+            do throws(Errno) { try out.append(bytes) } catch { throw ImportError("no secure memory (\(error))") }
+        }
+        func add(_ bytes: [UInt8]) throws(ImportError) {
+            do throws(Errno) { try out.append(bytes) } catch { throw ImportError("no secure memory (\(error))") }
+        }
+        do {
+            while index < piece.count {
+                guard piece[index] == 0x26 else {
+                    let end = (index..<piece.count).first { piece[$0] == 0x26 } ?? piece.count
+                    try add(UnsafeRawBufferPointer(rebasing: piece[index..<end]))
+                    index = end
+                    continue
+                }
+                guard let semicolon = (index..<min(piece.count, index + 12)).first(where: { piece[$0] == 0x3B }) else {
+                    throw ImportError("XML: an & that starts no entity")
+                }
+                let entity = String(decoding: piece[(index + 1)..<semicolon], as: UTF8.self)
+                index = semicolon + 1
+                switch entity {
+                case "amp": try add([0x26])
+                case "lt": try add([0x3C])
+                case "gt": try add([0x3E])
+                case "quot": try add([0x22])
+                case "apos": try add([0x27])
+                default:
+                    let number = entity.hasPrefix("#x") ? UInt32(entity.dropFirst(2), radix: 16)
+                        : entity.hasPrefix("#") ? UInt32(entity.dropFirst()) : nil
+                    guard let number, let scalar = Unicode.Scalar(number) else { throw ImportError("XML: an unknown entity &\(entity);") }
+                    try add(Array(String(scalar).utf8))
+                }
+            }
+        }
+    }
+}

@@ -154,6 +154,12 @@ extension MountedStore {
         #expect(again.stdout == "imported 2 accounts: 0 made, 2 updated\n", "\(again)")
         #expect(target.accounts.count == 2)
 
+        // KeePass XML: its UUIDs kept, so the same accounts again (updated, none made).
+        let xml = source.scratch.sub("export.xml")
+        #expect(Run.mtmfs("export", "keepassxc", "--mount", source.mountPoint, "--passphrase-file", pass, "-o", xml).status == 0)
+        let fromXML = Run.mtmfs("import", "keepassxc", "--mount", target.mountPoint, xml)
+        #expect(fromXML.stdout == "imported 2 accounts: 0 made, 2 updated\n", "\(fromXML)")
+        #expect(without(Self.snapshot(target)) == without(Self.snapshot(source)))
         // CSV: no ids; matched by label, url and username the second time.
         let csv = source.scratch.sub("export.csv")
         #expect(Run.mtmfs("export", "csv", "--mount", source.mountPoint, "--passphrase-file", pass, "-o", csv).status == 0)
@@ -206,6 +212,39 @@ extension MountedStore {
         #expect(imported.status == 0, "\(imported)")
         let bank = try #require(store.accounts.first { TestFile.read(store.path("accounts/\($0)/label")) == "Bank\n" })
         #expect(TestFile.read(store.path("accounts/\(bank)/totp"))?.count == 7, "the otp imported: a code reads")
+        // KeePassXC's XML export: entries in nested groups, an old version in its History
+        // (not an account), a custom string, entities; a protected value is refused.
+        let keepassXML = store.scratch.sub("keepassxc.xml")
+        try TestFile.write("""
+            <?xml version="1.0" encoding="utf-8" standalone="yes"?>
+            <KeePassFile>
+              <Meta><Generator>KeePassXC</Generator></Meta>
+              <Root><Group><UUID>AAAAAAAAAAAAAAAAAAAAAA==</UUID><Name>Root</Name>
+                <Group><Name>Servers</Name>
+                  <Entry><UUID>MDEyMzQ1Njc4OWFiY2RlZg==</UUID>
+                    <String><Key>Title</Key><Value>Router &amp; &lt;AP&gt;</Value></String>
+                    <String><Key>UserName</Key><Value>admin</Value></String>
+                    <String><Key>Password</Key><Value ProtectInMemory="True">r0ut3r&#x21;</Value></String>
+                    <String><Key>URL</Key><Value>https://192.168.1.1</Value></String>
+                    <String><Key>Serial</Key><Value>SN-42</Value></String>
+                    <History><Entry><UUID>MDEyMzQ1Njc4OWFiY2RlZg==</UUID>
+                      <String><Key>Title</Key><Value>Old router</Value></String></Entry></History>
+                  </Entry>
+                </Group>
+              </Group></Root>
+            </KeePassFile>
+
+            """, to: keepassXML)
+        let fromKeePass = Run.mtmfs("import", "keepassxc", "--mount", store.mountPoint, keepassXML)
+        #expect(fromKeePass.stdout == "imported 1 accounts: 1 made, 0 updated\n", "\(fromKeePass)")
+        let router = store.path("accounts/30313233-3435-3637-3839-616263646566")
+        #expect(TestFile.read(router + "/label") == "Router & <AP>\n")
+        #expect(TestFile.read(router + "/password") == "r0ut3r!\n")
+        #expect(TestFile.read(router + "/attributes/Serial") == "SN-42\n")
+        let protected = store.scratch.sub("protected.xml")
+        try TestFile.write(#"<KeePassFile><Root><Group><Entry><String><Key>Password</Key><Value Protected="True">AbC=</Value></String></Entry></Group></Root></KeePassFile>"#,
+                           to: protected)
+        #expect(Run.mtmfs("import", "keepassxc", "--mount", store.mountPoint, protected).stderr.contains("protected value"))
         // KeePassXC's CSV (`keepassxc-cli export --format csv`).
         let keepassxc = store.scratch.sub("keepassxc.csv")
         try TestFile.write("""
