@@ -324,4 +324,42 @@ extension MountedStore {
         #expect(refused.status == 1 && refused.stderr.contains("gpg could not decrypt"), "\(refused)")
         #expect(store.accounts == before)
     }
+
+    /// KeePassXC's own command line both ways: a database it made exports (XML and CSV) and
+    /// imports; mtmfs's KeePass XML export is a database KeePassXC imports and reads.
+    @Test(.enabled(if: Spawn.exists("keepassxc-cli")))
+    func keepassxcsExportsImportAndItReadsOurs() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        #expect(Run.mtmfs("unlock", store.mountPoint, input: Run.passphrase + "\n").status == 0)
+        var environment = ProcessInfo.processInfo.environment
+        environment["QT_QPA_PLATFORM"] = "offscreen"
+        environment["HOME"] = store.scratch.path
+        func keepassxc(_ arguments: [String], input: String) -> CommandResult {
+            Run.program("keepassxc-cli", arguments, input: input, environment: environment)
+        }
+        let database = store.scratch.sub("theirs.kdbx")
+        try #require(keepassxc(["db-create", "-p", database], input: "dbpass\ndbpass\n").status == 0)
+        try #require(keepassxc(["add", "-q", "-u", "alice", "--url", "https://example.com/login", "-p", database, "Mail"],
+                               input: "dbpass\nhunt3r2\n").status == 0)
+        let xml = store.scratch.sub("theirs.xml"), csv = store.scratch.sub("theirs.csv")
+        try TestFile.write(keepassxc(["export", "-q", "-f", "xml", database], input: "dbpass\n").stdout, to: xml)
+        try TestFile.write(keepassxc(["export", "-q", "-f", "csv", database], input: "dbpass\n").stdout, to: csv)
+        let fromXML = Run.mtmfs("import", "keepassxc", "--mount", store.mountPoint, xml)
+        #expect(fromXML.stdout == "imported 1 accounts: 1 made, 0 updated\n", "\(fromXML)")
+        let mail = try #require(store.accounts.first)
+        #expect(TestFile.read(store.path("accounts/\(mail)/username")) == "alice\n")
+        #expect(TestFile.read(store.path("accounts/\(mail)/password")) == "hunt3r2\n")
+        #expect(TestFile.read(store.path("accounts/\(mail)/url")) == "https://example.com/login\n")
+        #expect(Run.mtmfs("import", "csv", "--mount", store.mountPoint, csv).stdout == "imported 1 accounts: 0 made, 1 updated\n")
+
+        let pass = store.scratch.sub("pass")
+        try (Run.passphrase + "\n").write(toFile: pass, atomically: true, encoding: .utf8)
+        let ours = store.scratch.sub("ours.xml"), imported = store.scratch.sub("ours.kdbx")
+        #expect(Run.mtmfs("export", "keepassxc", "--mount", store.mountPoint, "--passphrase-file", pass, "-o", ours).status == 0)
+        let made = keepassxc(["import", "-p", ours, imported], input: "newpass\nnewpass\n")
+        #expect(made.status == 0, "\(made)")
+        let shown = keepassxc(["show", "-s", "-a", "Password", imported, "Mail"], input: "newpass\n")
+        #expect(shown.stdout.hasSuffix("hunt3r2\n"), "\(shown)")
+    }
 }
