@@ -72,6 +72,7 @@ struct ImportCommand: Command {
     func run() throws(CommandFailure) {
         let mountPoint = try MountChoice.resolve(mount)
         let accounts: [ImportedAccount]
+        var skipped = 0
         if format == "secret-service" {
             do throws(ImportError) { accounts = try SecretServiceImport.read(busName: busName, alias: alias) } catch {
                 throw CommandFailure("\(error.message); nothing was imported")
@@ -89,7 +90,7 @@ struct ImportCommand: Command {
                 switch format {
                 case "csv": accounts = try CSVImport.parse(data)
                 case "keepassxc": accounts = try KeePassXMLImport.parse(data)
-                default: accounts = try BitwardenImport.parse(data)
+                default: (accounts, skipped) = try BitwardenImport.read(data)
                 }
             } catch {
                 throw CommandFailure("\(Terminal.printable(file ?? "standard input")): \(error.message); nothing was imported")
@@ -99,13 +100,20 @@ struct ImportCommand: Command {
         var writer = AccountWriter(mountPoint: mountPoint)
         do throws(CommandFailure) {
             let existing = try writer.existingAccounts()
-            for account in accounts { try writer.put(account, existing: existing) }
+            // On a terminal, a large import says how far it is.
+            let showing = isatty(2) == 1 && accounts.count >= 200
+            for (done, account) in accounts.enumerated() {
+                try writer.put(account, existing: existing)
+                if showing && (done + 1) % 100 == 0 { Terminal.error("\rmtmfs import: \(done + 1) of \(accounts.count)…", newline: false) }
+            }
+            if showing { Terminal.error("") }
         } catch {
             writer.undo()
             throw CommandFailure(error.description + "; nothing was imported", exitCode: error.exitCode)
         }
         writer.finish()
         print("imported \(accounts.count) accounts: \(writer.made.count) made, \(writer.updated) updated"
+              + (skipped > 0 ? ", \(skipped) items that are no account (cards, identities) left out" : "")
               + (writer.skippedAttributes > 0 ? ", \(writer.skippedAttributes) attributes with names too long for a file left out" : ""))
     }
 

@@ -179,7 +179,16 @@ extension String {
 ///
 /// Thread-safety: pure functions.
 enum BitwardenImport {
-    static func parse(_ data: SecureBytes) throws(ImportError) -> [ImportedAccount] {
+    /// The items read as accounts, and how many were left out (cards and identities).
+    static func parse(_ data: SecureBytes) throws(ImportError) -> [ImportedAccount] { try read(data).accounts }
+
+    static func read(_ data: SecureBytes) throws(ImportError) -> (accounts: [ImportedAccount], skipped: Int) {
+        var skipped = 0
+        let accounts = try parseItems(data, skipped: &skipped)
+        return (accounts, skipped)
+    }
+
+    private static func parseItems(_ data: SecureBytes, skipped: inout Int) throws(ImportError) -> [ImportedAccount] {
         try data.withUnsafeBytes { (bytes) throws(ImportError) -> [ImportedAccount] in
             var parser = JSONScanner(bytes)
             let root = try parser.document()
@@ -192,7 +201,10 @@ enum BitwardenImport {
             do throws(ImportError) {
                 for (number, item) in items.enumerated() {
                     guard case .object(let members) = item else { throw ImportError("item \(number + 1) is not an object") }
-                    guard case .number(let type)? = members["type"], type == 1 || type == 2 else { continue }  // (cards, identities: no account)
+                    guard case .number(let type)? = members["type"], type == 1 || type == 2 else {  // (cards, identities: no account)
+                        skipped += 1
+                        continue
+                    }
                     var account = ImportedAccount()
                     if case .string(let range)? = members["id"] {
                         account.id = String(decoding: try parser.bytes(range), as: UTF8.self)
