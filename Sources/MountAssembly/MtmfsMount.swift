@@ -76,13 +76,7 @@ public final class MtmfsMount: Sendable {
         let control = ControlTree(files: [
             ControlTree.File(name: "status", mode: 0o444, contents: { statusLines.render() }),
             ControlTree.File(name: "unlock", mode: 0o200, command: { (bytes) throws(Errno) in
-                // The passphrase goes straight from libfuse's buffer into secure memory.
-                let length = OneNewline.valueEnd(bytes)
-                guard length > 0 else { throw .invalidArgument }
-                defer { if let base = bytes.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), bytes.count) } }
-                let passphrase = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<length]))
-                defer { passphrase.wipe() }
-                try vault.unlock(passphrase: passphrase)
+                try Self.withPassphrase(bytes) { (passphrase) throws(Errno) in try vault.unlock(passphrase: passphrase) }
             }),
             // Answered once the kernel was told to forget every field (`mtmfs lock` returns then).
             ControlTree.File(name: "lock", mode: 0o200, command: { _ in vault.lock(reason: "lock requested") },
@@ -105,12 +99,7 @@ public final class MtmfsMount: Sendable {
             }, answerWhenDone: { answer in notifier.whenSent(answer) }),
             // The passphrase alone: EACCES unless it is the vault's (`mtmfs export` asks it again).
             ControlTree.File(name: "verify", mode: 0o200, command: { (bytes) throws(Errno) in
-                let length = OneNewline.valueEnd(bytes)
-                guard length > 0 else { throw .invalidArgument }
-                defer { if let base = bytes.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), bytes.count) } }
-                let passphrase = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<length]))
-                defer { passphrase.wipe() }
-                try vault.checkPassphrase(passphrase)
+                try Self.withPassphrase(bytes) { (passphrase) throws(Errno) in try vault.checkPassphrase(passphrase) }
             }),
             ControlTree.File(name: "access", mode: 0o400, contents: { vault.recentDecisions() }),
             ControlTree.File(name: "find", mode: 0o600, query: { (bytes) throws(Errno) in try vault.find(bytes) }),
@@ -165,6 +154,17 @@ public final class MtmfsMount: Sendable {
 
     /// Ends the mount as SIGTERM would.
     public func stop() { fuse.exit() }
+
+    /// A passphrase written alone (one newline may end it): straight from libfuse's buffer
+    /// into secure memory, the buffer zeroed.
+    static func withPassphrase(_ bytes: UnsafeRawBufferPointer, _ body: (SecureBytes) throws(Errno) -> Void) throws(Errno) {
+        defer { if let base = bytes.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), bytes.count) } }
+        let length = OneNewline.valueEnd(bytes)
+        guard length > 0 else { throw .invalidArgument }
+        let passphrase = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<length]))
+        defer { passphrase.wipe() }
+        try body(passphrase)
+    }
 
     /// A command written with its passphrase: "WORD\tWORD…\nPASSPHRASE[\n]". The passphrase
     /// goes straight from libfuse's buffer into secure memory, and the buffer is zeroed.
