@@ -598,11 +598,12 @@ enum KeePassXMLImport {
                         let end = (index..<text.count).first { text[$0] == 0x3C } ?? text.count
                         let piece = UnsafeRawBufferPointer(rebasing: text[index..<end])
                         switch stack.last {
-                        case "Value" where value != nil: try decode(piece, into: value!)
-                        case "Key" where key != nil:
+                        case "Value": if let value { try decode(piece, into: value) }
+                        case "Key":
+                            guard let known = key else { break }
                             let decoded = SecureBytes()
                             try decode(piece, into: decoded)
-                            key! += decoded.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+                            key = known + decoded.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
                             decoded.wipe()
                         case "UUID" where stack.dropLast().last == "Entry" && current != nil: uuidText = Array(piece)
                         default: break

@@ -61,11 +61,11 @@ final class OutputMasker {
             var couldBegin = false
             for secret in secrets {
                 secret.withUnsafeBytes { value in
-                    guard value[0] == data[index] else { return }
+                    guard let start = value.baseAddress, let here = data.baseAddress.map({ $0 + index }), value[0] == data[index] else { return }
                     let available = data.count - index
                     if available >= value.count {
-                        if memcmp(value.baseAddress!, data.baseAddress! + index, value.count) == 0 { matched = value.count }
-                    } else if memcmp(value.baseAddress!, data.baseAddress! + index, available) == 0 {
+                        if memcmp(start, here, value.count) == 0 { matched = value.count }
+                    } else if memcmp(start, here, available) == 0 {
                         couldBegin = true
                     }
                 }

@@ -246,7 +246,7 @@ final class SecretEnvironment {
         var reader = SecretReader(mount: given)
         do throws(CommandFailure) {
             for name in order {
-                let value = values[name]!
+                guard let value = values[name] else { continue }
                 guard SecretReference.isReference(value) else {
                     plain.append(name + "=" + value)
                     continue

@@ -173,8 +173,8 @@ extension VaultService {
     /// (and on their conflicts) are revoked. Returns the files whose pages go (`dropPages`,
     /// after the lock).
     func narrow(_ s: inout VaultState, account: AccountID) -> [LocalInode] {
-        let conflicts = [AccountField.password, .otp].map {
-            ConflictNode.file(account, index: AccountField.allCases.firstIndex(of: $0)!).local
+        let conflicts = [AccountField.password, .otp].compactMap { field in
+            AccountField.allCases.firstIndex(of: field).map { ConflictNode.file(account, index: $0).local }
         }
         let secrets = Set(s.engine.files.keys.filter { s.isSecret($0, of: account) } + conflicts)
         s.fields.session.revokeHandles { secrets.contains($0) }
