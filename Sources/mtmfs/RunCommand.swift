@@ -274,11 +274,15 @@ final class SecretEnvironment {
         var pointers: [UnsafeMutablePointer<CChar>?] = plain.map { strdup($0) }
         defer { for pointer in pointers.prefix(plain.count) { free(pointer) } }
         return try entries.withUnsafeMutableBytes { (bytes) throws(Errno) -> T in
-            for start in entryStarts {
-                pointers.append((bytes.baseAddress! + start).assumingMemoryBound(to: CChar.self))
+            // (No secret entry: no memory, and no pointer into it.)
+            if let base = bytes.baseAddress {
+                for start in entryStarts { pointers.append((base + start).assumingMemoryBound(to: CChar.self)) }
             }
             pointers.append(nil)
-            return try pointers.withUnsafeBufferPointer { (all) throws(Errno) -> T in try body(all.baseAddress!) }
+            return try pointers.withUnsafeBufferPointer { (all) throws(Errno) -> T in
+                guard let first = all.baseAddress else { throw .invalidArgument }  // (never: the list ends with nil)
+                return try body(first)
+            }
         }
     }
 

@@ -93,8 +93,7 @@ struct SecretReference: Hashable, CustomStringConvertible {
     /// A view name is one account's only when no other account's name in that directory is
     /// it with a `~` suffix (§2a: the first account of a value has the name alone).
     private func checkUnambiguous(_ accounts: String) throws(CommandFailure) {
-        guard account.hasPrefix("by-"), !account.contains("~") else { return }
-        let slash = account.lastIndex(of: "/")!
+        guard account.hasPrefix("by-"), !account.contains("~"), let slash = account.lastIndex(of: "/") else { return }
         let directory = String(account[..<slash]), name = String(account[account.index(after: slash)...])
         guard let names = try? Syscall.listDirectory(accounts + directory) else { return }
         let others = names.filter { $0.hasPrefix(name + "~") }
