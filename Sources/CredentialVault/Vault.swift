@@ -943,23 +943,7 @@ public enum AccountName {
     }
 
     /// The 16 bytes of a UUID in the 8-4-4-4-12 hex form, or nil.
-    public static func uuidBytes(_ name: String) -> [UInt8]? {
-        let utf8 = Array(name.utf8)
-        guard utf8.count == 36 else { return nil }
-        var bytes: [UInt8] = []
-        var index = 0
-        while index < 36 {
-            if [8, 13, 18, 23].contains(index) {
-                guard utf8[index] == UInt8(ascii: "-") else { return nil }
-                index += 1
-                continue
-            }
-            guard let high = hex(utf8[index]), let low = hex(utf8[index + 1]) else { return nil }
-            bytes.append(high << 4 | low)
-            index += 2
-        }
-        return bytes
-    }
+    public static func uuidBytes(_ name: String) -> [UInt8]? { ASCIIHex.uuid(name) }
 
     static func hex(_ c: UInt8) -> UInt8? { ASCIIHex.value(c) }
 }

@@ -31,4 +31,11 @@ public enum ASCIIHex {
         }
         return out
     }
+
+    /// The 16 bytes of a UUID in the 8-4-4-4-12 form (either case), or nil.
+    public static func uuid(_ text: String) -> [UInt8]? {
+        let groups = text.split(separator: "-", omittingEmptySubsequences: false)
+        guard groups.map(\.utf8.count) == [8, 4, 4, 4, 12] else { return nil }
+        return bytes(groups.joined())
+    }
 }

@@ -1,10 +1,23 @@
-// The `mtmfs` command. Everything lives in types; nothing here runs on a FUSE thread.
+// `mtmfs`, the command: `run`, `inject` and `read` here, in a program kept small so that it
+// starts fast (a script may call it for each secret); every other command in mtmfs-core,
+// which this program becomes. Nothing here runs on a FUSE thread.
 #if canImport(Glibc)
 import Glibc
 #endif
+import Posix
+import ScriptCommands
 
-// Run as `git-credential-mtmfs` (a link to mtmfs: git's name for the helper `mtmfs`), it
-// is `mtmfs credential`.
+let scriptCommands: [any Command.Type] = [RunCommand.self, InjectCommand.self, ReadCommand.self]
 let invokedAs = CommandLine.arguments.first.map { $0.split(separator: "/").last.map(String.init) ?? $0 } ?? ""
-let arguments = Array(CommandLine.arguments.dropFirst())
-exit(CommandLineTool.main(invokedAs == "git-credential-mtmfs" ? ["credential"] + arguments : arguments))
+let name = CommandLine.arguments.dropFirst().first
+if invokedAs != "git-credential-mtmfs", let command = scriptCommands.first(where: { $0.name == name }) {
+    exit(command.main(Array(CommandLine.arguments.dropFirst(2))))
+}
+// The core gets the arguments as they came, its name included (`git-credential-mtmfs`).
+guard let me = ProgramFiles.running(), let core = ProgramFiles.core(besideFront: me) else {
+    Terminal.error("mtmfs: \(ProgramFiles.core) is missing beside \(ProgramFiles.running() ?? "this program"): reinstall mtmfs")
+    exit(ExitCode.failure)
+}
+execv(core, CommandLine.unsafeArgv)
+Terminal.error("mtmfs: cannot run \(core): \(Errno.current)")
+exit(ExitCode.failure)

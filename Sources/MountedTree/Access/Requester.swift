@@ -105,18 +105,14 @@ final class RequesterInspector: Sendable {
     private static let knownCodeLimit = 256
 
     struct CodeFile: Hashable { let device: UInt64, inode: UInt64 }
-    /// The daemon's own program: the same file (or the same bytes) run as a command is
-    /// mtmfs's command line, whose caller is what a decision is about.
-    private let own: (version: FileIdentity?, digest: Locked<[UInt8]?>)
+    /// The daemon's own programs, its core and the `mtmfs` front beside it (`ProgramFiles`):
+    /// the same files (or the same bytes) run as a command are mtmfs's command line, whose
+    /// caller is what a decision is about.
+    private let own: (versions: [FileIdentity], paths: [String], digests: Locked<[[UInt8]]?>)
 
     init() {
-        var st = stat()
-        var version: FileIdentity?
-        if let fd = try? Syscall.open("/proc/self/exe", O_RDONLY) {
-            if fstat(fd, &st) == 0 { version = FileIdentity(st) }
-            Syscall.close(fd)
-        }
-        own = (version, Locked(nil))
+        let paths = ["/proc/self/exe"] + (ProgramFiles.running().map { ProgramFiles.fronts(besideCore: $0) } ?? [])
+        own = (paths.compactMap { (try? Syscall.stat($0)).map(FileIdentity.init) }, paths, Locked(nil))
         rootDevice = (try? Syscall.stat("/")).map { UInt64($0.st_dev) } ?? .max
     }
 
@@ -148,16 +144,17 @@ final class RequesterInspector: Sendable {
         return named
     }
 
-    /// The daemon's own digest, made at the first guarded request that needs it.
-    private func ownDigest() -> [UInt8] {
-        own.digest.withLock { digest in
-            if let digest { return digest }
-            var made: [UInt8] = []
-            if let fd = try? Syscall.open("/proc/self/exe", O_RDONLY) {
-                made = (try? ProgramDigest.sha256(of: fd)) ?? []
-                Syscall.close(fd)
+    /// The digests of the daemon's own programs, made at the first guarded request that
+    /// needs them.
+    private func ownDigests() -> [[UInt8]] {
+        own.digests.withLock { digests in
+            if let digests { return digests }
+            let made = own.paths.compactMap { path -> [UInt8]? in
+                guard let fd = try? Syscall.open(path, O_RDONLY) else { return nil }
+                defer { Syscall.close(fd) }
+                return try? ProgramDigest.sha256(of: fd)
             }
-            digest = made
+            digests = made
             return made
         }
     }
@@ -277,7 +274,7 @@ final class RequesterInspector: Sendable {
                 path += " (path not verified)"
             }
         }
-        let isMtmfs = version == own.version || ownDigest() == digest
+        let isMtmfs = own.versions.contains(version) || ownDigests().contains(digest)
         let problem = fileSystemType(exe, device: st.st_dev) == ProcessInspection.fuseMagic
             ? "its program is on a FUSE file system (\(Requester.printable(path)))" : nil
         return (TrustedProgram(sha256: digest, path: path), isMtmfs, problem)
