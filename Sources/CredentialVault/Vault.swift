@@ -380,16 +380,18 @@ public final class Vault: @unchecked Sendable {
     /// A wrong passphrase while unlocked changes nothing (it does not lock).
     /// `tidying`: slots a passphrase change retired are removed (not by `mtmfs check`,
     /// which only reads).
-    public func unlock(passphrase: SecureBytes, tidying: Bool = true) throws(VaultError) {
-        try unlock(withPassphraseKey: try passphraseKey(passphrase), tidying: tidying)
+    public func unlock(passphrase: SecureBytes, kind: SlotKind = .passphrase, tidying: Bool = true) throws(VaultError) {
+        try unlock(withPassphraseKey: try passphraseKey(passphrase, kind: kind), tidying: tidying)
     }
 
     /// The slow half of an unlock (Argon2id: 0.1 s interactive to seconds sensitive): reads
     /// only the salt and parameters, which nothing changes while the vault is served, so a
     /// caller runs it outside the lock its requests take, then `unlock(withPassphraseKey:)`.
     /// (A folder's: the master key itself, unwrapped from the key slot the passphrase opens.)
-    public func passphraseKey(_ passphrase: SecureBytes) throws(VaultError) -> SecureBytes {
-        if let folder { return try folder.masterKey(passphrase: passphrase) }
+    /// `kind`: which slots `passphrase` is tried on (a single file has the passphrase's alone).
+    public func passphraseKey(_ passphrase: SecureBytes, kind: SlotKind = .passphrase) throws(VaultError) -> SecureBytes {
+        if let folder { return try folder.masterKey(passphrase: passphrase, kind: kind) }
+        guard kind == .passphrase else { throw .wrongPassphrase }
         return try Self.deriveKey(passphrase, salt: salt, parameters: parameters)
     }
 
@@ -750,6 +752,27 @@ public final class Vault: @unchecked Sendable {
             (parameters, salt, wrapNonce, wrappedKey) = old
             throw error
         }
+    }
+
+    /// A slot of `kind` (a login password's, a recovery key's) that opens the vault with
+    /// `secret`; it retires the slots of that kind only. The vault must be unlocked, and a
+    /// folder (format 3).
+    public func addSlot(_ kind: SlotKind, secret: SecureBytes, parameters: KDFParameters) throws(VaultError) {
+        let key = try requireKey()
+        guard let folder, kind != .passphrase else { throw .io(.notSupported) }
+        try folder.addSlot(passphrase: secret, parameters: parameters, key: key, kind: kind)
+    }
+
+    /// Removes the slots of `kind` (not the passphrase's). The vault must be unlocked.
+    public func removeSlots(_ kind: SlotKind) throws(VaultError) {
+        _ = try requireKey()
+        guard let folder, kind != .passphrase else { throw .io(.notSupported) }
+        try folder.removeSlots(kind: kind)
+    }
+
+    /// Whether a slot of `kind` opens the vault (the passphrase's: always).
+    public func hasSlot(_ kind: SlotKind) -> Bool {
+        kind == .passphrase || folder?.hasSlot(kind) == true
     }
 
     // MARK: Sealing

@@ -444,12 +444,12 @@ public final class VaultFolder: @unchecked Sendable {
 
     // MARK: Keys
 
-    /// The master key that `passphrase` unwraps, from the slots no other slot retired (or,
-    /// when none opens, from a retired one whose retirers are not genuine).
-    public func masterKey(passphrase: SecureBytes) throws(VaultError) -> SecureBytes {
+    /// The master key that `passphrase` unwraps, from the slots of `kind` no other slot
+    /// retired (or, when none opens, from a retired one whose retirers are not genuine).
+    public func masterKey(passphrase: SecureBytes, kind: SlotKind = .passphrase) throws(VaultError) -> SecureBytes {
         let retired = Set(slots.values.flatMap(\.retires))
         // Newest first, by clock (a name's device part must not decide).
-        let ordered = slots.sorted { (KeySlot.parseName($0.key)?.clock ?? 0, $0.key) > (KeySlot.parseName($1.key)?.clock ?? 0, $1.key) }
+        let ordered = slots.filter { $0.value.kind == kind }.sorted { (KeySlot.parseName($0.key)?.clock ?? 0, $0.key) > (KeySlot.parseName($1.key)?.clock ?? 0, $1.key) }
         var keks: [[UInt8]: SecureBytes] = [:]
         defer { keks.values.forEach { $0.wipe() } }
         func kek(for slot: KeySlot) -> SecureBytes? {
@@ -513,16 +513,19 @@ public final class VaultFolder: @unchecked Sendable {
         if removed { try? AtomicFile.syncDirectory(path + "/" + Self.keysFolder) }
     }
 
-    /// A new slot for `passphrase` that retires every slot there is now (a passphrase
-    /// change; `init` makes the first). Two made apart both unlock until the next.
-    public func addSlot(passphrase: SecureBytes, parameters: KDFParameters, key: SecureBytes) throws(VaultError) {
+    /// A new slot of `kind` for `passphrase` that retires every slot of that kind there is
+    /// now (a passphrase change retires the passphrase slots, a new recovery key the
+    /// recovery slot; `init` makes the first). Two made apart both unlock until the next.
+    public func addSlot(passphrase: SecureBytes, parameters: KDFParameters, key: SecureBytes,
+                        kind: SlotKind = .passphrase) throws(VaultError) {
         guard parameters.isStrongEnough else { throw .weakParameters }
         let slotClock = nextClock()
         let name = ChangeFile.hex(device, 16) + "-" + ChangeFile.hex(slotClock, 16) + ".slot"
         let salt = random.bytes(VaultFormat.saltSize)
         let kek = try Vault.deriveKey(passphrase, salt: salt, parameters: parameters)
         defer { kek.wipe() }
-        let slot = KeySlot(parameters: parameters, salt: salt, retires: slots.keys.sorted())
+        let slot = KeySlot(kind: kind, parameters: parameters, salt: salt,
+                           retires: slots.filter { $0.value.kind == kind }.keys.sorted())
         let bytes = slot.encode(key: key, kek: kek, vaultID: vaultID, path: Self.keysFolder + "/" + name, random: random)
         do throws(Errno) {
             try AtomicFile.replace(path + "/" + Self.keysFolder + "/" + name, with: bytes)
@@ -558,10 +561,31 @@ public final class VaultFolder: @unchecked Sendable {
         }
     }
 
-    /// The key-derivation limits of the newest slot no other slot retired.
+    /// Removes every slot of `kind` (`mtmfs passwd --remove-login`): a slot that a kind no
+    /// longer has cannot be retired by a newer one, so it goes as a file. Never the
+    /// passphrase's: the vault would no longer open.
+    public func removeSlots(kind: SlotKind) throws(VaultError) {
+        precondition(kind != .passphrase, "the passphrase's slots are only ever retired")
+        let keys = path + "/" + Self.keysFolder
+        for name in slots.filter({ $0.value.kind == kind }).keys {
+            do throws(Errno) { try Syscall.unlink(keys + "/" + name) } catch {
+                if error != .noSuchFileOrDirectory { throw .io(error) }
+            }
+            slots[name] = nil
+        }
+        do throws(Errno) { try AtomicFile.syncDirectory(keys) } catch { throw .io(error) }
+    }
+
+    /// Whether a slot of `kind` no other slot retired is there.
+    public func hasSlot(_ kind: SlotKind) -> Bool {
+        let retired = Set(slots.values.flatMap(\.retires))
+        return slots.contains { $0.value.kind == kind && !retired.contains($0.key) }
+    }
+
+    /// The key-derivation limits of the newest passphrase slot no other slot retired.
     public var currentParameters: KDFParameters? {
         let retired = Set(slots.values.flatMap(\.retires))
-        return slots.filter { !retired.contains($0.key) }
+        return slots.filter { !retired.contains($0.key) && $0.value.kind == .passphrase }
             .max { (KeySlot.parseName($0.key)?.clock ?? 0) < (KeySlot.parseName($1.key)?.clock ?? 0) }?.value.parameters
     }
 
@@ -800,6 +824,30 @@ public final class VaultFolder: @unchecked Sendable {
     }
 }
 
+/// What opens a key slot (byte 9 of its header, docs/vault-format-3.md §3): the vault's
+/// passphrase, the user's login password (`mtmfs passwd --login`), or a recovery key
+/// (`mtmfs recovery-key`). An unlock tries the slots of one kind; a new slot retires the
+/// slots of its own kind only.
+public enum SlotKind: UInt8, Sendable, CaseIterable {
+    case passphrase = 0
+    case login = 1
+    case recovery = 2
+
+    /// The kind a command line or control file names: `passphrase`, `login`, `recovery`.
+    public init?(name: String) {
+        guard let kind = Self.allCases.first(where: { $0.name == name }) else { return nil }
+        self = kind
+    }
+
+    public var name: String {
+        switch self {
+        case .passphrase: "passphrase"
+        case .login: "login"
+        case .recovery: "recovery"
+        }
+    }
+}
+
 /// A key slot (`keys/DEVICE-CLOCK.slot`): the master key wrapped under a passphrase's
 /// Argon2id key, the slots it retires, and a proof that its writer held the master key
 /// (so that a forged slot cannot retire a real one).
@@ -807,6 +855,7 @@ public final class VaultFolder: @unchecked Sendable {
 /// Thread-safety: a value.
 struct KeySlot {
     static let magic = Array("MTMSLOT3".utf8)
+    var kind: SlotKind = .passphrase
     var parameters: KDFParameters
     var salt: [UInt8]
     var retires: [String]
@@ -824,7 +873,7 @@ struct KeySlot {
     }
 
     func headerBytes() -> [UInt8] {
-        var out = Self.magic + [VaultFormat.algorithmArgon2id13, 0]
+        var out = Self.magic + [VaultFormat.algorithmArgon2id13, kind.rawValue]
         out += VaultFormat.bigEndian(parameters.operations, 8) + VaultFormat.bigEndian(parameters.memoryBytes, 8) + salt
         out += VaultFormat.bigEndian(UInt64(retires.count), 2)
         for name in retires { out += [UInt8(name.utf8.count)] + Array(name.utf8) }
@@ -849,7 +898,8 @@ struct KeySlot {
         var reader = VaultFormat.Reader(bytes: bytes)
         guard try reader.take(8) == magic else { throw .damaged("not a key slot (bad magic)") }
         guard try reader.integer(1) == UInt64(VaultFormat.algorithmArgon2id13) else { throw .damaged("unknown key-derivation algorithm") }
-        _ = try reader.integer(1)
+        // (Written 0 before slots had kinds: a passphrase's slot.)
+        guard let kind = SlotKind(rawValue: UInt8(try reader.integer(1))) else { throw .damaged("a key slot of an unknown kind") }
         let parameters = KDFParameters(operations: try reader.integer(8), memoryBytes: try reader.integer(8))
         guard parameters.isStrongEnough else { throw .weakParameters }
         // Above SENSITIVE, a slot would make an unlock take minutes or fail for memory.
@@ -864,7 +914,7 @@ struct KeySlot {
             guard parseName(name) != nil else { throw .damaged("retires a slot of an impossible name") }
             retires.append(name)
         }
-        var slot = KeySlot(parameters: parameters, salt: salt, retires: retires)
+        var slot = KeySlot(kind: kind, parameters: parameters, salt: salt, retires: retires)
         slot.header = Array(bytes[0..<reader.position])
         slot.wrapNonce = try reader.take(VaultFormat.nonceSize)
         slot.wrapped = try reader.take(VaultFormat.keySize + VaultFormat.tagSize)

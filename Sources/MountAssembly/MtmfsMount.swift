@@ -78,6 +78,18 @@ public final class MtmfsMount: Sendable {
             ControlTree.File(name: "unlock", mode: 0o200, command: { (bytes) throws(Errno) in
                 try Self.withPassphrase(bytes) { (passphrase) throws(Errno) in try vault.unlock(passphrase: passphrase) }
             }),
+            // "recovery" or "login", a newline, the recovery key or login password: an unlock
+            // that tries the slots of that kind alone (`mtmfs unlock --recovery-key`).
+            ControlTree.File(name: "unlock-with", mode: 0o200, command: { (bytes) throws(Errno) in
+                try Self.withCommand(bytes) { (words, secret) throws(Errno) in
+                    guard words.count == 1, let kind = SlotKind(name: words[0]), kind != .passphrase else { throw .invalidArgument }
+                    guard kind == .recovery else { return try vault.unlock(passphrase: secret, kind: kind) }
+                    // A recovery key's slot opens with its 16 bytes, however the letters were typed.
+                    guard let key = try RecoveryKey.parse(secret) else { throw .permissionDenied }
+                    defer { key.wipe() }
+                    try vault.unlock(passphrase: key, kind: .recovery)
+                }
+            }),
             // Answered once the kernel was told to forget every field (`mtmfs lock` returns then).
             ControlTree.File(name: "lock", mode: 0o200, command: { _ in vault.lock(reason: "lock requested") },
                              answerWhenDone: { answer in notifier.whenSent(answer) }),

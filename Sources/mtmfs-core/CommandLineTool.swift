@@ -10,7 +10,7 @@ import ScriptCommands
 enum CommandLineTool {
     static var commands: [any Command.Type] { [
         InitCommand.self, MountCommand.self, UnmountCommand.self, UnlockCommand.self, LockCommand.self,
-        StatusCommand.self, PasswdCommand.self, CheckCommand.self, SyncCommand.self, DemoCommand.self, FindCommand.self,
+        StatusCommand.self, PasswdCommand.self, RecoveryKeyCommand.self, CheckCommand.self, SyncCommand.self, DemoCommand.self, FindCommand.self,
         CredentialCommand.self, GuardCommand.self, TrustCommand.self, UntrustCommand.self, RunCommand.self,
         InjectCommand.self, ReadCommand.self, GenerateCommand.self, NewCommand.self, ImportCommand.self, ExportCommand.self,
     ] }

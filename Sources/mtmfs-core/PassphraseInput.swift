@@ -10,7 +10,7 @@ import Posix
 /// from the terminal, else one line from standard input. Never from the command line or
 /// the environment, and never through a Swift String.
 enum PassphraseInput {
-    static func read(prompt: String, file: String?) throws(CommandFailure) -> SecureBytes {
+    static func read(prompt: String, file: String?, echo: Bool = false) throws(CommandFailure) -> SecureBytes {
         let passphrase: SecureBytes
         if let file {
             let fd: Int32
@@ -21,6 +21,9 @@ enum PassphraseInput {
             }
             defer { Syscall.close(fd) }
             passphrase = try readLine(fd)
+        } else if isatty(0) == 1 && echo {
+            Terminal.error(prompt, newline: false)
+            passphrase = try readLine(0)
         } else if isatty(0) == 1 {
             Terminal.error(prompt, newline: false)
             var saved = termios()
@@ -76,14 +79,31 @@ enum PassphraseInput {
         return out
     }
 
-    /// Writes a passphrase to a mount's `.mtmfs/unlock`; maps the answer to a message.
-    static func unlock(mountPoint: String, with passphrase: SecureBytes) throws(CommandFailure) {
-        switch try ControlFile.write(mountPoint, "unlock", passphrase) {
+    /// Writes a passphrase to a mount's `.mtmfs/unlock` (a recovery key or login password:
+    /// `.mtmfs/unlock-with`, after the slot kind's line); maps the answer to a message.
+    static func unlock(mountPoint: String, with passphrase: SecureBytes, kind: SlotKind = .passphrase) throws(CommandFailure) {
+        var request = passphrase
+        if kind != .passphrase {
+            do throws(Errno) {
+                request = try SecureBytes(copying: Array((kind.name + "\n").utf8))
+                try passphrase.withUnsafeBytes { (raw) throws(Errno) in try request.append(raw) }
+            } catch {
+                request.wipe()
+                throw CommandFailure("no secure memory for the \(kind == .recovery ? "recovery key" : "password"): \(error)")
+            }
+        }
+        defer { if kind != .passphrase { request.wipe() } }
+        switch try ControlFile.write(mountPoint, kind == .passphrase ? "unlock" : "unlock-with", request) {
         case nil: return
         case .permissionDenied?:
             // Another unlock may have come first meanwhile: say what the accounts are now.
             let state = StatusFile.read(mountPoint: mountPoint)["state"] == "unlocked" ? "unlocked" : "locked"
-            throw CommandFailure("wrong passphrase; the accounts stay \(state)")
+            let what = switch kind {
+            case .passphrase: "wrong passphrase"
+            case .recovery: "that recovery key does not open this vault (a newer one replaced it?)"
+            case .login: "the login password does not open this vault (no login slot, or another password)"
+            }
+            throw CommandFailure("\(what); the accounts stay \(state)")
         case .ioError?: throw CommandFailure("the vault is damaged: see `mtmfs status \(mountPoint)` and the log")
         case let error?: throw CommandFailure("unlock failed: \(error)")
         }

@@ -409,6 +409,68 @@ final class Machine {
         #expect(a.folder.skipped["keys/ffffffffffffffff-7ffffffffffffffe.slot"] != nil)
     }
 
+    /// Slots of other kinds (a recovery key's, a login password's) open only as their kind,
+    /// and a new slot retires only the slots of its own kind: a passphrase change keeps the
+    /// recovery key, a new recovery key retires the old one and keeps the passphrase.
+    @Test func slotKindsOpenAndRetireApart() throws {
+        defer { try? FileManager.default.removeItem(atPath: scratch) }
+        let a = try Machine(creating: scratch + "/a")
+        let key = try #require(a.key)
+        try a.folder.addSlot(passphrase: secret("first recovery"), parameters: .interactive, key: key, kind: .recovery)
+        try a.folder.addSlot(passphrase: secret("login password"), parameters: .interactive, key: key, kind: .login)
+        #expect(a.folder.hasSlot(.recovery) && a.folder.hasSlot(.login))
+        try a.reopen()
+        // Each secret opens its own kind only.
+        #expect(throws: VaultError.wrongPassphrase) { try a.folder.masterKey(passphrase: secret("first recovery")) }
+        #expect(throws: VaultError.wrongPassphrase) { try a.folder.masterKey(passphrase: secret("correct horse"), kind: .recovery) }
+        #expect(throws: VaultError.wrongPassphrase) { try a.folder.masterKey(passphrase: secret("login password"), kind: .recovery) }
+        let opened = try a.folder.masterKey(passphrase: secret("first recovery"), kind: .recovery)
+        #expect(opened.equals(key))
+        #expect(try a.folder.masterKey(passphrase: secret("login password"), kind: .login).equals(key))
+        // A passphrase change keeps the recovery and login slots.
+        try a.unlock()
+        try a.folder.addSlot(passphrase: secret("new passphrase"), parameters: .interactive, key: key)
+        a.folder.removeRetiredSlots(key: key)
+        try a.reopen()
+        #expect(throws: VaultError.wrongPassphrase) { try a.unlock("correct horse") }
+        try a.unlock("new passphrase")
+        #expect(try a.folder.masterKey(passphrase: secret("first recovery"), kind: .recovery).equals(key))
+        #expect(a.folder.currentParameters == .interactive)
+        // A second recovery key retires the first; the passphrase still opens.
+        try a.folder.addSlot(passphrase: secret("second recovery"), parameters: .interactive, key: key, kind: .recovery)
+        a.folder.removeRetiredSlots(key: key)
+        try a.reopen()
+        #expect(throws: VaultError.wrongPassphrase) { try a.folder.masterKey(passphrase: secret("first recovery"), kind: .recovery) }
+        #expect(try a.folder.masterKey(passphrase: secret("second recovery"), kind: .recovery).equals(key))
+        try a.unlock("new passphrase")
+        #expect(a.folder.slotCounts == (3, 3))
+        // Removing the login slots leaves the others; its password opens nothing then.
+        try a.folder.removeSlots(kind: .login)
+        try a.reopen()
+        #expect(!a.folder.hasSlot(.login) && a.folder.hasSlot(.recovery))
+        #expect(throws: VaultError.wrongPassphrase) { try a.folder.masterKey(passphrase: secret("login password"), kind: .login) }
+        try a.unlock("new passphrase")
+        // The kind is in the authenticated header: a recovery slot relabelled a passphrase
+        // slot on disk opens nothing.
+        let keys = a.vaultPath + "/keys/"
+        for name in try FileManager.default.contentsOfDirectory(atPath: keys) {
+            var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: keys + name)))
+            guard bytes[9] == SlotKind.recovery.rawValue else { continue }
+            bytes[9] = SlotKind.passphrase.rawValue
+            try Data(bytes).write(to: URL(fileURLWithPath: keys + name))
+        }
+        try a.reopen()
+        #expect(throws: VaultError.wrongPassphrase) { try a.folder.masterKey(passphrase: secret("second recovery")) }
+        // A kind this version does not know is skipped and named.
+        let unknown = try #require(try FileManager.default.contentsOfDirectory(atPath: keys).sorted().first)
+        var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: keys + unknown)))
+        bytes[9] = 9
+        try Data(bytes).write(to: URL(fileURLWithPath: keys + "ffffffffffffffff-7fffffffffffffff.slot"))
+        try a.reopen()
+        try a.unlock("new passphrase")
+        #expect(a.folder.skipped["keys/ffffffffffffffff-7fffffffffffffff.slot"]?.contains("unknown kind") == true)
+    }
+
     /// A machine folds its own files into one; the accounts stay the same, and other
     /// machines' references to its changes stay true.
     @Test func foldingKeepsTheAccounts() throws {

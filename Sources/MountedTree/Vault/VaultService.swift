@@ -226,17 +226,19 @@ public final class VaultService: EditingLock, @unchecked Sendable {
     /// SIGUSR1 locks this tree's vault (see `LockSignal`).
     public func catchLockSignal() { LockSignal.catchRequests(waking: wakeup) }
 
-    /// Unlocks with a passphrase (already in secure memory). Wrong: EACCES; damaged: EIO.
-    /// The key derivation runs outside the state lock: requests of accounts/ go on meanwhile;
-    /// the lock is taken only to unwrap the master key and open the records.
-    public func unlock(passphrase: SecureBytes) throws(Errno) {
+    /// Unlocks with a passphrase (already in secure memory) — or, with `kind`, a recovery
+    /// key or the login password, tried on the slots of that kind alone. Wrong: EACCES;
+    /// damaged: EIO. The key derivation runs outside the state lock: requests of accounts/
+    /// go on meanwhile; the lock is taken only to unwrap the master key and open the records.
+    public func unlock(passphrase: SecureBytes, kind: SlotKind = .passphrase) throws(Errno) {
         defer { SecureBytes.burnStack() }
         guard var vault = state.withLock({ $0.fields.vault }) else { throw .ioError }
-        let converted = !vault.isFolder
+        // (A single file has the passphrase's slot alone: it is converted by a passphrase.)
+        let converted = !vault.isFolder && kind == .passphrase
         if converted { vault = try convert(vault, passphrase: passphrase) }
         let kek: SecureBytes
         do throws(VaultError) {
-            kek = try vault.passphraseKey(passphrase)
+            kek = try vault.passphraseKey(passphrase, kind: kind)
         } catch {
             // (A folder's key slots are opened here: a wrong passphrase shows now.)
             Log.warning(error == .wrongPassphrase ? "unlock refused: wrong passphrase" : error.description)
