@@ -49,13 +49,16 @@ let package = Package(
         // The Secret Service (org.freedesktop.secrets) on the session bus, over a store of
         // items it is given (the mounted tree's accounts).
         .target(name: "SecretService", dependencies: ["CSDBus", "CCrypto", "SecureMemory", "Posix"]),
+        // systemd-logind's sleep and screen-lock signals on the system bus, for a mount that
+        // locks with the session.
+        .target(name: "LoginSession", dependencies: ["CSDBus", "Posix"]),
         // The mounted tree: root, control files, and the routing to each store.
         .target(name: "MountedTree",
                 dependencies: ["FuseLowLevel", "Posix", "SettingsStore", "CacheStore", "SecureMemory", "CredentialVault", "SecretService"]),
         // The composition root: the data directory's stores assembled into the tree, served
         // by FUSE and (optionally) on the bus.
         .target(name: "MountAssembly",
-                dependencies: ["MountedTree", "FuseLowLevel", "SecretService", "SecureMemory", "CredentialVault", "Posix"]),
+                dependencies: ["MountedTree", "FuseLowLevel", "SecretService", "LoginSession", "SecureMemory", "CredentialVault", "Posix"]),
         // The command line's common ground (arguments, exit codes, finding the mount) and the
         // commands that give secrets to scripts: run, inject, read. libsodium alone beneath.
         .target(name: "ScriptCommands", dependencies: ["Posix", "SecureMemory"]),

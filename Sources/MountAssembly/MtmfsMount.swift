@@ -7,6 +7,7 @@ import FuseLowLevel
 import Posix
 import MountedTree
 import SecretService
+import LoginSession
 
 /// One mtmfs mount: the data directory's stores assembled into the tree and served.
 ///
@@ -24,6 +25,8 @@ public final class MtmfsMount: Sendable {
     let claim: DataDirectoryClaim
     /// The Secret Service on the session bus (`-o secret_service`), while the mount lives.
     let secretService: SecretServiceBus?
+    /// logind's sleep and screen-lock signals (`-o lock_on_sleep,lock_with_screen`).
+    let sessionWatch: LoginSessionWatch?
 
     /// Checks the data directory and mounts. `options` are extra FUSE `-o` options;
     /// `progress` hears about steps that take long (a full check of the cache).
@@ -127,8 +130,12 @@ public final class MtmfsMount: Sendable {
         // device nodes and set-id bits as data, never as devices or privileges.
         // `secret_service[=replace]` is mtmfs's own, not FUSE's.
         let serviceOption = options.last { $0 == "secret_service" || $0.hasPrefix("secret_service=") }
-        let fuseOptions = ["fsname=" + Self.escapeOption(dataDirectory.path), "subtype=mtmfs",
-                           "default_permissions"] + options.filter { !$0.hasPrefix("secret_service") } + ["nosuid", "nodev"]
+        var lockEvents: LoginSessionWatch.Events = []
+        if options.contains("lock_on_sleep") { lockEvents.insert(.sleep) }
+        if options.contains("lock_with_screen") { lockEvents.insert(.screenLock) }
+        let ownOptions: Set<String> = ["lock_on_sleep", "lock_with_screen"]
+        let fuseOptions = ["fsname=" + Self.escapeOption(dataDirectory.path), "subtype=mtmfs", "default_permissions"]
+            + options.filter { !$0.hasPrefix("secret_service") && !ownOptions.contains($0) } + ["nosuid", "nodev"]
         do throws(MountError) {
             self.fuse = try FuseMount(fileSystem: root, mountPoint: mountPoint, options: fuseOptions)
         } catch {
@@ -151,6 +158,19 @@ public final class MtmfsMount: Sendable {
         } else {
             secretService = nil
         }
+        // Locked as `mtmfs lock` locks, on the watch's thread; no system bus or no logind is
+        // said in one line, and the mount goes on.
+        if !lockEvents.isEmpty {
+            do {
+                sessionWatch = try LoginSessionWatch.start(lockEvents) { reason in vault.lock(reason: reason) }
+            } catch {
+                Log.warning(error.description + ": the accounts do not lock with the session")
+                progress(error.description + ": the accounts do not lock with the session")
+                sessionWatch = nil
+            }
+        } else {
+            sessionWatch = nil
+        }
     }
 
     /// Serves until the mount ends; `onReady` is called once the mount answers.
@@ -160,6 +180,7 @@ public final class MtmfsMount: Sendable {
         // descriptor closes.
         let status = fuse.run(onReady: onReady, beforeUnmount: { notifier.attach(nil) })
         secretService?.stop()
+        sessionWatch?.stop()
         Log.info("unmounted \(mountPoint)")
         return status
     }

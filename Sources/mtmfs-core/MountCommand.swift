@@ -9,7 +9,8 @@ struct MountCommand: Command {
     static let usage = """
     Usage: mtmfs mount [--data-dir DIR] [-f] [-o OPTIONS] [--unlock [--passphrase-file FILE]]
                        [--auto-lock SECONDS] [--cache-limit BYTES] [--pinentry PROGRAM]
-                       [--secret-service[=replace]] [--debug] MOUNT
+                       [--secret-service[=replace]] [--lock-on-sleep] [--lock-with-screen]
+                       [--debug] MOUNT
 
     Mounts the stores of DIR on the empty directory MOUNT. Without -f the daemon detaches,
     logs to syslog, and this command returns only once MOUNT answers, so the next line of a
@@ -31,12 +32,18 @@ struct MountCommand: Command {
       --secret-service[=replace]  also serve the accounts to desktop programs on the
                        session bus (org.freedesktop.secrets); =replace takes the
                        name from its owner where it allows (-o secret_service)
+      --lock-on-sleep  lock the accounts when the system suspends or hibernates
+                       (logind's PrepareForSleep; -o lock_on_sleep)
+      --lock-with-screen  lock the accounts when this user's session is locked
+                       (logind's Lock: a screen locker, loginctl lock-session;
+                       -o lock_with_screen)
       --debug          log every request (operation, inode, caller, result) and
                        store event; names and values are never logged
     """
     /// (`--discard-data-dir`: the demo's daemon removes its throwaway data directory when
     /// the mount ends; set only by `mtmfs demo`.)
-    static let flags: Set<String> = ["-f", "--foreground", "--unlock", "--debug", "--secret-service", "--discard-data-dir"]
+    static let flags: Set<String> = ["-f", "--foreground", "--unlock", "--debug", "--secret-service", "--discard-data-dir",
+                                     "--lock-on-sleep", "--lock-with-screen"]
     static let options: Set<String> = ["--data-dir", "-o", "--ready-fd", "--auto-lock", "--passphrase-file", "--cache-limit", "--pinentry",
                                        "--secret-service"]
 
@@ -65,6 +72,9 @@ struct MountCommand: Command {
         } else if arguments.has("--secret-service") {
             options.append("secret_service")
         }
+        // So do --lock-on-sleep and --lock-with-screen.
+        if arguments.has("--lock-on-sleep") { options.append("lock_on_sleep") }
+        if arguments.has("--lock-with-screen") { options.append("lock_with_screen") }
         guard options.allSatisfy({ !$0.hasPrefix("secret_service") || $0 == "secret_service" || $0 == "secret_service=replace" }) else {
             throw .usage("-o secret_service takes no value but replace", command: Self.name)
         }
