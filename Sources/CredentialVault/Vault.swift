@@ -770,6 +770,28 @@ public final class Vault: @unchecked Sendable {
         try folder.removeSlots(kind: kind)
     }
 
+    /// The slow half of a login password's change, which needs no unlock: the master key
+    /// that `old` opens from a login slot (wrong, or no login slot: `.wrongPassphrase`), and
+    /// the new slot's key derived from `new`. Reads only the slots; a daemon runs it outside
+    /// its lock, then `addSlot(_:key:)` under it.
+    public func prepareLoginChange(old: SecureBytes, new: SecureBytes) throws(VaultError) -> (key: SecureBytes, slot: VaultFolder.PreparedSlot) {
+        guard let folder, folder.hasSlot(.login) else { throw .wrongPassphrase }
+        let key = try folder.masterKey(passphrase: old, kind: .login)
+        do {
+            return (key, try VaultFolder.prepareSlot(passphrase: new, parameters: folder.currentParameters ?? parameters, kind: .login,
+                                                     random: random))
+        } catch {
+            key.wipe()
+            throw error
+        }
+    }
+
+    /// The fast half: the new login slot written (it retires the old one).
+    public func addSlot(_ prepared: VaultFolder.PreparedSlot, key: SecureBytes) throws(VaultError) {
+        guard let folder else { throw .io(.notSupported) }
+        try folder.addSlot(prepared, key: key)
+    }
+
     /// Whether a slot of `kind` opens the vault (the passphrase's: always).
     public func hasSlot(_ kind: SlotKind) -> Bool {
         kind == .passphrase || folder?.hasSlot(kind) == true

@@ -518,15 +518,28 @@ public final class VaultFolder: @unchecked Sendable {
     /// recovery slot; `init` makes the first). Two made apart both unlock until the next.
     public func addSlot(passphrase: SecureBytes, parameters: KDFParameters, key: SecureBytes,
                         kind: SlotKind = .passphrase) throws(VaultError) {
+        let prepared = try Self.prepareSlot(passphrase: passphrase, parameters: parameters, kind: kind, random: random)
+        defer { prepared.kek.wipe() }
+        try addSlot(prepared, key: key)
+    }
+
+    /// The slow half of a new slot, which reads nothing of the folder: its salt and the
+    /// Argon2id key of `passphrase` (a daemon derives it outside its lock).
+    public static func prepareSlot(passphrase: SecureBytes, parameters: KDFParameters, kind: SlotKind,
+                                   random: RandomSource = SystemRandom()) throws(VaultError) -> PreparedSlot {
         guard parameters.isStrongEnough else { throw .weakParameters }
+        let salt = random.bytes(VaultFormat.saltSize)
+        return PreparedSlot(kind: kind, parameters: parameters, salt: salt,
+                            kek: try Vault.deriveKey(passphrase, salt: salt, parameters: parameters))
+    }
+
+    /// The fast half: the slot written, wrapping `key` (the caller wipes `prepared.kek`).
+    public func addSlot(_ prepared: PreparedSlot, key: SecureBytes) throws(VaultError) {
         let slotClock = nextClock()
         let name = ChangeFile.hex(device, 16) + "-" + ChangeFile.hex(slotClock, 16) + ".slot"
-        let salt = random.bytes(VaultFormat.saltSize)
-        let kek = try Vault.deriveKey(passphrase, salt: salt, parameters: parameters)
-        defer { kek.wipe() }
-        let slot = KeySlot(kind: kind, parameters: parameters, salt: salt,
-                           retires: slots.filter { $0.value.kind == kind }.keys.sorted())
-        let bytes = slot.encode(key: key, kek: kek, vaultID: vaultID, path: Self.keysFolder + "/" + name, random: random)
+        let slot = KeySlot(kind: prepared.kind, parameters: prepared.parameters, salt: prepared.salt,
+                           retires: slots.filter { $0.value.kind == prepared.kind }.keys.sorted())
+        let bytes = slot.encode(key: key, kek: prepared.kek, vaultID: vaultID, path: Self.keysFolder + "/" + name, random: random)
         do throws(Errno) {
             try AtomicFile.replace(path + "/" + Self.keysFolder + "/" + name, with: bytes)
         } catch {
@@ -534,6 +547,14 @@ public final class VaultFolder: @unchecked Sendable {
         }
         clock = slotClock
         slots[name] = try KeySlot.parse(bytes)
+    }
+
+    /// A slot's key derived ahead of writing it (`prepareSlot`).
+    public struct PreparedSlot: Sendable {
+        let kind: SlotKind
+        let parameters: KDFParameters
+        let salt: [UInt8]
+        public let kek: SecureBytes
     }
 
     /// Reads new key slots and forgets gone ones; returns every name listed (relative).

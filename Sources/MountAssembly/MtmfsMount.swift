@@ -93,6 +93,11 @@ public final class MtmfsMount: Sendable {
                     try vault.unlock(passphrase: key, kind: .recovery)
                 }
             }),
+            // The old login password, a newline, the new one (`mtmfs passwd --login-changed`, run
+            // by the PAM module at a password change): the login slot follows, locked or not.
+            ControlTree.File(name: "login-changed", mode: 0o200, command: { (bytes) throws(Errno) in
+                try Self.withTwoSecrets(bytes) { (old, new) throws(Errno) in try vault.loginPasswordChanged(old: old, new: new) }
+            }),
             // Answered once the kernel was told to forget every field (`mtmfs lock` returns then).
             ControlTree.File(name: "lock", mode: 0o200, command: { _ in vault.lock(reason: "lock requested") },
                              answerWhenDone: { answer in notifier.whenSent(answer) }),
@@ -213,6 +218,22 @@ public final class MtmfsMount: Sendable {
         let passphrase = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: rest[0..<length]))
         defer { passphrase.wipe() }
         try body(words, passphrase)
+    }
+
+    /// Two secrets written as two lines (one newline may end the second), copied into secure
+    /// memory; libfuse's buffer is zeroed whatever happens.
+    static func withTwoSecrets(_ bytes: UnsafeRawBufferPointer,
+                               _ body: (SecureBytes, SecureBytes) throws(Errno) -> Void) throws(Errno) {
+        defer { if let base = bytes.baseAddress { SecureBytes.zero(UnsafeMutableRawPointer(mutating: base), bytes.count) } }
+        guard let newline = bytes.firstIndex(of: 0x0A), newline > 0 else { throw .invalidArgument }
+        let rest = UnsafeRawBufferPointer(rebasing: bytes[(newline + 1)...])
+        let length = OneNewline.valueEnd(rest)
+        guard length > 0 else { throw .invalidArgument }
+        let first = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<newline]))
+        defer { first.wipe() }
+        let second = try SecureBytes(copying: UnsafeRawBufferPointer(rebasing: rest[0..<length]))
+        defer { second.wipe() }
+        try body(first, second)
     }
 
     /// How guarded opens ask: the pinentry found in the system's directories (a problem is

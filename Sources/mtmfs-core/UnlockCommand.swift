@@ -13,28 +13,72 @@ struct UnlockCommand: Command {
     static let name = "unlock"
     static let abstract = "unlock the accounts of a mount (asks for the passphrase)"
     static let usage = """
-    Usage: mtmfs unlock [--recovery-key] [--passphrase-file FILE] [MOUNT]
+    Usage: mtmfs unlock [--recovery-key | --login [--wait SECONDS]] [--passphrase-file FILE] [MOUNT]
 
     Asks for the passphrase without echo on a terminal, or reads one line from standard
     input, or the first line of FILE. MOUNT may be left out when one mtmfs mount is up.
     A wrong passphrase exits 1. The passphrase never goes on a command line or into the
     environment.
     --recovery-key asks for the recovery key (`mtmfs recovery-key`) in its place.
+    --login takes the login password (the login slot of `mtmfs passwd --login`; the PAM
+    module runs this at login): MOUNT left out, the mount of the default data directory,
+    waited for up to --wait SECONDS (default 0) when it is not up yet (exit 6 if it never is).
     """
-    static let flags: Set<String> = ["--recovery-key"]
-    static let options: Set<String> = ["--passphrase-file"]
+    static let flags: Set<String> = ["--recovery-key", "--login"]
+    static let options: Set<String> = ["--passphrase-file", "--wait"]
 
-    let mountPoint: String
+    let given: String?
     let passphraseFile: String?
     let kind: SlotKind
+    let waitSeconds: Int
 
     init(_ arguments: Arguments) throws(CommandFailure) {
-        mountPoint = try MountChoice.resolve(try arguments.positionals(0...1, named: "").first)
+        given = try arguments.positionals(0...1, named: "").first
         passphraseFile = arguments.value("--passphrase-file")
-        kind = arguments.has("--recovery-key") ? .recovery : .passphrase
+        let login = arguments.has("--login")
+        guard !(login && arguments.has("--recovery-key")) else { throw .usage("--login and --recovery-key exclude each other", command: Self.name) }
+        kind = login ? .login : arguments.has("--recovery-key") ? .recovery : .passphrase
+        guard let seconds = Int(arguments.value("--wait") ?? "0"), (0...3600).contains(seconds) else {
+            throw .usage("--wait takes 0 to 3600 seconds", command: Self.name)
+        }
+        guard login || arguments.value("--wait") == nil else { throw .usage("--wait goes with --login", command: Self.name) }
+        waitSeconds = seconds
+        if kind != .login { _ = try MountChoice.resolve(given) }  // (a wrong MOUNT says so before any prompt)
+    }
+
+    /// The mount the login password is for: MOUNT, else this user's mount of the default
+    /// data directory, waited for (a user unit may start it just after the login).
+    private func loginMount() throws(CommandFailure) -> String {
+        if let given { return try MountChoice.resolve(given) }
+        let dataDirectory = Paths.dataDirectory(nil)
+        let deadline = ContinuousClock.now + .seconds(waitSeconds)
+        while true {
+            // (The same directory however it was spelled at the mount: a symlinked home.)
+            let wanted = Paths.resolved(dataDirectory) ?? dataDirectory
+            if let mount = MountTable.mtmfsMounts().last(where: { $0.owner == getuid() && (Paths.resolved($0.source) ?? $0.source) == wanted }),
+               !StatusFile.read(mountPoint: mount.mountPoint).isEmpty {
+                return mount.mountPoint
+            }
+            guard ContinuousClock.now < deadline else {
+                throw CommandFailure("no mount of \(dataDirectory) is up" + (waitSeconds > 0 ? " after \(waitSeconds) s" : ""),
+                                     exitCode: ExitCode.noMount)
+            }
+            usleep(100_000)
+        }
     }
 
     func run() throws(CommandFailure) {
+        if kind == .login {
+            // The password is read first: the PAM module's pipe is emptied at once.
+            let password = try PassphraseInput.read(prompt: "Login password: ", file: passphraseFile)
+            defer { password.wipe() }
+            let mountPoint = try loginMount()
+            guard StatusFile.read(mountPoint: mountPoint)["state"] != "unlocked" else { return }
+            try PassphraseInput.unlock(mountPoint: mountPoint, with: password, kind: .login)
+            print("Unlocked the accounts of \(mountPoint).")
+            return
+        }
+        let mountPoint = try MountChoice.resolve(given)
         // No passphrase asked for, no key derived: there is nothing to unlock.
         if StatusFile.read(mountPoint: mountPoint)["state"] == "unlocked" {
             print("The accounts of \(mountPoint) are already unlocked.")
@@ -97,8 +141,16 @@ struct PasswdCommand: Command {
     --recovery-key asks for the recovery key in place of the current passphrase (a
     forgotten passphrase; --passphrase-file FILE then holds the key); the old passphrase
     no longer opens the vault afterwards.
+
+    --login adds a login slot: asks the passphrase, then your login password twice
+    (--new-passphrase-file FILE: its first line); the PAM module pam_mtmfs.so then unlocks
+    at login with it. Whoever knows the login password can then unlock: the accounts are
+    as safe as that password. A second --login replaces the slot; --remove-login removes it.
+    --login-changed reads the old login password, then the new one (two lines; the PAM
+    module runs it at a password change, also while mounted): the login slot follows.
+    Exit 3: the old password opens no login slot.
     """
-    static let flags: Set<String> = ["--weak-passphrase", "--recovery-key"]
+    static let flags: Set<String> = ["--weak-passphrase", "--recovery-key", "--login", "--remove-login", "--login-changed"]
     static let options: Set<String> = ["--data-dir", "--kdf", "--passphrase-file", "--new-passphrase-file"]
 
     let dataDirectory: String
@@ -107,11 +159,18 @@ struct PasswdCommand: Command {
     let newFile: String?
     let weakAllowed: Bool
     let withRecoveryKey: Bool
+    /// `--login`, `--remove-login`, `--login-changed`: the login slot rather than the passphrase.
+    let loginAction: String?
 
     init(_ arguments: Arguments) throws(CommandFailure) {
         _ = try arguments.positionals(0...0, named: "")
         weakAllowed = arguments.has("--weak-passphrase")
         withRecoveryKey = arguments.has("--recovery-key")
+        let actions = ["--login", "--remove-login", "--login-changed"].filter { arguments.has($0) }
+        guard actions.count + (withRecoveryKey ? 1 : 0) <= 1 else {
+            throw .usage("--login, --remove-login, --login-changed and --recovery-key exclude each other", command: Self.name)
+        }
+        loginAction = actions.first
         dataDirectory = Paths.dataDirectory(arguments.value("--data-dir"))
         if let name = arguments.value("--kdf") {
             guard let kdf = KDFParameters.named(name) else { throw .usage("--kdf takes interactive, moderate or sensitive", command: Self.name) }
@@ -124,8 +183,13 @@ struct PasswdCommand: Command {
     }
 
     func run() throws(CommandFailure) {
+        if loginAction == "--login-changed" { return try LoginSlot.passwordChanged(dataDirectory) }
         // Held until the new wrapping is written: no mount may start on the old file meanwhile.
         var (vault, claim) = try UnmountedVault.open(dataDirectory, holder: "mtmfs passwd")
+        if let loginAction {
+            return try LoginSlot.change(vault, dataDirectory: dataDirectory, remove: loginAction == "--remove-login",
+                                        passphraseFile: currentFile, passwordFile: newFile)
+        }
         defer { withExtendedLifetime(claim) {} }
         let path = vault.path
         if withRecoveryKey {
@@ -259,6 +323,92 @@ enum UnmountedVault {
         } catch {
             throw CommandFailure(error == .io(.noSuchFileOrDirectory)
                                  ? "no vault in \(dataDirectory): run `mtmfs init --data-dir \(dataDirectory)`" : error.description)
+        }
+    }
+}
+
+/// The login slot (`mtmfs passwd --login`, `--remove-login`, `--login-changed`): a key slot
+/// opened by the user's login password, for pam_mtmfs.so to unlock with at login.
+enum LoginSlot {
+    /// Adds (or replaces) or removes it; the data directory unmounted, the passphrase asked.
+    static func change(_ vault: Vault, dataDirectory: String, remove: Bool, passphraseFile: String?,
+                       passwordFile: String?) throws(CommandFailure) {
+        guard vault.isFolder else {
+            throw CommandFailure("this vault is a single file (an earlier format): mount and unlock it once, which converts it, then run this again")
+        }
+        let passphrase = try PassphraseInput.read(prompt: "Passphrase: ", file: passphraseFile)
+        defer { passphrase.wipe() }
+        do {
+            try Progress.whileWorking("deriving the key from the passphrase") {
+                Result { () throws(VaultError) in try vault.unlock(passphrase: passphrase) }
+            }.get()
+        } catch {
+            throw CommandFailure(error == .wrongPassphrase ? "wrong passphrase; nothing was changed" : error.description)
+        }
+        defer { vault.lock() }
+        if remove {
+            guard vault.hasSlot(.login) else { throw CommandFailure("\(dataDirectory) has no login slot", exitCode: ExitCode.noMatch) }
+            do { try vault.removeSlots(.login) } catch { throw CommandFailure(error.description) }
+            print("The login slot of \(dataDirectory) is removed: the login password no longer unlocks.")
+            return
+        }
+        if passwordFile == nil && Terminal.isInteractive {
+            Terminal.error("Your login password will unlock these accounts too: whoever knows it can read them.")
+        }
+        let password = try PassphraseInput.read(prompt: "Login password: ", file: passwordFile)
+        defer { password.wipe() }
+        if passwordFile == nil && Terminal.isInteractive {
+            let again = try PassphraseInput.read(prompt: "Repeat the login password: ", file: nil)
+            defer { again.wipe() }
+            guard password.equals(again) else { throw CommandFailure("the two passwords differ; nothing was changed") }
+        }
+        do {
+            try Progress.whileWorking("deriving the login slot's key") {
+                Result { () throws(VaultError) in try vault.addSlot(.login, secret: password, parameters: vault.kdfParameters) }
+            }.get()
+        } catch {
+            throw CommandFailure(error.description)
+        }
+        print("The login password now unlocks \(dataDirectory) too (with pam_mtmfs.so at login; see mtmfs(1)).")
+    }
+
+    /// The old and the new login password, two lines: through the mount when one serves the
+    /// data directory (its daemon writes the slot), else on the folder itself.
+    static func passwordChanged(_ dataDirectory: String) throws(CommandFailure) {
+        let old = try PassphraseInput.read(prompt: "Old login password: ", file: nil)
+        defer { old.wipe() }
+        let new = try PassphraseInput.read(prompt: "New login password: ", file: nil)
+        defer { new.wipe() }
+        let wanted = Paths.resolved(dataDirectory) ?? dataDirectory
+        let noSlot = CommandFailure("the old login password opens no login slot of \(dataDirectory) (none made with `mtmfs passwd --login`?)",
+                                    exitCode: ExitCode.noMatch)
+        if let mount = MountTable.mtmfsMounts().last(where: { $0.owner == getuid() && (Paths.resolved($0.source) ?? $0.source) == wanted }) {
+            let request: SecureBytes
+            do throws(Errno) {
+                request = try old.copy()
+                try request.append(Array("\n".utf8))
+                try new.withUnsafeBytes { (raw) throws(Errno) in try request.append(raw) }
+            } catch {
+                throw CommandFailure("no secure memory for the passwords: \(error)")
+            }
+            defer { request.wipe() }
+            switch try ControlFile.write(mount.mountPoint, "login-changed", request) {
+            case nil: return
+            case .permissionDenied?: throw noSlot
+            case let error?: throw CommandFailure("the login slot could not follow: \(error)")
+            }
+        }
+        let (vault, claim) = try UnmountedVault.open(dataDirectory, holder: "mtmfs passwd --login-changed")
+        defer { withExtendedLifetime(claim) {} }
+        do {
+            let prepared = try vault.prepareLoginChange(old: old, new: new)
+            defer {
+                prepared.key.wipe()
+                prepared.slot.kek.wipe()
+            }
+            try vault.addSlot(prepared.slot, key: prepared.key)
+        } catch {
+            throw error == .wrongPassphrase ? noSlot : CommandFailure(error.description)
         }
     }
 }

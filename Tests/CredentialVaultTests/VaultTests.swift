@@ -343,9 +343,9 @@ let uuidB = "f47ac10b-58cc-4372-a567-0e02b2c3d479"
         #expect(text(try vault.field(.username, of: last)) == "changed")
         vault.lock()
         // (Mappings are the whole process's: suites running beside this one start and end
-        // threads, each a stack mapping — measured again for a moment while they settle.)
+        // threads, each a stack mapping — measured again, up to 10 s, while they settle.)
         var left = Self.mappings() - before
-        for _ in 0..<40 where left >= 10 {
+        for _ in 0..<200 where left >= 10 {
             usleep(50_000)
             left = Self.mappings() - before
         }

@@ -146,6 +146,29 @@ extension VaultService {
         dropPages(narrowed)
     }
 
+    /// The login password changed (the PAM module, `mtmfs passwd --login-changed`): the
+    /// login slot that `old` opens is rewritten for `new`, locked or not. Wrong `old`, or no
+    /// login slot: EACCES. Both key derivations run outside the service's lock; only the
+    /// slot's write is under it.
+    public func loginPasswordChanged(old: SecureBytes, new: SecureBytes) throws(Errno) {
+        defer { SecureBytes.burnStack() }
+        guard let vault = state.withLock({ $0.fields.vault }), vault.isFolder else { throw .notSupported }
+        let prepared: (key: SecureBytes, slot: VaultFolder.PreparedSlot)
+        do throws(VaultError) { prepared = try vault.prepareLoginChange(old: old, new: new) } catch {
+            Log.warning(error == .wrongPassphrase ? "login slot not changed: the old login password does not open it" : error.description)
+            throw error.errno
+        }
+        defer {
+            prepared.key.wipe()
+            prepared.slot.kek.wipe()
+        }
+        try state.withLock { (s) throws(Errno) in
+            guard s.fields.vault === vault else { throw .tryAgain }
+            do throws(VaultError) { try vault.addSlot(prepared.slot, key: prepared.key) } catch { throw error.errno }
+        }
+        Log.info("the login slot follows the new login password")
+    }
+
     /// EACCES unless `passphrase` is the vault's (the derivation runs outside the lock).
     public func checkPassphrase(_ passphrase: SecureBytes) throws(Errno) {
         defer { SecureBytes.burnStack() }
