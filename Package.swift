@@ -60,7 +60,7 @@ let package = Package(
         .target(name: "MountAssembly",
                 dependencies: ["MountedTree", "FuseLowLevel", "SecretService", "LoginSession", "SecureMemory", "CredentialVault", "Posix"]),
         // The command line's common ground (arguments, exit codes, finding the mount) and the
-        // commands that give secrets to scripts: run, inject, read. libsodium alone beneath.
+        // commands that give secrets to scripts: run, inject, read, find. libsodium alone beneath.
         .target(name: "ScriptCommands", dependencies: ["Posix", "SecureMemory"]),
         // `mtmfs`: the script commands in a small program that starts fast; it runs
         // mtmfs-core for every other command.

@@ -3,7 +3,7 @@ import Glibc
 #endif
 
 /// Where mtmfs's two programs lie beside each other: `mtmfs`, the command people and
-/// scripts type (small, so that `mtmfs run`, `inject` and `read` start fast), and
+/// scripts type (small, so that `mtmfs run`, `inject`, `read` and `find` start fast), and
 /// `mtmfs-core`, everything else, which `mtmfs` becomes (exec) for any other command.
 /// Built, both are in one directory; installed, `mtmfs` may be in `PREFIX/bin` and the core
 /// in `PREFIX/lib/mtmfs`.

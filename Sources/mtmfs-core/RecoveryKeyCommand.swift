@@ -37,18 +37,7 @@ struct RecoveryKeyCommand: Command {
     func run() throws(CommandFailure) {
         let (vault, claim) = try UnmountedVault.open(dataDirectory, holder: "mtmfs recovery-key")
         defer { withExtendedLifetime(claim) {} }
-        guard vault.isFolder else {
-            throw CommandFailure("this vault is a single file (an earlier format): mount and unlock it once, which converts it, then run this again")
-        }
-        let passphrase = try PassphraseInput.read(prompt: "Passphrase: ", file: passphraseFile)
-        defer { passphrase.wipe() }
-        do {
-            try Progress.whileWorking("deriving the key from the passphrase") {
-                Result { () throws(VaultError) in try vault.unlock(passphrase: passphrase) }
-            }.get()
-        } catch {
-            throw CommandFailure(error == .wrongPassphrase ? "wrong passphrase; nothing was changed" : error.description)
-        }
+        try UnmountedVault.unlock(vault, passphraseFile: passphraseFile)
         defer { vault.lock() }
         let key: SecureBytes, text: SecureBytes
         do throws(Errno) {

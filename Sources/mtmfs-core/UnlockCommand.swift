@@ -327,12 +327,10 @@ enum UnmountedVault {
     }
 }
 
-/// The login slot (`mtmfs passwd --login`, `--remove-login`, `--login-changed`): a key slot
-/// opened by the user's login password, for pam_mtmfs.so to unlock with at login.
-enum LoginSlot {
-    /// Adds (or replaces) or removes it; the data directory unmounted, the passphrase asked.
-    static func change(_ vault: Vault, dataDirectory: String, remove: Bool, passphraseFile: String?,
-                       passwordFile: String?) throws(CommandFailure) {
+extension UnmountedVault {
+    /// Asks the passphrase and unlocks `vault`, a folder (a single file of an earlier format
+    /// has no slots but the passphrase's: refused, saying how it becomes a folder).
+    static func unlock(_ vault: Vault, passphraseFile: String?) throws(CommandFailure) {
         guard vault.isFolder else {
             throw CommandFailure("this vault is a single file (an earlier format): mount and unlock it once, which converts it, then run this again")
         }
@@ -345,6 +343,16 @@ enum LoginSlot {
         } catch {
             throw CommandFailure(error == .wrongPassphrase ? "wrong passphrase; nothing was changed" : error.description)
         }
+    }
+}
+
+/// The login slot (`mtmfs passwd --login`, `--remove-login`, `--login-changed`): a key slot
+/// opened by the user's login password, for pam_mtmfs.so to unlock with at login.
+enum LoginSlot {
+    /// Adds (or replaces) or removes it; the data directory unmounted, the passphrase asked.
+    static func change(_ vault: Vault, dataDirectory: String, remove: Bool, passphraseFile: String?,
+                       passwordFile: String?) throws(CommandFailure) {
+        try UnmountedVault.unlock(vault, passphraseFile: passphraseFile)
         defer { vault.lock() }
         if remove {
             guard vault.hasSlot(.login) else { throw CommandFailure("\(dataDirectory) has no login slot", exitCode: ExitCode.noMatch) }

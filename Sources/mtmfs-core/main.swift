@@ -1,4 +1,4 @@
-// mtmfs-core: every command of `mtmfs` but run, inject and read, which the small `mtmfs`
+// mtmfs-core: every command of `mtmfs` but run, inject, read and find, which the small `mtmfs`
 // program answers itself (it becomes this program for the others). Everything lives in
 // types; nothing here runs on a FUSE thread.
 #if canImport(Glibc)

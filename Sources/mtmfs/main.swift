@@ -1,5 +1,5 @@
-// `mtmfs`, the command: `run`, `inject` and `read` here, in a program kept small so that it
-// starts fast (a script may call it for each secret); every other command in mtmfs-core,
+// `mtmfs`, the command: `run`, `inject`, `read` and `find` here, in a program kept small so
+// that it starts fast (a script may call it for each secret); every other command in mtmfs-core,
 // which this program becomes. Nothing here runs on a FUSE thread.
 #if canImport(Glibc)
 import Glibc
@@ -7,7 +7,7 @@ import Glibc
 import Posix
 import ScriptCommands
 
-let scriptCommands: [any Command.Type] = [RunCommand.self, InjectCommand.self, ReadCommand.self]
+let scriptCommands: [any Command.Type] = [RunCommand.self, InjectCommand.self, ReadCommand.self, FindCommand.self]
 let invokedAs = CommandLine.arguments.first.map { $0.split(separator: "/").last.map(String.init) ?? $0 } ?? ""
 let name = CommandLine.arguments.dropFirst().first
 if invokedAs != "git-credential-mtmfs", let command = scriptCommands.first(where: { $0.name == name }) {

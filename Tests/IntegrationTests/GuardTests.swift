@@ -642,9 +642,15 @@ struct GuardTests {
         mount.answer("cancel")
         #expect(!mount.shell(find).stdout.contains("hunter2"))
         let decisions = mount.decisions
-        // (`find` runs in mtmfs-core, which `mtmfs` becomes.)
-        let core = Run.mtmfs.split(separator: "/").dropLast().joined(separator: "/") + "/mtmfs-core"
-        #expect(decisions.contains("program=/usr/bin/dash") && decisions.contains("via=/\(core) (pid"), "\(decisions)")
+        #expect(decisions.contains("program=/usr/bin/dash") && decisions.contains("via=\(Run.mtmfs) (pid"), "\(decisions)")
+        // So is mtmfs-core, which `mtmfs` becomes for the other commands: git's helper.
+        mount.answer("ok")  // (writing a field needs trust too)
+        #expect(mount.shell("echo https://mail.example.org > \(mount.path("accounts/\(GuardedMount.uuid)/url"))").status == 0)
+        mount.answer("cancel")
+        let core = (Run.mtmfs as NSString).deletingLastPathComponent + "/mtmfs-core"
+        let helper = mount.shell("printf 'protocol=https\\nhost=mail.example.org\\n\\n' | \(Run.mtmfs) credential --mount \(mount.mountPoint) get; true")
+        #expect(!helper.stdout.contains("hunter2"))
+        #expect(mount.decisions.contains("via=\(core) (pid"), "\(mount.decisions)")
         // Trusting mtmfs changes nothing; trusting the shell does.
         let account = mount.path("accounts/\(GuardedMount.uuid)")
         #expect(mount.mtmfs("trust", "--passphrase-file", mount.scratch.sub("pass"), account, Run.mtmfs).status == 0)

@@ -3,9 +3,9 @@
 /// strings and flat objects.
 ///
 /// Thread-safety: pure functions.
-enum JSONText {
+package enum JSONText {
     /// A JSON string: quotes, backslashes and control characters escaped (RFC 8259).
-    static func string(_ text: String) -> String {
+    package static func string(_ text: String) -> String {
         var out = "\""
         for scalar in text.unicodeScalars {
             switch scalar {
@@ -27,7 +27,7 @@ enum JSONText {
     }
 
     /// A flat object of string members, in the order given.
-    static func object(_ members: [(String, String)]) -> String {
+    package static func object(_ members: [(String, String)]) -> String {
         "{" + members.map { string($0.0) + ": " + string($0.1) }.joined(separator: ", ") + "}"
     }
 }

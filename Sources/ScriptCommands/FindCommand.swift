@@ -2,19 +2,18 @@
 import Glibc
 #endif
 import Posix
-import ScriptCommands
 
 /// Asking a mount which accounts match: one question written to `MOUNT/.mtmfs/find`, the
 /// answer read back on the same descriptor (account names, one a line). The daemon finds
 /// them through the vault's index (SPEC §2a), so no command reads every account.
-enum AccountSearch {
-    enum Failure: Error {
+package enum AccountSearch {
+    package enum Failure: Error {
         case locked
         case unusable(String)
     }
 
     /// The names of the accounts whose fields equal `criteria` (field name → value).
-    static func names(in mountPoint: String, matching criteria: [(String, String)]) throws(Failure) -> [String] {
+    package static func names(in mountPoint: String, matching criteria: [(String, String)]) throws(Failure) -> [String] {
         let fd: Int32
         do {
             fd = try Syscall.open(mountPoint + "/.mtmfs/find", O_RDWR)
@@ -41,7 +40,7 @@ enum AccountSearch {
     }
 
     /// A field's text as a file of the account holds it, without its one trailing newline.
-    static func field(_ name: String, of account: String, in mountPoint: String) throws(Errno) -> String {
+    package static func field(_ name: String, of account: String, in mountPoint: String) throws(Errno) -> String {
         let fd = try Syscall.open(mountPoint + "/accounts/" + account + "/" + name, O_RDONLY)
         defer { Syscall.close(fd) }
         var text = try Syscall.readAll(fd)
@@ -51,10 +50,10 @@ enum AccountSearch {
 }
 
 /// `mtmfs find`: the accounts whose fields match, like `security find-internet-password`.
-struct FindCommand: Command {
-    static let name = "find"
-    static let abstract = "print the accounts that match (by server, username, label, …)"
-    static let usage = """
+package struct FindCommand: Command {
+    package static let name = "find"
+    package static let abstract = "print the accounts that match (by server, username, label, …)"
+    package static let usage = """
     Usage: mtmfs find [MOUNT] [--server H] [--protocol P] [--port N] [--path P]
                       [--username U] [--label L] [--comment C] [--print FIELD]
 
@@ -71,17 +70,17 @@ struct FindCommand: Command {
     Exit status: 0 found; 3 no account matches; 4 several match --print; 5 locked; 6 no
     mount; 7 guarding refused this program; 1 anything else; 2 wrong command line.
     """
-    static let flags: Set<String> = ["--json"]
-    static let filters = ["server", "protocol", "port", "path", "username", "label", "comment"]
-    static let options: Set<String> = Set(filters.map { "--" + $0 } + ["--print"])
-    static let printable = ["label", "protocol", "server", "port", "path", "comment", "username", "password", "otp", "url", "totp"]
+    package static let flags: Set<String> = ["--json"]
+    package static let filters = ["server", "protocol", "port", "path", "username", "label", "comment"]
+    package static let options: Set<String> = Set(filters.map { "--" + $0 } + ["--print"])
+    package static let printable = ["label", "protocol", "server", "port", "path", "comment", "username", "password", "otp", "url", "totp"]
 
-    let mountPoint: String
-    let criteria: [(String, String)]
-    let print: String?
-    let json: Bool
+    package let mountPoint: String
+    package let criteria: [(String, String)]
+    package let print: String?
+    package let json: Bool
 
-    init(_ arguments: Arguments) throws(CommandFailure) {
+    package init(_ arguments: Arguments) throws(CommandFailure) {
         criteria = Self.filters.compactMap { name in arguments.value("--" + name).map { (name, $0) } }
         if let port = criteria.first(where: { $0.0 == "port" })?.1, !port.isEmpty,
            UInt16(port) == nil || port.hasPrefix("0") {
@@ -99,7 +98,7 @@ struct FindCommand: Command {
     }
 
     /// The matches as JSON: their path and UUID, and the fields that are no secret.
-    static func json(_ names: [String], in mountPoint: String) -> String {
+    package static func json(_ names: [String], in mountPoint: String) -> String {
         let objects = names.map { name -> String in
             let fields = ["label", "protocol", "server", "port", "path", "username", "comment"].compactMap { field in
                 (try? AccountSearch.field(field, of: name, in: mountPoint)).map { (field, $0) }
@@ -110,7 +109,7 @@ struct FindCommand: Command {
         return "[" + objects.joined(separator: ",\n ") + "]"
     }
 
-    func run() throws(CommandFailure) {
+    package func run() throws(CommandFailure) {
         let names: [String]
         do {
             names = try AccountSearch.names(in: mountPoint, matching: criteria)
