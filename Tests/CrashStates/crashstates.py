@@ -740,6 +740,10 @@ def main():
     only = (args.only,) if args.only else STORES
     work = os.path.realpath(tempfile.mkdtemp(prefix='crashstates-', dir='/tmp'))
     shutil.copy2(args.mtmfs, os.path.join(work, 'mtmfs'))
+    # mtmfs runs mtmfs-core beside it for every command but run, inject, read and find.
+    core = os.path.join(os.path.dirname(os.path.realpath(args.mtmfs)), 'mtmfs-core')
+    if os.path.exists(core):
+        shutil.copy2(core, os.path.join(work, 'mtmfs-core'))
     args.mtmfs, passfile, mnt = os.path.join(work, 'mtmfs'), os.path.join(work, 'passphrase'), os.path.join(work, 'mnt')
     with open(passfile, 'w') as f:
         f.write('correct horse battery staple 42 crash states\n')
