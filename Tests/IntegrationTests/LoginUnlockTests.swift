@@ -75,6 +75,7 @@ final class LoginUnlockTests {
             Run.program("userdel", [user])
         }
         for name in [service, service + "-plain"] { try? FileManager.default.removeItem(atPath: "/etc/pam.d/" + name) }
+        for directory in setuidDirectories { try? FileManager.default.removeItem(atPath: directory) }
         scratch.remove()
     }
 
@@ -118,6 +119,30 @@ final class LoginUnlockTests {
     /// A login through PAM as a login program does it: authenticate, then open a session.
     func login(_ password: String, service: String? = nil) -> Int32 {
         inside(["pamtester", service ?? self.service, user, "authenticate", "open_session"], input: password + "\n").status
+    }
+
+    /// Directories made for a set-user-ID program, removed at the end.
+    var setuidDirectories: [String] = []
+
+    /// A set-user-ID-root copy of `program`, on a file system that honours the bit (the
+    /// scratch directory's, unless it is mounted nosuid: then /var/tmp's or /root's).
+    func setuidCopy(_ program: String) throws -> String {
+        var directory: String?
+        for base in [scratch.path, "/var/tmp", "/root"] {
+            var info = statvfs()
+            guard statvfs(base, &info) == 0, info.f_flag & UInt(ST_NOSUID) == 0 else { continue }
+            if base == scratch.path { directory = base; break }
+            var template = Array((base + "/mtmfs-suid.XXXXXX").utf8CString)
+            guard let made = mkdtemp(&template) else { continue }
+            let path = String(cString: made)
+            chmod(path, 0o755)
+            setuidDirectories.append(path)
+            directory = path
+            break
+        }
+        let copy = try #require(directory, "no file system here honours set-user-ID") + "/" + (program as NSString).lastPathComponent
+        try #require(Run.program("install", ["-m", "4755", "-o", "root", program, copy]).status == 0)
+        return copy
     }
 
     func userProcesses() -> [String] {
@@ -164,8 +189,7 @@ final class LoginUnlockTests {
 
         // 3. The password changed through PAM (a setuid-root PAM client run by the user, as
         //    passwd(1) is: pam_unix asks the current password): the login slot follows.
-        let client = scratch.sub("pamtester")
-        try #require(Run.program("install", ["-m", "4755", "-o", "root", "/usr/bin/pamtester", client]).status == 0)
+        let client = try setuidCopy("/usr/bin/pamtester")
         let change = asUser([client, service, user, "chauthtok"],
                             input: Self.password + "\n" + Self.newPassword + "\n" + Self.newPassword + "\n")
         #expect(change.status == 0, "\(change)")
