@@ -168,6 +168,9 @@ public final class MtmfsMount: Sendable {
         if !lockEvents.isEmpty {
             do {
                 sessionWatch = try LoginSessionWatch.start(lockEvents) { reason in vault.lock(reason: reason) }
+                statusLines.sessionLocks.withLock { events in
+                    events = (lockEvents.contains(.sleep) ? ["sleep"] : []) + (lockEvents.contains(.screenLock) ? ["screen"] : [])
+                }
             } catch {
                 Log.warning(error.description + ": the accounts do not lock with the session")
                 progress(error.description + ": the accounts do not lock with the session")
@@ -290,9 +293,14 @@ struct StatusReport: Sendable {
     let vault: VaultService
     let settings: SettingsTree
     let cache: CacheTree
+    /// What of the login session locks the accounts (`sleep`, `screen`), as listened for.
+    let sessionLocks = Locked<[String]>([])
 
     func render() -> String {
-        let lines = vault.statusLines() + settings.statusLines() + cache.statusLines() + [
+        let events = sessionLocks.withLock { $0 }
+        let lines = vault.statusLines() + settings.statusLines() + cache.statusLines() + (events.isEmpty ? [] : [
+            "lock_with=\(events.joined(separator: ","))",
+        ]) + [
             "version=\(MtmfsVersion.string)",
             "data_dir=\(dataDirectory.path)",
             "log=\(Log.filePath ?? "syslog")",

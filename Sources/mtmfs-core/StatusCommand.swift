@@ -82,6 +82,10 @@ struct StatusCommand: Command {
         if state == "unlocked", let seconds = values["auto_lock_in"], seconds != "0" {
             accounts += ", auto-lock in \(seconds) s"
         }
+        if let events = values["lock_with"] {
+            let words = events.split(separator: ",").map { $0 == "sleep" ? "a suspend" : $0 == "screen" ? "the screen lock" : String($0) }
+            accounts += "; locks at " + words.joined(separator: " and ")
+        }
         // A damaged vault cannot be unlocked: say so where the state is, not "locked" alone.
         if values["vault_error"] != nil { accounts = "  accounts: unavailable (the vault is damaged, below: no unlock helps)" }
         lines.append(accounts)

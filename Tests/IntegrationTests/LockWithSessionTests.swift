@@ -102,8 +102,10 @@ struct LockWithSessionTests {
         let locked = try #require(fastestLock("lock"), "the session's Lock did not lock")
         #expect(locked < 0.1, "locked \(Int(locked * 1000)) ms after the session's Lock")
         #expect(Run.shell("cat \(password)").status != 0)
-        let log = Run.mtmfs("status", mountPoint)
-        #expect(log.status == 0)
+        // Said by .mtmfs/status and `mtmfs status`.
+        #expect(try MountStatus.read(mountPoint)["lock_with"] == "sleep,screen")
+        let status = Run.mtmfs("status", mountPoint)
+        #expect(status.status == 0 && status.stdout.contains("locks at a suspend and the screen lock"), "\(status)")
     }
 
     /// With no system bus the mount says so in one line and goes on.
@@ -123,5 +125,6 @@ struct LockWithSessionTests {
         #expect(lines.count == 1 && lines[0].contains("do not lock with the session"), "\(mounted)")
         #expect(Run.mtmfs("unlock", mountPoint, input: Run.passphrase + "\n").status == 0)
         #expect(try MountStatus.read(mountPoint)["state"] == "unlocked")
+        #expect(try MountStatus.read(mountPoint)["lock_with"] == nil)
     }
 }
