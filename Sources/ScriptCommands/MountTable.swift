@@ -47,6 +47,13 @@ package enum MountTable {
         throw CommandFailure("\(dataDirectory) is in use by the mtmfs mount on \(mount.mountPoint): unmount it first (mtmfs unmount \(mount.mountPoint))")
     }
 
+    /// The calling user's mount of `dataDirectory`, however either path was spelled (a
+    /// symlinked home): the last one mounted.
+    package static func ownMount(of dataDirectory: String) -> Mount? {
+        let wanted = Paths.resolved(dataDirectory) ?? dataDirectory
+        return ownMtmfsMounts().last { (Paths.resolved($0.source) ?? $0.source) == wanted }
+    }
+
     package static func mtmfsMount(at path: String) -> Mount? {
         mtmfsMounts().last { $0.mountPoint == path }
     }

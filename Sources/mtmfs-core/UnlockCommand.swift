@@ -28,6 +28,8 @@ struct UnlockCommand: Command {
     static let options: Set<String> = ["--passphrase-file", "--wait"]
 
     let given: String?
+    /// MOUNT resolved (nil for --login: its mount is looked for, and waited for, in `run`).
+    let mountPoint: String?
     let passphraseFile: String?
     let kind: SlotKind
     let waitSeconds: Int
@@ -43,7 +45,8 @@ struct UnlockCommand: Command {
         }
         guard login || arguments.value("--wait") == nil else { throw .usage("--wait goes with --login", command: Self.name) }
         waitSeconds = seconds
-        if kind != .login { _ = try MountChoice.resolve(given) }  // (a wrong MOUNT says so before any prompt)
+        // (A wrong MOUNT says so before any prompt.)
+        mountPoint = kind == .login ? nil : try MountChoice.resolve(given)
     }
 
     /// The mount the login password is for: MOUNT, else this user's mount of the default
@@ -53,10 +56,7 @@ struct UnlockCommand: Command {
         let dataDirectory = Paths.dataDirectory(nil)
         let deadline = ContinuousClock.now + .seconds(waitSeconds)
         while true {
-            // (The same directory however it was spelled at the mount: a symlinked home.)
-            let wanted = Paths.resolved(dataDirectory) ?? dataDirectory
-            if let mount = MountTable.mtmfsMounts().last(where: { $0.owner == getuid() && (Paths.resolved($0.source) ?? $0.source) == wanted }),
-               !StatusFile.read(mountPoint: mount.mountPoint).isEmpty {
+            if let mount = MountTable.ownMount(of: dataDirectory), !StatusFile.read(mountPoint: mount.mountPoint).isEmpty {
                 return mount.mountPoint
             }
             guard ContinuousClock.now < deadline else {
@@ -78,7 +78,7 @@ struct UnlockCommand: Command {
             print("Unlocked the accounts of \(mountPoint).")
             return
         }
-        let mountPoint = try MountChoice.resolve(given)
+        guard let mountPoint else { return }  // (set for every kind but --login)
         // No passphrase asked for, no key derived: there is nothing to unlock.
         if StatusFile.read(mountPoint: mountPoint)["state"] == "unlocked" {
             print("The accounts of \(mountPoint) are already unlocked.")
@@ -240,7 +240,8 @@ struct PasswdCommand: Command {
         guard vault.isFolder else {
             throw CommandFailure("this vault has no recovery key (a single-file vault: mount and unlock it once to convert it)")
         }
-        let typed = try RecoveryKeyInput.read(prompt: "Recovery key: ", file: file)
+        // (Read as typed and parsed once here: `RecoveryKeyInput.read` would parse it twice.)
+        let typed = try PassphraseInput.read(prompt: "Recovery key: ", file: file, echo: true)
         defer { typed.wipe() }
         let key = try RecoveryKeyInput.bytes(of: typed)
         defer { key.wipe() }
@@ -387,10 +388,9 @@ enum LoginSlot {
         defer { old.wipe() }
         let new = try PassphraseInput.read(prompt: "New login password: ", file: nil)
         defer { new.wipe() }
-        let wanted = Paths.resolved(dataDirectory) ?? dataDirectory
         let noSlot = CommandFailure("the old login password opens no login slot of \(dataDirectory) (none made with `mtmfs passwd --login`?)",
                                     exitCode: ExitCode.noMatch)
-        if let mount = MountTable.mtmfsMounts().last(where: { $0.owner == getuid() && (Paths.resolved($0.source) ?? $0.source) == wanted }) {
+        if let mount = MountTable.ownMount(of: dataDirectory) {
             let request: SecureBytes
             do throws(Errno) {
                 request = try old.copy()

@@ -269,6 +269,15 @@ final class LoginUnlockTests {
         #expect(Run.mtmfs("passwd", "--remove-login", "--data-dir", data, input: "another vault passphrase\n").status == 3)
         #expect(Run.mtmfs("mount", "--data-dir", data, mount).status == 0)
         #expect(Run.mtmfs("unlock", "--login", mount, input: "login three\n").status == 1)
+        // No mount of the default data directory comes: the wait ends, exit 6 (what the PAM
+        // module's unlock does when the user's unit never mounts).
+        var environment = ProcessInfo.processInfo.environment
+        environment["XDG_DATA_HOME"] = store.scratch.sub("no-such-home")
+        let started = ContinuousClock.now
+        let none = Run.program(Run.mtmfs, ["unlock", "--login", "--wait", "1"], input: "login three\n", environment: environment)
+        let waited = started.duration(to: .now)
+        #expect(none.status == 6 && none.stderr.contains("after 1 s"), "\(none)")
+        #expect(waited >= .seconds(1) && waited < .seconds(10))
         // --wait needs --login; --login with --recovery-key is a wrong command line.
         #expect(Run.mtmfs("unlock", "--wait", "3", mount, input: "x\n").status == 2)
         #expect(Run.mtmfs("unlock", "--login", "--recovery-key", mount, input: "x\n").status == 2)
