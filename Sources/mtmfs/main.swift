@@ -7,11 +7,17 @@ import Glibc
 import Posix
 import ScriptCommands
 
-let scriptCommands: [any Command.Type] = [RunCommand.self, InjectCommand.self, ReadCommand.self, FindCommand.self]
 let invokedAs = CommandLine.arguments.first.map { $0.split(separator: "/").last.map(String.init) ?? $0 } ?? ""
-let name = CommandLine.arguments.dropFirst().first
-if invokedAs != "git-credential-mtmfs", let command = scriptCommands.first(where: { $0.name == name }) {
-    exit(command.main(Array(CommandLine.arguments.dropFirst(2))))
+if invokedAs != "git-credential-mtmfs", CommandLine.arguments.count > 1 {
+    // (A switch, not a list of the commands' types: a start spends nothing on their metadata.)
+    let arguments = Array(CommandLine.arguments.dropFirst(2))
+    switch CommandLine.arguments[1] {
+    case RunCommand.name: exit(RunCommand.main(arguments))
+    case InjectCommand.name: exit(InjectCommand.main(arguments))
+    case ReadCommand.name: exit(ReadCommand.main(arguments))
+    case FindCommand.name: exit(FindCommand.main(arguments))
+    default: break
+    }
 }
 // The core gets the arguments as they came, its name included (`git-credential-mtmfs`).
 guard let me = ProgramFiles.running(), let core = ProgramFiles.core(besideFront: me) else {
