@@ -47,7 +47,6 @@ package final class OutputMasker {
     /// The stream ended: what was held back is shown, with any secret in it concealed.
     package func finish(emit: (UnsafeRawBufferPointer) -> Void) {
         pending.withUnsafeBytes { held in if !held.isEmpty { _ = scan(held, final: true, emit: emit) } }
-        try? pending.resize(to: 0)
         pending.wipe()
         work.wipe()
     }

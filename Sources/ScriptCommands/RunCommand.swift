@@ -155,13 +155,9 @@ package struct RunCommand: Command {
     /// or the child has ended (what a program it left running writes later is not waited for).
     package static func relay(_ streams: [Int32], child: pid_t, secrets: [SecureBytes]) {
         let maskers = streams.map { _ in OutputMasker(secrets: secrets) }
-        let buffer: SecureBytes
-        do {
-            buffer = try SecureBytes(count: 65_536)
-        } catch {
-            // No secure memory for the bytes: they are not looked at, nor shown.
-            return
-        }
+        // Made at the first bytes to copy (a command that writes nothing costs no secure
+        // memory for them).
+        let buffer = SecureBytes()
         defer { buffer.wipe() }
         let pinned = try? ProcessInspection.pin(child)
         defer { if let pinned { Syscall.close(pinned) } }
@@ -178,6 +174,21 @@ package struct RunCommand: Command {
             }
             for fd in ready where fd != pinned {
                 guard let target = open[fd], let masker = maskerOf[fd] else { continue }
+                var waiting: Int32 = 0
+                if ioctl(fd, UInt(FIONREAD), &waiting) == 0 && waiting == 0 {
+                    // Ready with nothing to read: the end of the stream (or, once the
+                    // command has ended, nothing more from what it left running).
+                    finish(masker, to: target, closing: fd, &open, &maskerOf)
+                    continue
+                }
+                if buffer.isWiped {
+                    do {
+                        try buffer.resize(to: 65_536)
+                    } catch {
+                        // No secure memory for the bytes: they are not looked at, nor shown.
+                        return
+                    }
+                }
                 let count = buffer.withUnsafeMutableBytes { bytes in
                     var n: Int
                     repeat { n = read(fd, bytes.baseAddress, bytes.count) } while n < 0 && errno == EINTR
@@ -232,7 +243,7 @@ package final class SecretEnvironment {
     /// "NAME=value" of the variables without a secret.
     private var plain: [String] = []
     /// Every "NAME=secret\0" one after another.
-    private let entries = SecureBytes()
+    private var entries = SecureBytes()
     private var entryStarts: [Int] = []
 
     package init(_ settings: [(name: String, value: String)], mount given: String?) throws(CommandFailure) {
@@ -244,6 +255,7 @@ package final class SecretEnvironment {
             values[name] = value
         }
         var reader = SecretReader(mount: given)
+        var named: [(name: String, secret: SecureBytes)] = []
         do throws(CommandFailure) {
             for name in order {
                 guard let value = values[name] else { continue }
@@ -251,15 +263,28 @@ package final class SecretEnvironment {
                     plain.append(name + "=" + value)
                     continue
                 }
-                let secret = try reader.secret(try SecretReference(value))
-                do throws(Errno) {
-                    entryStarts.append(entries.count)
-                    try entries.append(Array((name + "=").utf8))
-                    try secret.withUnsafeBytes { (bytes) throws(Errno) in try entries.append(bytes) }
-                    try entries.append([0])
-                } catch {
-                    throw CommandFailure("no secure memory for the secrets (\(error))")
+                named.append((name, try reader.secret(try SecretReference(value))))
+            }
+            // Every entry in one secure allocation, made once its size is known.
+            do throws(Errno) {
+                if !named.isEmpty {
+                    entries = try SecureBytes.allocate(count: named.reduce(0) { $0 + $1.name.utf8.count + $1.secret.count + 2 },
+                                                       in: reader.arena)
                 }
+                entries.withUnsafeMutableBytes { buffer in
+                    var start = 0
+                    for (name, secret) in named {
+                        entryStarts.append(start)
+                        for byte in (name + "=").utf8 {
+                            buffer[start] = byte
+                            start += 1
+                        }
+                        secret.withUnsafeBytes { UnsafeMutableRawBufferPointer(rebasing: buffer[start...]).copyMemory(from: $0) }
+                        start += secret.count + 1  // (and its NUL, already zero)
+                    }
+                }
+            } catch {
+                throw CommandFailure("no secure memory for the secrets (\(error))")
             }
         } catch {
             secrets = reader.values

@@ -14,7 +14,10 @@ import SecureMemory
 ///
 /// Thread-safety: its own lock (slots are freed from `SecureBytes.deinit` on any thread).
 public final class SecureArena: @unchecked Sendable {
-    static let slabSize = 1 << 20
+    public static let defaultSlabSize = 1 << 20
+    /// Each slab's size (1 MiB unless told: a short-lived program with a few secrets takes
+    /// a page or four, which mlock makes resident at once).
+    let slabSize: Int
     static let smallestSlot = 16
     static let largestSlot = 16 << 10
 
@@ -27,7 +30,10 @@ public final class SecureArena: @unchecked Sendable {
     /// Counts `releaseAll`s: a slot of an earlier generation is gone and never touched.
     private var generation = 0
 
-    public init() { Sodium.initialize() }
+    public init(slabSize: Int = defaultSlabSize) {
+        self.slabSize = max(slabSize, Self.largestSlot)
+        Sodium.initialize()
+    }
 
     deinit { releaseAll() }
 
@@ -45,8 +51,8 @@ public final class SecureArena: @unchecked Sendable {
         guard let size = Self.slotSize(for: count) else { return nil }
         return lock.withLock { () -> (slot: UnsafeMutableRawPointer, size: Int, generation: Int)? in
             if let slot = free[size]?.popLast() { return (slot, size, generation) }
-            if slabs.isEmpty || used + size > Self.slabSize {
-                guard let slab = SecureMemory.allocate(Self.slabSize) else { return nil }
+            if slabs.isEmpty || used + size > slabSize {
+                guard let slab = SecureMemory.allocate(slabSize) else { return nil }
                 slabs.append(slab)
                 used = 0
             }
@@ -68,7 +74,7 @@ public final class SecureArena: @unchecked Sendable {
     /// Zeroes and frees every slab. Every value in them must have been wiped first.
     public func releaseAll() {
         lock.withLock {
-            for slab in slabs { SecureMemory.free(slab, Self.slabSize) }  // zeroed before freed
+            for slab in slabs { SecureMemory.free(slab, slabSize) }  // zeroed before freed
             slabs.removeAll()
             free.removeAll()
             used = 0
@@ -77,7 +83,7 @@ public final class SecureArena: @unchecked Sendable {
     }
 
     /// Bytes of secure memory held in slabs.
-    public var bytesHeld: Int { lock.withLock { slabs.count * Self.slabSize } }
+    public var bytesHeld: Int { lock.withLock { slabs.count * slabSize } }
 
     /// Slabs held (each one `sodium_malloc` region).
     public var slabCount: Int { lock.withLock { slabs.count } }

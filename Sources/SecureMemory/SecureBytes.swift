@@ -63,6 +63,14 @@ public final class SecureBytes: @unchecked Sendable {
         return value
     }
 
+    /// `count` zero bytes in a slot of `arena` (a region of their own when too many for one).
+    public static func allocate(count: Int, in arena: SecureArena) throws(Errno) -> SecureBytes {
+        guard let (slot, size, generation) = arena.allocate(max(count, 1)) else { return try SecureBytes(count: count) }
+        let value = SecureBytes(adopting: slot, count: count, capacity: size)
+        value.arena = (arena, generation)
+        return value
+    }
+
     private init(adopting pointer: UnsafeMutableRawPointer, count: Int, capacity: Int) {
         self.pointer = pointer
         self.count = count

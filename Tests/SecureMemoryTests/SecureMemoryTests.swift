@@ -53,7 +53,7 @@ import Testing
             values.append(try #require(bytes.withUnsafeBytes { try? SecureBytes.allocate(copying: $0, in: arena) }))
         }
         #expect(arena.slabCount == 1)
-        #expect(arena.bytesHeld == SecureArena.slabSize)
+        #expect(arena.bytesHeld == SecureArena.defaultSlabSize)
         values.forEach { $0.wipe() }
         arena.releaseAll()
         #expect(arena.slabCount == 0)
