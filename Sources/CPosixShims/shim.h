@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <malloc.h>
 #include <sys/file.h>
+#include <linux/stat.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <poll.h>
@@ -67,6 +68,19 @@ static const int MTMFS_O_PATH = 010000000;
 
 static inline int mtmfs_openat(int dirfd, const char *path, int flags, unsigned int mode) {
     return openat(dirfd, path, flags, (mode_t)mode);
+}
+
+/* The link count and type the kernel holds for `fd` (an O_PATH descriptor) as the lookup
+   that found it left them, asking the file system nothing: statx(2) with AT_EMPTY_PATH,
+   AT_SYMLINK_NOFOLLOW and AT_STATX_DONT_SYNC (glibc declares statx only under _GNU_SOURCE). */
+static inline int mtmfs_cached_link_count(int fd, uint32_t *count, uint32_t *mode) {
+    struct statx info;
+    int result = (int)syscall(SYS_statx, fd, "", 0x1000 | 0x100 | 0x4000, STATX_TYPE | STATX_NLINK, &info);
+    if (result == 0) {
+        *count = info.stx_nlink;
+        *mode = info.stx_mode;
+    }
+    return result;
 }
 
 /* fallocate(2) and copy_file_range(2), which Glibc declares only under _GNU_SOURCE. */

@@ -31,7 +31,10 @@ public enum Syscall {
 
     /// An `O_PATH` descriptor: names the file (for `fstat`, `fstatfs`) without opening it for
     /// reading or writing, and keeps it from being freed while held.
-    public static func openPath(_ path: String) throws(Errno) -> Int32 { try open(path, MTMFS_O_PATH) }
+    /// With `noFollow`, a symbolic link itself, not what it points to.
+    public static func openPath(_ path: String, noFollow: Bool = false) throws(Errno) -> Int32 {
+        try open(path, MTMFS_O_PATH | (noFollow ? O_NOFOLLOW : 0))
+    }
 
     public static func openat(_ dirfd: Int32, _ path: String, _ flags: Int32, mode: mode_t = 0) throws(Errno) -> Int32 {
         try valueOrErrno { mtmfs_openat(dirfd, path, flags | O_CLOEXEC, UInt32(mode)) }
@@ -196,6 +199,21 @@ public enum Syscall {
         let fd = try open(path, O_RDONLY | O_CLOEXEC)
         defer { close(fd) }
         return try readAll(fd)
+    }
+
+    /// The link count and file type (`S_IFMT` bits) the kernel keeps for `fd` (an `O_PATH`
+    /// descriptor) from the lookup that found it, without asking the file system again.
+    public static func cachedLinkCount(_ fd: Int32) throws(Errno) -> (count: UInt32, type: mode_t) {
+        var count: UInt32 = 0, mode: UInt32 = 0
+        _ = try valueOrErrno { mtmfs_cached_link_count(fd, &count, &mode) }
+        return (count, mode_t(mode) & S_IFMT)
+    }
+
+    /// The target of the symbolic link `fd` names (an `O_PATH | O_NOFOLLOW` descriptor).
+    public static func linkTarget(_ fd: Int32) throws(Errno) -> String {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX))
+        let length = try valueOrErrno { readlinkat(fd, "", &buffer, buffer.count) }
+        return String(decoding: buffer.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// The names in a directory, without "." and "..".

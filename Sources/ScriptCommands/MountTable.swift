@@ -14,17 +14,22 @@ package enum MountTable {
     }
 
     package static func read() -> [Mount] {
-        guard let fd = try? Syscall.open("/proc/self/mountinfo", O_RDONLY),
-              let bytes = try? Syscall.readAll(fd) else { return [] }
-        Syscall.close(fd)
-        return String(decoding: bytes, as: UTF8.self).split(separator: "\n").compactMap { line in
+        guard let fd = try? Syscall.open("/proc/self/mountinfo", O_RDONLY) else { return [] }
+        defer { Syscall.close(fd) }
+        guard let bytes = try? Syscall.readAll(fd) else { return [] }
+        // (As bytes: a script's every `mtmfs run` reads the table.)
+        let text = { (field: ArraySlice<UInt8>) in String(decoding: field, as: UTF8.self) }
+        return bytes.split(separator: UInt8(ascii: "\n")).compactMap { line in
             // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL…] - FSTYPE SOURCE SUPEROPTIONS
-            let fields = line.split(separator: " ", omittingEmptySubsequences: false).map(String.init)
-            guard fields.count > 6, let dash = fields.firstIndex(of: "-"), dash + 2 < fields.count else { return nil }
-            let superOptions = dash + 3 < fields.count ? fields[dash + 3].split(separator: ",") : []
-            let owner = superOptions.first { $0.hasPrefix("user_id=") }.flatMap { uid_t($0.dropFirst("user_id=".count)) }
-            return Mount(mountPoint: unescape(fields[4]), fileSystemType: fields[dash + 1],
-                         source: unescape(fields[dash + 2]), owner: owner)
+            let fields = line.split(separator: UInt8(ascii: " "), omittingEmptySubsequences: false)
+            guard fields.count > 6, let dash = fields.firstIndex(where: { $0.count == 1 && $0.first == UInt8(ascii: "-") }),
+                  dash + 2 < fields.count else { return nil }
+            let owner = dash + 3 < fields.count
+                ? fields[dash + 3].split(separator: UInt8(ascii: ",")).first { $0.starts(with: "user_id=".utf8) }
+                    .flatMap { uid_t(text($0.dropFirst("user_id=".utf8.count))) }
+                : nil
+            return Mount(mountPoint: unescape(text(fields[4])), fileSystemType: text(fields[dash + 1]),
+                         source: unescape(text(fields[dash + 2])), owner: owner)
         }
     }
 

@@ -59,19 +59,61 @@ package struct SecretReference: Hashable, CustomStringConvertible {
     /// field's file ends with. Failures carry the exit codes of `mtmfs(1)`: no such account
     /// or field (3), a view name several accounts share (4), locked (5), refused by
     /// guarding (7). Nothing of a value is ever in a message.
-    package func read(from mountPoint: String) throws(CommandFailure) -> SecureBytes {
+    package func read(from mountPoint: String, in arena: SecureArena? = nil) throws(CommandFailure) -> SecureBytes {
         let accounts = mountPoint + "/accounts/"
-        try checkUnambiguous(accounts)
-        guard let value = try Self.readFile(accounts + account + "/" + field, mountPoint: mountPoint, naming: description) else {
-            throw CommandFailure("no \(Terminal.printable(description)): no such account or field in \(mountPoint)",
-                                 exitCode: ExitCode.noMatch)
+        let directory = account.hasPrefix("by-") ? try followView(accounts, mountPoint: mountPoint) : account
+        guard let value = try Self.readFile(accounts + directory + "/" + field, mountPoint: mountPoint,
+                                            naming: description, arena: arena) else {
+            throw notFound(in: mountPoint)
         }
         return value
     }
 
+    /// The UUID a view's name stands for, found by the requests `cat` makes of it (the
+    /// lookups of the path, the link's target). A name without a `~` suffix is one
+    /// account's only when the link's count, which the lookup gave the kernel, is 1: the
+    /// accounts that share its value (§2a: the first has the name alone, every later one
+    /// a `~` suffix).
+    private func followView(_ accounts: String, mountPoint: String) throws(CommandFailure) -> String {
+        let link: Int32
+        do {
+            link = try Syscall.openPath(accounts + account, noFollow: true)
+        } catch {
+            if error == .noSuchFileOrDirectory || error == .notDirectory { throw notFound(in: mountPoint) }
+            throw Self.failure(error, naming: description, mountPoint: mountPoint)
+        }
+        defer { Syscall.close(link) }
+        guard let (count, type) = try? Syscall.cachedLinkCount(link), type == S_IFLNK else { return account }
+        if count > 1 && !account.contains("~") { throw ambiguous(accounts, count: count) }
+        // `../UUID` (by-label) or `../../UUID` (by-server); anything else is walked as named.
+        guard let target = try? Syscall.linkTarget(link), let uuid = target.split(separator: "/").last,
+              target.split(separator: "/").dropLast().allSatisfy({ $0 == ".." }), ASCIIHex.uuid(String(uuid)) != nil
+        else { return account }
+        return String(uuid)
+    }
+
+    /// A view name several accounts share: the failure names another's (`ls` shows them all).
+    private func ambiguous(_ accounts: String, count: UInt32) -> CommandFailure {
+        let slash = account.lastIndex(of: "/")!
+        let listed = String(account[..<slash]), name = String(account[account.index(after: slash)...])
+        let other = ((try? Syscall.listDirectory(accounts + listed)) ?? []).first { $0.hasPrefix(name + "~") }
+        let names = other.map { Terminal.printable(listed + "/" + $0) } ?? "\(Terminal.printable(account))~… (ls \(listed))"
+        return CommandFailure("\(count) accounts are \(Terminal.printable(account)): name one (\(names), or its UUID)",
+                              exitCode: ExitCode.ambiguous)
+    }
+
+    /// No such account or field — or none while locked (the views are empty then).
+    private func notFound(in mountPoint: String) -> CommandFailure {
+        if StatusFile.read(mountPoint: mountPoint)["state"] == "locked" { return Self.locked(mountPoint) }
+        return CommandFailure("no \(Terminal.printable(description)): no such account or field in \(mountPoint)",
+                              exitCode: ExitCode.noMatch)
+    }
+
     /// A field's text read into secure memory, without its one trailing newline; nil when
-    /// there is no such file. `naming` says what it is in a message (never its value).
-    package static func readFile(_ path: String, mountPoint: String, naming: String) throws(CommandFailure) -> SecureBytes? {
+    /// there is no such file. `naming` says what it is in a message (never its value);
+    /// `arena`, where it is kept.
+    package static func readFile(_ path: String, mountPoint: String, naming: String,
+                                 arena: SecureArena? = nil) throws(CommandFailure) -> SecureBytes? {
         let fd: Int32
         do {
             fd = try Syscall.open(path, O_RDONLY)
@@ -81,7 +123,7 @@ package struct SecretReference: Hashable, CustomStringConvertible {
         }
         defer { Syscall.close(fd) }
         do throws(Errno) {
-            let value = try readAll(fd)
+            let value = try readAll(fd, in: arena)
             if value.count > 0, value.withUnsafeBytes({ $0[value.count - 1] }) == 0x0A { try value.resize(to: value.count - 1) }
             return value
         } catch {
@@ -89,24 +131,11 @@ package struct SecretReference: Hashable, CustomStringConvertible {
         }
     }
 
-    /// A view name is one account's only when no other account's name in that directory is
-    /// it with a `~` suffix (§2a: the first account of a value has the name alone).
-    private func checkUnambiguous(_ accounts: String) throws(CommandFailure) {
-        guard account.hasPrefix("by-"), !account.contains("~"), let slash = account.lastIndex(of: "/") else { return }
-        let directory = String(account[..<slash]), name = String(account[account.index(after: slash)...])
-        guard let names = try? Syscall.listDirectory(accounts + directory) else { return }
-        let others = names.filter { $0.hasPrefix(name + "~") }
-        guard others.isEmpty else {
-            throw CommandFailure("\(others.count + 1) accounts are \(Terminal.printable(account)): name one "
-                                 + "(\(Terminal.printable(directory + "/" + others[0])), or its UUID)",
-                                 exitCode: ExitCode.ambiguous)
-        }
-    }
-
-    /// Everything `fd` reads to its end, in secure memory.
-    package static func readAll(_ fd: Int32) throws(Errno) -> SecureBytes {
-        let value = SecureBytes()
+    /// Everything `fd` reads to its end, in secure memory (a slot of `arena` while it fits).
+    package static func readAll(_ fd: Int32, in arena: SecureArena? = nil) throws(Errno) -> SecureBytes {
         var capacity = 256, count = 0
+        let value: SecureBytes
+        if let arena { value = try SecureBytes.allocate(count: capacity, in: arena) } else { value = SecureBytes() }
         do throws(Errno) {
             while true {
                 if value.count < capacity { try value.resize(to: capacity) }
@@ -125,13 +154,14 @@ package struct SecretReference: Hashable, CustomStringConvertible {
         return value
     }
 
+    private static func locked(_ mountPoint: String) -> CommandFailure {
+        CommandFailure("the accounts of \(mountPoint) are locked: run `mtmfs unlock \(mountPoint)`", exitCode: ExitCode.locked)
+    }
+
     private static func failure(_ error: Errno, naming: String, mountPoint: String) -> CommandFailure {
         switch error {
         case .permissionDenied:
-            if StatusFile.read(mountPoint: mountPoint)["state"] == "locked" {
-                return CommandFailure("the accounts of \(mountPoint) are locked: run `mtmfs unlock \(mountPoint)`",
-                                      exitCode: ExitCode.locked)
-            }
+            if StatusFile.read(mountPoint: mountPoint)["state"] == "locked" { return locked(mountPoint) }
             return CommandFailure("guarding refused \(Terminal.printable(naming)) to this program "
                                   + "(see \(mountPoint)/.mtmfs/access; `mtmfs trust` trusts a program)", exitCode: ExitCode.refused)
         default:
@@ -147,6 +177,9 @@ package struct SecretReference: Hashable, CustomStringConvertible {
 package struct SecretReader {
     package let given: String?
     private var mountPoint: String?
+    /// Where the secrets are kept: one secure region for a few of them, where each would
+    /// take a region of its own (ten system calls, made and unmade, a secret).
+    package let arena = SecureArena(slabSize: 16 << 10)
     private(set) var read: [SecretReference: SecureBytes] = [:]
     /// The distinct values, in the order first read.
     private(set) var values: [SecureBytes] = []
@@ -156,7 +189,7 @@ package struct SecretReader {
     package mutating func secret(_ reference: SecretReference) throws(CommandFailure) -> SecureBytes {
         if let known = read[reference] { return known }
         if mountPoint == nil { mountPoint = try MountChoice.resolve(given) }
-        let secret = try reference.read(from: mountPoint!)
+        let secret = try reference.read(from: mountPoint!, in: arena)
         read[reference] = secret
         values.append(secret)
         return secret

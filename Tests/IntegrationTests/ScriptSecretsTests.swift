@@ -162,17 +162,23 @@ import Glibc
             #expect(result.status == 2, "\(malformed): \(result)")
             #expect(result.stderr.split(separator: "\n").count == 1, "\(result)")
         }
-        // A label two accounts share: 4, naming the other's name.
+        // A label two accounts share: 4, naming the other's name. The links' count says it
+        // (what `mtmfs` learns from the lookup alone), and the suffixed name reads.
+        #expect(try Syscall.lstat(store.mountPoint + "/accounts/by-label/CI").st_nlink == 1)
         try FindingTests.make(store, "0A1B2C3D-4E5F-4A6B-8C7D-9E0F1A2B3C4D", ["label": "CI", "password": "other"])
         let ambiguous = read("mtmfs://by-label/CI/password")
         #expect(ambiguous.status == 4, "\(ambiguous)")
         #expect(ambiguous.stderr.contains("by-label/CI~0a1b2c3d") || ambiguous.stderr.contains("by-label/CI~0A1B2C3D"), "\(ambiguous)")
+        #expect(try Syscall.lstat(store.mountPoint + "/accounts/by-label/CI").st_nlink == 2)
+        #expect(try Syscall.lstat(store.mountPoint + "/accounts/by-label/CI~0a1b2c3d").st_nlink == 2)
+        #expect(read("mtmfs://by-label/CI~0a1b2c3d/password").stdout == "other\n")
         #expect(read("mtmfs://\(Self.ci)/password").stdout == Self.token + "\n")
         // Not a mount: 6.
         #expect(read("mtmfs://\(Self.ci)/password", mount: store.scratch.path).status == 6)
         // Locked: 5, and the command does not run.
         #expect(Run.mtmfs("lock", store.mountPoint).status == 0)
         #expect(read("mtmfs://\(Self.ci)/password").status == 5)
+        #expect(read("mtmfs://by-label/CI~0a1b2c3d/password").status == 5)  // (the views are empty while locked)
         let locked = Self.run(store, "T=mtmfs://\(Self.ci)/password", "", command: "echo ran")
         #expect(locked.status == 5 && locked.stdout.isEmpty, "\(locked)")
         #expect(Run.program(Run.mtmfs, ["inject", "--mount", store.mountPoint], input: "{{ mtmfs://\(Self.ci)/password }}").status == 5)

@@ -258,6 +258,20 @@ extension VaultState {
         }
     }
 
+    /// How many accounts have the value a view link's name stands for, its own included:
+    /// its account's label (`by-label`), or server and username (`by-server`) — the link's
+    /// link count. More than one: the name without a `~` suffix is the first account's, and
+    /// a script's reference by it is ambiguous (SPEC §6), which `mtmfs run` learns from the
+    /// lookup that found the link, with no request of its own.
+    private func namesakes(of uuid: [UInt8], in vault: Vault, label: Bool) -> Int {
+        if label {
+            return withValue(.label, of: uuid, in: vault) { ((try? vault.accounts(with: .label, equalTo: $0)) ?? []).count }
+        }
+        return withValue(.server, of: uuid, in: vault) { server in
+            withValue(.username, of: uuid, in: vault) { ((try? vault.accounts(server: server, username: $0)) ?? []).count }
+        }
+    }
+
     /// The accounts of a server directory, in vault order (empty when it is gone).
     private func accounts(ofServer serial: UInt64, vault: Vault) -> [[UInt8]] {
         guard let digest = views.digest(of: serial) else { return [] }
@@ -320,10 +334,13 @@ extension VaultState {
         case .serverDirectory(let serial):
             guard let vault = openVault, !accounts(ofServer: serial, vault: vault).isEmpty else { throw .noSuchFileOrDirectory }
             return ownership.directory(inode, mode: 0o555)
-        case .labelLink, .serverLink:
+        case .labelLink(let account), .serverLink(let account):
             let target = try viewLinkTarget(node)
             var attributes = ownership.file(inode, mode: 0o777, size: UInt64(target.utf8.count))
             attributes.mode = S_IFLNK | 0o777
+            if let vault = openVault, let uuid = fields.uuid(of: account) {
+                attributes.linkCount = UInt32(clamping: max(1, namesakes(of: uuid, in: vault, label: node == .labelLink(account))))
+            }
             return attributes
         }
     }
