@@ -65,6 +65,11 @@ public final class CacheStore: @unchecked Sendable {
     /// Inodes that lost their last name while the kernel or an open handle still held them:
     /// deleted when the last reference goes (others need no look at the database then).
     var orphans: Set<Int64> = []
+    /// Orphans nothing holds any more, let go while a group of changes was open: their rows
+    /// are deleted with the group's commit (`deleteDoomed`), a few hundred in one go, not
+    /// each in a change of its own while the next request waits for the lock (`rm -r`: a
+    /// FORGET after every UNLINK). Unreachable meanwhile: no name, no reference, no handle.
+    var doomed: Set<Int64> = []
     /// Small files' writes not yet in the database, and how much longer the committing
     /// thread waits after a failure to store them.
     var inline = InlineBuffers()
@@ -358,6 +363,18 @@ public final class CacheStore: @unchecked Sendable {
                    gid: UInt32(truncatingIfNeeded: s.int(3)), size: s.int(4), links: s.int(5), accessNanoseconds: s.int(6),
                    modificationNanoseconds: s.int(7), changeNanoseconds: s.int(8), device: s.int(9),
                    target: s.isNull(10) ? nil : s.text(10), storedBytes: s.int(11), dataKey: s.isNull(12) ? nil : s.int(12))
+    }
+
+    /// The row of the inode `name` in `parent` names, in one query (lock held); nil when
+    /// there is no such name.
+    func entryInode(_ parent: Int64, _ name: String) throws(Errno) -> CacheInode? {
+        let statement = try statement("""
+            SELECT i.ino, i.mode, i.uid, i.gid, i.size, i.links, i.atime, i.mtime, i.ctime, i.rdev, i.target, i.stored, i.data
+            FROM entries e JOIN inodes i ON i.ino = e.ino WHERE e.parent = ? AND e.name = ?
+            """)
+        statement.bind(parent, name)
+        defer { statement.done() }
+        return try row(statement) ? Self.inode(statement) : nil
     }
 
     func entry(_ parent: Int64, _ name: String) throws(Errno) -> Int64? {

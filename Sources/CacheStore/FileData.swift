@@ -148,10 +148,11 @@ extension CacheStore {
             var file = data.files[ino]
             var base = file == nil ? inline.files[ino] : nil
             if file == nil && base == nil {
-                let inode = try storedInode(ino)
+                // (Its row and a small file's bytes in one query: the first write of a file.)
+                let (inode, bytes) = try storedInodeAndBytes(ino)
                 guard !inode.isDirectory else { throw .isDirectory }
                 file = try dataFile(inode)
-                if file == nil { base = try inlineBase(inode) }
+                if file == nil { base = inlineBase(inode, bytes: bytes) }
             }
             var modeChanged = false
             if droppingSetID && (file?.setID ?? base?.setID ?? false) {

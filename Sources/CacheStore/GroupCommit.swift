@@ -113,6 +113,13 @@ extension CacheStore {
     func commitBatch() throws(Errno) {
         noticeRollback()
         guard batchStart != nil else { return }
+        if !doomed.isEmpty {
+            do throws(Errno) {
+                try deleteDoomed()
+            } catch {
+                Log.error("cache: \(doomed.count) deleted files' rows could not be deleted: \(error)")
+            }
+        }
         batchStart = nil
         do throws(Errno) {
             let changedRows = database.totalChanges != batchTotalChanges || batchMovedPages

@@ -68,8 +68,27 @@ extension CacheStore {
     /// A small file as a write starts from (lock held): its buffer, else its row's bytes.
     func inlineBase(_ inode: CacheInode) throws(Errno) -> InlineBuffers.File {
         if let file = inline.files[inode.ino] { return file }
-        return InlineBuffers.File(bytes: try storedBytes(inode.ino), size: inode.size, modified: inode.modificationNanoseconds,
+        return inlineBase(inode, bytes: try storedBytes(inode.ino))
+    }
+
+    /// The same with the bytes already read.
+    func inlineBase(_ inode: CacheInode, bytes: [UInt8]) -> InlineBuffers.File {
+        if let file = inline.files[inode.ino] { return file }
+        return InlineBuffers.File(bytes: bytes, size: inode.size, modified: inode.modificationNanoseconds,
                                   setID: SetIDBits.wouldDrop(inode.mode))
+    }
+
+    /// An inode's row and, for a small file, its bytes (empty for a large one), in one query
+    /// (lock held).
+    func storedInodeAndBytes(_ ino: Int64) throws(Errno) -> (CacheInode, [UInt8]) {
+        let statement = try statement("""
+            SELECT i.ino, i.mode, i.uid, i.gid, i.size, i.links, i.atime, i.mtime, i.ctime, i.rdev, i.target, i.stored, i.data, c.data
+            FROM inodes i LEFT JOIN contents c ON c.ino = i.ino WHERE i.ino = ?
+            """)
+        statement.bind(ino)
+        defer { statement.done() }
+        guard try row(statement) else { throw .noSuchFileOrDirectory }
+        return (Self.inode(statement), statement.bytes(13))
     }
 
     /// A small file's bytes as the database holds them (lock held).

@@ -160,7 +160,24 @@ extension CacheStore {
     /// holds any more is deleted. Other inodes cost no query.
     public func unheld(_ ino: Int64) {
         _ = try? withLock { () throws(Errno) in
-            if orphans.contains(ino) { try change { () throws(Errno) in try referenceDropped(ino) } }
+            guard orphans.contains(ino), !isHeld(ino) else { return }
+            guard batchStart != nil, database.isInTransaction else {
+                // No group open: deleted now (nothing else is coming to carry it).
+                try change { () throws(Errno) in try referenceDropped(ino) }
+                return
+            }
+            orphans.remove(ino)
+            doomed.insert(ino)
+            if doomed.count >= Self.groupCommitSize { try deleteDoomed() }
+        }
+    }
+
+    /// Deletes the rows of the doomed orphans in the open group (lock held); those it could
+    /// not delete stay doomed (links 0: a start deletes them too).
+    func deleteDoomed() throws(Errno) {
+        while let ino = doomed.first {
+            try deleteInode(ino)
+            doomed.remove(ino)
         }
     }
 }

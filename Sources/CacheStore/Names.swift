@@ -11,19 +11,22 @@ extension CacheStore {
 
     /// `reference`: the caller hands the inode out; the holders count it in the same lock,
     /// so that no unlink can delete it in between.
+    /// One query: the kernel looks up names in directories only, and a removed directory
+    /// has none (ENOENT either way).
     public func lookup(parent: Int64, name: String, reference: Bool = false) throws(Errno) -> CacheInode {
         try withLock { () throws(Errno) -> CacheInode in
             guard name.utf8.count <= Self.maximumNameLength else { throw .nameTooLong }
-            _ = try directory(parent)
-            guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
-            let inode = try fetchInode(ino)
-            if reference { holders?.hold(ino) }
-            return inode
+            guard let stored = try entryInode(parent, name) else { throw .noSuchFileOrDirectory }
+            if reference { holders?.hold(stored.ino) }
+            return overlay(stored)
         }
     }
 
     public func inode(_ ino: Int64) throws(Errno) -> CacheInode {
-        try withLock { () throws(Errno) -> CacheInode in try fetchInode(ino) }
+        try withLock { () throws(Errno) -> CacheInode in
+            guard !doomed.contains(ino) else { throw .noSuchFileOrDirectory }  // (gone; its row goes with the group)
+            return try fetchInode(ino)
+        }
     }
 
     /// The names in a directory with their inodes, in name order (byte order of UTF-8): at
@@ -61,13 +64,12 @@ extension CacheStore {
         let type = mode & S_IFMT
         guard [S_IFREG, S_IFDIR, S_IFLNK, S_IFIFO, S_IFSOCK, S_IFBLK, S_IFCHR].contains(type) else { throw .invalidArgument }
         return try transaction { () throws(Errno) -> CacheInode in
-            _ = try directory(parent)
-            guard try entry(parent, name) == nil else { throw .fileExists }
+            try requireNewName(parent, name)
             try requireHeadroom()
             let now = Self.now()
-            let size = Int64(target?.utf8.count ?? 0)
+            let size = Int64(target?.utf8.count ?? 0), links = Int64(type == S_IFDIR ? 2 : 1)
             try run("INSERT INTO inodes(mode, uid, gid, size, links, atime, mtime, ctime, rdev, target, used) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
-                    Int64(mode), Int64(uid), Int64(gid), size, Int64(type == S_IFDIR ? 2 : 1), now, now, now, device, target, now)
+                    Int64(mode), Int64(uid), Int64(gid), size, links, now, now, now, device, target, now)
             let ino = database.lastInsertedRow
             try run("INSERT INTO entries(parent, name, ino) VALUES(?,?,?)", parent, name, ino)
             if type == S_IFDIR {
@@ -75,7 +77,9 @@ extension CacheStore {
             } else {
                 try touch(parent)
             }
-            let inode = try fetchInode(ino)
+            // (The row just written, as `storedInode` would read it back.)
+            let inode = CacheInode(ino: ino, mode: mode, uid: uid, gid: gid, size: size, links: links, accessNanoseconds: now,
+                                   modificationNanoseconds: now, changeNanoseconds: now, device: device, target: target)
             if open { opens[ino, default: 0] += 1 }
             if reference { holders?.hold(ino) }
             return inode
@@ -102,27 +106,49 @@ extension CacheStore {
 
     public func unlink(parent: Int64, name: String) throws(Errno) {
         try transaction { () throws(Errno) in
-            _ = try directory(parent)
-            guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
-            guard try !storedInode(ino).isDirectory else { throw .isDirectory }
-            try removeName(parent: parent, name: name, ino: ino)
+            let inode = try named(parent, name)
+            guard !inode.isDirectory else { throw .isDirectory }
+            try removeName(parent: parent, name: name, inode: inode)
         }
     }
 
     public func removeDirectory(parent: Int64, name: String) throws(Errno) {
         try transaction { () throws(Errno) in
-            _ = try directory(parent)
-            guard let ino = try entry(parent, name) else { throw .noSuchFileOrDirectory }
-            guard try storedInode(ino).isDirectory else { throw .notDirectory }
-            guard try isEmptyDirectory(ino) else { throw .directoryNotEmpty }
-            try removeName(parent: parent, name: name, ino: ino)
+            let inode = try named(parent, name)
+            guard inode.isDirectory else { throw .notDirectory }
+            guard try isEmptyDirectory(inode.ino) else { throw .directoryNotEmpty }
+            try removeName(parent: parent, name: name, inode: inode)
         }
+    }
+
+    /// The row of what `name` in `parent` names (lock held): one query, the parent looked
+    /// at only when there is no such name (a name is only ever in a live directory).
+    func named(_ parent: Int64, _ name: String) throws(Errno) -> CacheInode {
+        if let inode = try entryInode(parent, name) { return inode }
+        _ = try directory(parent)
+        throw .noSuchFileOrDirectory
+    }
+
+    /// That `parent` is a live directory without `name` (lock held), in one query.
+    func requireNewName(_ parent: Int64, _ name: String) throws(Errno) {
+        let statement = try statement("SELECT mode, links, EXISTS(SELECT 1 FROM entries WHERE parent = ?1 AND name = ?2) FROM inodes WHERE ino = ?1")
+        statement.bind(parent, name)
+        defer { statement.done() }
+        guard try row(statement) else { throw .noSuchFileOrDirectory }
+        guard UInt32(truncatingIfNeeded: statement.int(0)) & S_IFMT == S_IFDIR else { throw .notDirectory }
+        guard statement.int(1) > 0 else { throw .noSuchFileOrDirectory }
+        guard statement.int(2) == 0 else { throw .fileExists }
     }
 
     /// Drops one name; a directory loses its links (and its parent one); an inode without
     /// names and references is deleted with its data.
     func removeName(parent: Int64, name: String, ino: Int64) throws(Errno) {
-        let inode = try storedInode(ino)
+        try removeName(parent: parent, name: name, inode: try storedInode(ino))
+    }
+
+    /// The same with the inode's row as just read.
+    func removeName(parent: Int64, name: String, inode: CacheInode) throws(Errno) {
+        let ino = inode.ino
         let now = Self.now()
         try run("DELETE FROM entries WHERE parent = ? AND name = ?", parent, name)
         if inode.isDirectory {

@@ -112,7 +112,7 @@ final class Bench {
         }
         try setUpGocryptfs()
         try setUpFloor()
-        guard !options.engineOnly else { return }
+        guard !options.engineOnly, !options.metadataOnly else { return }
         if options.guardOnly || !(options.vaultOnly || options.daemonOnly) {
             guardStores = try setUpGuardStores()
             if options.guardOnly { return }
@@ -301,6 +301,12 @@ final class Bench {
             let rotate = { (list: [(String, String)]) in Array(list[(round % list.count)...] + list[..<(round % list.count)]) }
             if options.engineOnly {
                 try engineRound(round, rotate: rotate)
+                continue
+            }
+            if options.metadataOnly {
+                for (system, directory) in rotate(paths("cache", withFloor: true)) {
+                    try smallFileRound(system, directory + "/round\(round)")
+                }
                 continue
             }
             if options.vaultOnly {

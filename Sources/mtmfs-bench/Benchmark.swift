@@ -38,6 +38,8 @@ enum Benchmark {
         var guardOnly = false
         /// Only W26, the Secret Service beside gnome-keyring.
         var secretServiceOnly = false
+        /// Only W5, many small files' metadata beside the floor and the peers.
+        var metadataOnly = false
         /// W24's changes before the second unlock (nil: 20,000; 1,000 with --quick).
         var changes: Int?
     }
@@ -69,11 +71,12 @@ enum Benchmark {
             case "--daemon": options.daemonOnly = true
             case "--guard": options.guardOnly = true
             case "--secret-service": options.secretServiceOnly = true
+            case "--metadata": options.metadataOnly = true
             case "--changes": index += 1; options.changes = Int(arguments[safe: index] ?? "")
             case "-h", "--help":
                 print("""
                 Usage: mtmfs-bench [--quick] [--rounds N] [--json FILE] [--engine] [--vault] [--daemon] [--guard]
-                                   [--secret-service] [--changes N]
+                                   [--secret-service] [--metadata] [--changes N]
 
                 Measures mtmfs against a native directory and its peers — a bindfs passthrough, a
                 gocryptfs mount and a `pass` store (installed by `mount-helpers/install-deps --bench`;
@@ -95,6 +98,8 @@ enum Benchmark {
                 files) and the cost of .mtmfs/status with 10 to 1,000,000 cache files. --guard:
                 only W20, `cat` of a password by a trusted program with guarding on beside the
                 same with guarding off (both mounted and run as user nobody; needs root).
+                --metadata: only W5, 10,000 small files created, listed, read and removed in
+                cache/ beside the floor and the peers.
                 --secret-service: only W26, the Secret Service beside gnome-keyring, each on a bus of
                 its own: `secret-tool lookup` as a whole process, SearchItems round trips among 10
                 and 10,000 accounts, idle wakeups with the bus served.
