@@ -55,7 +55,7 @@ extension CacheStore {
                     throw error
                 }
             }
-            return try fetchInode(ino)
+            return overlay(inode)  // (the row read above: `used` is not an attribute)
         }
     }
 
