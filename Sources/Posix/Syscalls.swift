@@ -201,6 +201,13 @@ public enum Syscall {
         return try readAll(fd)
     }
 
+    /// Waits until one of `descriptors` can be read (or has hung up): those that can.
+    public static func waitReadable(_ descriptors: [Int32]) -> [Int32] {
+        var polled = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
+        while poll(&polled, nfds_t(polled.count), -1) < 0 && errno == EINTR {}
+        return polled.filter { $0.revents != 0 }.map(\.fd)
+    }
+
     /// The link count and file type (`S_IFMT` bits) the kernel keeps for `fd` (an `O_PATH`
     /// descriptor) from the lookup that found it, without asking the file system again.
     public static func cachedLinkCount(_ fd: Int32) throws(Errno) -> (count: UInt32, type: mode_t) {

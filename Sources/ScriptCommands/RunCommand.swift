@@ -47,18 +47,22 @@ package struct RunCommand: Command {
     }
 
     package func run() throws(CommandFailure) {
-        // The references: ours, then the file's (a later name wins).
-        var settings: [(name: String, value: String)] = []
-        var entry = environ
-        while let pointer = entry.pointee {
-            let text = String(cString: pointer)
-            if let equals = text.firstIndex(of: "=") {
-                settings.append((String(text[..<equals]), String(text[text.index(after: equals)...])))
+        let environment: SecretEnvironment
+        if let envFile {
+            // Ours, then the file's (a later name wins).
+            var settings: [(name: String, value: String)] = []
+            var entry = environ
+            while let pointer = entry.pointee {
+                let text = String(cString: pointer)
+                if let equals = text.firstIndex(of: "=") {
+                    settings.append((String(text[..<equals]), String(text[text.index(after: equals)...])))
+                }
+                entry += 1
             }
-            entry += 1
+            environment = try SecretEnvironment(settings + Self.environmentFile(envFile), mount: mount)
+        } else {
+            environment = try SecretEnvironment(inheriting: environ, mount: mount)
         }
-        if let envFile { settings += try Self.environmentFile(envFile) }
-        let environment = try SecretEnvironment(settings, mount: mount)
         let status: Int32
         do {
             status = try Self.run(command, environment: environment, masking: masking)
@@ -163,10 +167,9 @@ package struct RunCommand: Command {
         defer { if let pinned { Syscall.close(pinned) } }
         var open = Dictionary(uniqueKeysWithValues: zip(streams, [Int32(1), 2]))
         var maskerOf = Dictionary(uniqueKeysWithValues: zip(streams, maskers))
-        let wakeup = Wakeup()
         var childEnded = false
         while !open.isEmpty {
-            let ready = childEnded ? Array(open.keys) : wakeup.wait(until: nil, watching: Array(open.keys) + [pinned].compactMap { $0 })
+            let ready = childEnded ? Array(open.keys) : Syscall.waitReadable(Array(open.keys) + [pinned].compactMap { $0 })
             if let pinned, ready.contains(pinned) {
                 // Ended: what it wrote is drained without waiting for more.
                 childEnded = true
@@ -240,30 +243,61 @@ package struct RunCommand: Command {
 package final class SecretEnvironment {
     /// The distinct secret values, for masking.
     private(set) var secrets: [SecureBytes] = []
-    /// "NAME=value" of the variables without a secret.
-    private var plain: [String] = []
+    /// "NAME=value" of the variables without a secret: our own environment's entries as they
+    /// are, or copies (`owned`) of an environment file's.
+    private var plain: [UnsafeMutablePointer<CChar>] = []
+    private var owned = false
     /// Every "NAME=secret\0" one after another.
     private var entries = SecureBytes()
     private var entryStarts: [Int] = []
 
-    package init(_ settings: [(name: String, value: String)], mount given: String?) throws(CommandFailure) {
-        // The last setting of a name wins.
+    /// Our environment: an entry whose value is not a reference passes as it is, neither
+    /// copied nor read past its `=`; only the references are made strings.
+    package convenience init(inheriting environment: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>,
+                             mount given: String?) throws(CommandFailure) {
+        var plain: [UnsafeMutablePointer<CChar>] = [], references: [(name: String, reference: String)] = []
+        var entry = environment
+        while let pointer = entry.pointee {
+            entry += 1
+            guard let equals = strchr(pointer, 0x3D), strncmp(equals + 1, SecretReference.scheme, 8) == 0 else {
+                plain.append(pointer)
+                continue
+            }
+            let name = UnsafeRawBufferPointer(start: pointer, count: pointer.distance(to: equals))
+            references.append((String(decoding: name, as: UTF8.self), String(cString: equals + 1)))
+        }
+        try self.init(plain: plain, owned: false, references: references, mount: given)
+    }
+
+    /// `settings` in order, the last of a name winning (an environment file's after ours).
+    package convenience init(_ settings: [(name: String, value: String)], mount given: String?) throws(CommandFailure) {
         var order: [String] = []
         var values: [String: String] = [:]
         for (name, value) in settings {
             if values[name] == nil { order.append(name) }
             values[name] = value
         }
+        var plain: [UnsafeMutablePointer<CChar>] = [], references: [(name: String, reference: String)] = []
+        for name in order {
+            guard let value = values[name] else { continue }
+            if SecretReference.isReference(value) {
+                references.append((name, value))
+            } else if let copy = strdup(name + "=" + value) {
+                plain.append(copy)
+            }
+        }
+        try self.init(plain: plain, owned: true, references: references, mount: given)
+    }
+
+    private init(plain: [UnsafeMutablePointer<CChar>], owned: Bool, references: [(name: String, reference: String)],
+                 mount given: String?) throws(CommandFailure) {
+        self.plain = plain
+        self.owned = owned
         var reader = SecretReader(mount: given)
         var named: [(name: String, secret: SecureBytes)] = []
         do throws(CommandFailure) {
-            for name in order {
-                guard let value = values[name] else { continue }
-                guard SecretReference.isReference(value) else {
-                    plain.append(name + "=" + value)
-                    continue
-                }
-                named.append((name, try reader.secret(try SecretReference(value))))
+            for (name, reference) in references {
+                named.append((name, try reader.secret(try SecretReference(reference))))
             }
             // Every entry in one secure allocation, made once its size is known.
             do throws(Errno) {
@@ -294,10 +328,13 @@ package final class SecretEnvironment {
         secrets = reader.values
     }
 
-    /// The environment as C strings (plain ones copied, secret ones in place), for a spawn.
+    deinit {
+        if owned { plain.forEach { free($0) } }
+    }
+
+    /// The environment as C strings (secret ones in place), for a spawn.
     package func withPointers<T>(_ body: (UnsafePointer<UnsafeMutablePointer<CChar>?>) throws(Errno) -> T) throws(Errno) -> T {
-        var pointers: [UnsafeMutablePointer<CChar>?] = plain.map { strdup($0) }
-        defer { for pointer in pointers.prefix(plain.count) { free(pointer) } }
+        var pointers: [UnsafeMutablePointer<CChar>?] = plain
         return try entries.withUnsafeMutableBytes { (bytes) throws(Errno) -> T in
             // (No secret entry: no memory, and no pointer into it.)
             if let base = bytes.baseAddress {

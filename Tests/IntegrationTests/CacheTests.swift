@@ -511,6 +511,43 @@ import Glibc
         #expect(Run.shell("mkdir \(c)/d && setfattr -n user.cache.expires -v 1 \(c)/d").stderr.contains("Operation not permitted"))
     }
 
+    /// The attributes cache/ keeps (user.*) go in and out with the tools that copy them, and
+    /// those it does not keep (security.*, ACLs) answer as a file system without them:
+    /// `getfattr -d`, `setfattr`, `cp -a`, `rsync -aX`, `tar --xattrs`.
+    @Test func attributesTravelWithTheToolsThatCopyThem() throws {
+        let store = try MountedStore()
+        defer { store.close() }
+        let c = store.path("cache"), outside = store.scratch.sub("outside")
+        func sh(_ line: String) -> CommandResult { Run.shell(line) }
+        #expect(sh("mkdir -p \(outside)/src/sub && echo one > \(outside)/src/a && echo two > \(outside)/src/sub/b "
+                   + "&& setfattr -n user.color -v blue \(outside)/src/a && setfattr -n user.k -v 0x00ff \(outside)/src/sub/b").status == 0)
+        let dump = "cd %@ && getfattr -R -d -m '^user\\.' -e hex . 2>&1 | sort"
+        let expected = sh(dump.replacingOccurrences(of: "%@", with: outside + "/src")).stdout
+        #expect(expected.contains("user.color=0x626c7565"), "\(expected)")
+        // In: cp -a, rsync -aX, tar --xattrs; each copy has the attributes of the source.
+        let copies = [("cp", "cp -a \(outside)/src \(c)/cp"),
+                      ("rsync", "rsync -aX \(outside)/src/ \(c)/rsync/"),
+                      ("tar", "mkdir \(c)/tar && tar --xattrs -C \(outside)/src -cf - . | tar --xattrs --xattrs-include='user.*' -C \(c)/tar -xf -")]
+        for (tool, line) in copies {
+            let copied = sh(line)
+            #expect(copied.status == 0 && !copied.stderr.contains("Operation not supported"), "\(tool): \(copied)")
+            #expect(sh(dump.replacingOccurrences(of: "%@", with: "\(c)/\(tool)")).stdout == expected, "\(tool) into cache/")
+        }
+        // Out again, and getfattr -d of every attribute (no security.* or ACL among them).
+        let out = sh("cp -a \(c)/rsync \(outside)/back && rsync -aX \(c)/tar/ \(outside)/back2/ && tar --xattrs -C \(c)/cp -cf \(outside)/t.tar .")
+        #expect(out.status == 0 && out.stderr.isEmpty, "\(out)")
+        #expect(sh(dump.replacingOccurrences(of: "%@", with: outside + "/back")).stdout == expected)
+        #expect(sh(dump.replacingOccurrences(of: "%@", with: outside + "/back2")).stdout == expected)
+        #expect(sh("tar --xattrs -tvvf \(outside)/t.tar 2>&1").status == 0)
+        let all = sh("getfattr -d -m - \(c)/cp/a 2>&1")
+        #expect(all.stdout.contains("user.color=\"blue\"") && !all.stdout.contains("security.") && !all.stdout.contains("system."), "\(all)")
+        // What cache/ does not keep: EOPNOTSUPP, as on a file system without the feature.
+        #expect(sh("setfattr -n security.test -v 1 \(c)/cp/a").stderr.contains("Operation not supported"))
+        #expect(sh("setfattr -n trusted.test -v 1 \(c)/cp/a").stderr.contains("Operation not supported"))
+        #expect(sh("getfattr -n system.posix_acl_access \(c)/cp/a").stderr.contains("Operation not supported"))
+        #expect(sh("setfattr -x user.color \(c)/cp/a && getfattr -d \(c)/cp/a").stdout.isEmpty)
+    }
+
     @Test func cacheLimitEvictsTheLeastRecentlyUsedClosedFiles() throws {
         let store = try MountedStore(options: ["--cache-limit", "300K"])
         defer { store.close() }
