@@ -178,8 +178,9 @@ package struct SecretReader {
     package let given: String?
     private var mountPoint: String?
     /// Where the secrets are kept: one secure region for a few of them, where each would
-    /// take a region of its own (ten system calls, made and unmade, a secret).
-    package let arena = SecureArena(slabSize: 16 << 10)
+    /// take a region of its own (ten system calls, made and unmade, a secret). Made at the
+    /// first secret (libsodium's start, its CPU probing, is not paid without one).
+    package private(set) lazy var arena = SecureArena(slabSize: 16 << 10)
     private(set) var read: [SecretReference: SecureBytes] = [:]
     /// The distinct values, in the order first read.
     private(set) var values: [SecureBytes] = []
