@@ -94,8 +94,9 @@ package struct SecretReference: Hashable, CustomStringConvertible {
 
     /// A view name several accounts share: the failure names another's (`ls` shows them all).
     private func ambiguous(_ accounts: String, count: UInt32) -> CommandFailure {
-        let slash = account.lastIndex(of: "/")!
-        let listed = String(account[..<slash]), name = String(account[account.index(after: slash)...])
+        // (A view name always has its directory before its last `/`.)
+        let slash = account.lastIndex(of: "/") ?? account.startIndex
+        let listed = String(account[..<slash]), name = String(account[slash...].dropFirst())
         let other = ((try? Syscall.listDirectory(accounts + listed)) ?? []).first { $0.hasPrefix(name + "~") }
         let names = other.map { Terminal.printable(listed + "/" + $0) } ?? "\(Terminal.printable(account))~… (ls \(listed))"
         return CommandFailure("\(count) accounts are \(Terminal.printable(account)): name one (\(names), or its UUID)",
